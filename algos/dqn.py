@@ -1,0 +1,350 @@
+"""DQN on classic control (CartPole-v1 by default).
+
+Paper: Mnih et al. 2015, "Human-level control through deep reinforcement learning" (Nature 518): experience
+replay, a target network, epsilon-greedy exploration annealed linearly. As CleanRL's dqn.py and SB3's DQN.
+This variant: vector env with same-step autoreset; the replay buffer stores the true final observation and
+only termination (not time-limit truncation) cuts the bootstrap; the learning rate is annealed linearly to
+zero, which keeps the final greedy policy from collapsing (a known failure of DQN on CartPole).
+
+Run:    python algos/dqn.py --env-id CartPole-v1 --seed 1
+Result: CartPole-v1, 100k steps, final 10-episode greedy evaluation >= 475 on seeds 1-3 (see
+        benchmark/references.toml, gate "dqn-CartPole-v1-cpu").
+"""
+import csv, difflib, json, os, random, subprocess, sys, time
+from dataclasses import asdict, dataclass
+from importlib.metadata import version
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import tyro
+from torch.utils.tensorboard import SummaryWriter
+from tqdm import tqdm
+
+
+@dataclass
+class Args:
+    env_id: str = "CartPole-v1"
+    """Gymnasium id of a discrete-action env with a flat observation vector"""
+    seed: int = 1
+    """seed of torch, numpy, random and the envs"""
+    total_timesteps: int = 100_000
+    """total environment steps over all envs"""
+    num_envs: int = 1
+    """parallel environments (one synchronous vector env)"""
+    cuda: bool = False
+    """use CUDA if available (small MLPs are faster on the CPU)"""
+    torch_deterministic: bool = True
+    """torch.backends.cudnn.deterministic and one CPU thread"""
+    track: bool = False
+    """log to Weights & Biases (works offline with WANDB_MODE=offline)"""
+    wandb_project_name: str = "canonrl"
+    """wandb project"""
+    wandb_entity: str | None = None
+    """wandb entity (team)"""
+    capture_video: bool = False
+    """record videos of the first env to <run_dir>/videos"""
+    save_model: bool = False
+    """save <run_dir>/model.pt at the end"""
+    eval_episodes: int = 10
+    """greedy evaluation episodes at the end (logged as eval/episodic_return)"""
+    run_dir: str | None = None
+    """where the run is written (default runs/<env>__dqn__<seed>__<time>)"""
+    resume: str | None = None
+    """a run directory whose checkpoint.pt to continue from (its saved arguments are used)"""
+    checkpoint_every: int = 50_000
+    """save <run_dir>/checkpoint.pt every this many steps (and on Ctrl-C)"""
+    learning_rate: float = 1e-3
+    """Adam learning rate"""
+    anneal_lr: bool = True
+    """anneal the learning rate linearly to 0"""
+    buffer_size: int = 50_000
+    """replay buffer capacity (transitions)"""
+    gamma: float = 0.99
+    """discount factor"""
+    tau: float = 1.0
+    """target network update rate (1.0 = hard copy)"""
+    target_network_frequency: int = 500
+    """env steps between target network updates"""
+    batch_size: int = 128
+    """replay minibatch size"""
+    start_e: float = 1.0
+    """initial exploration epsilon"""
+    end_e: float = 0.05
+    """final exploration epsilon"""
+    exploration_fraction: float = 0.2
+    """fraction of total_timesteps over which epsilon goes from start_e to end_e"""
+    learning_starts: int = 1_000
+    """env steps before learning starts"""
+    train_frequency: int = 4
+    """env steps between gradient updates"""
+
+
+def fail(msg: str):
+    """Bad input: one line on stderr, exit status 2, before anything is written."""
+    print(f"error: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
+def check_args(args: Args):
+    if args.env_id not in gym.registry:
+        close = difflib.get_close_matches(args.env_id, list(gym.registry), n=1)
+        fail(f"unknown env id '{args.env_id}'" + (f"; did you mean '{close[0]}'?" if close else ""))
+    env = gym.make(args.env_id)
+    obs_space, act_space = env.observation_space, env.action_space
+    env.close()
+    if not isinstance(act_space, gym.spaces.Discrete):
+        fail(f"dqn.py needs discrete actions but {args.env_id} has {act_space}; use sac_continuous.py or td3_continuous.py")
+    if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) != 1:
+        fail(f"dqn.py needs flat vector observations but {args.env_id} has {obs_space}; use dqn_atari.py for images")
+    if min(args.num_envs, args.batch_size, args.train_frequency, args.target_network_frequency) < 1 or args.eval_episodes < 0:
+        fail("--num-envs, --batch-size, --train-frequency, --target-network-frequency must be >= 1, --eval-episodes >= 0")
+    if not (0.0 <= args.end_e <= args.start_e <= 1.0 and 0.0 < args.exploration_fraction <= 1.0 and 0.0 < args.tau <= 1.0):
+        fail("need 0 <= --end-e <= --start-e <= 1, 0 < --exploration-fraction <= 1 and 0 < --tau <= 1")
+    if args.batch_size > args.buffer_size or args.learning_starts < args.batch_size:
+        fail(f"need --batch-size ({args.batch_size}) <= --learning-starts ({args.learning_starts}) and <= --buffer-size")
+    if args.total_timesteps <= args.learning_starts:
+        fail(f"--total-timesteps {args.total_timesteps} must exceed --learning-starts {args.learning_starts}")
+
+
+def make_env(env_id, idx, capture_video, run_dir):
+    def thunk():
+        if capture_video and idx == 0:
+            env = gym.make(env_id, render_mode="rgb_array")
+            return gym.wrappers.RecordVideo(env, f"{run_dir}/videos")
+        return gym.make(env_id)
+    return thunk
+
+
+class QNetwork(nn.Module):
+    def __init__(self, obs_dim: int, n_actions: int):
+        super().__init__()
+        self.network = nn.Sequential(nn.Linear(obs_dim, 120), nn.ReLU(), nn.Linear(120, 84), nn.ReLU(),
+                                     nn.Linear(84, n_actions))
+
+    def forward(self, x):
+        return self.network(x)
+
+
+def linear_schedule(start_e: float, end_e: float, duration: int, t: int):
+    return max(end_e, start_e + (end_e - start_e) * t / duration)
+
+
+def td_target(target_q_next, rewards, terminated, gamma):
+    """One-step Q-learning target r + gamma * max_a' Q_target(s', a') (Nature DQN, Algorithm 1); only
+    termination stops the bootstrap: a time-limit truncation still has a future."""
+    return rewards + gamma * target_q_next.max(dim=1).values * (1.0 - terminated)
+
+
+class ReplayBuffer:
+    """Fixed-size ring buffer of tensors on the training device; state_dict() makes it checkpointable."""
+
+    def __init__(self, size, obs_dim, device):
+        self.size, self.pos, self.full = size, 0, False
+        self.obs = torch.zeros((size, obs_dim), device=device)
+        self.next_obs = torch.zeros((size, obs_dim), device=device)
+        self.actions = torch.zeros(size, dtype=torch.long, device=device)
+        self.rewards = torch.zeros(size, device=device)
+        self.terminated = torch.zeros(size, device=device)
+
+    def add(self, obs, next_obs, actions, rewards, terminated):
+        idx = (self.pos + torch.arange(obs.shape[0])) % self.size
+        self.obs[idx], self.next_obs[idx], self.actions[idx] = obs, next_obs, actions
+        self.rewards[idx], self.terminated[idx] = rewards, terminated
+        self.full = self.full or self.pos + obs.shape[0] >= self.size
+        self.pos = (self.pos + obs.shape[0]) % self.size
+
+    def sample(self, batch_size):
+        idx = torch.randint(0, self.size if self.full else self.pos, (batch_size,), device=self.obs.device)
+        return self.obs[idx], self.next_obs[idx], self.actions[idx], self.rewards[idx], self.terminated[idx]
+
+    def state_dict(self):
+        return {k: getattr(self, k) for k in ("pos", "full", "obs", "next_obs", "actions", "rewards", "terminated")}
+
+    def load_state_dict(self, state):
+        for k, v in state.items():
+            setattr(self, k, v)
+
+
+@torch.no_grad()
+def evaluate(q_network, env_id, episodes, seed, device="cpu"):
+    """Greedy (argmax Q) episodes on a fresh env; returns the list of episodic returns."""
+    env, returns = gym.make(env_id), []
+    for ep in range(episodes):
+        obs, _ = env.reset(seed=seed + ep)
+        done, total = False, 0.0
+        while not done:
+            q_values = q_network(torch.as_tensor(obs, dtype=torch.float32, device=device))
+            obs, reward, terminated, truncated, _ = env.step(int(q_values.argmax()))
+            total, done = total + float(reward), terminated or truncated
+        returns.append(total)
+    env.close()
+    return returns
+
+
+class RunLogger:
+    """The run contract (DESIGN §3): config.json, append-only metrics.csv, TensorBoard, optional wandb."""
+
+    def __init__(self, args: Args, run_dir: Path):
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if not (run_dir / "config.json").exists():
+            commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                                    cwd=Path(__file__).parent).stdout.strip() or None
+            pkgs = {p: version(p) for p in ("torch", "gymnasium", "numpy")}
+            config = {"script": Path(__file__).name, "args": asdict(args), "git_commit": commit, "versions": pkgs}
+            (run_dir / "config.json").write_text(json.dumps(config, indent=2))
+        new = not (run_dir / "metrics.csv").exists()
+        self.file = open(run_dir / "metrics.csv", "a", newline="")
+        self.csv = csv.writer(self.file)
+        if new:
+            self.csv.writerow(["global_step", "wall_time", "name", "value"])
+        if args.track:
+            import wandb
+            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=asdict(args),
+                       name=run_dir.name, dir=str(run_dir), sync_tensorboard=True, id=run_dir.name, resume="allow")
+        self.tb = SummaryWriter(str(run_dir))
+
+    def log(self, step: int, metrics: dict):
+        now = time.time()
+        for name, value in metrics.items():
+            self.csv.writerow([step, f"{now:.3f}", name, repr(float(value))])
+            self.tb.add_scalar(name, value, step)
+        self.file.flush()
+
+    def close(self):
+        self.file.close()
+        self.tb.close()
+
+
+def main(args: Args):
+    if args.resume:
+        ckpt_path = Path(args.resume) / "checkpoint.pt"
+        if not ckpt_path.is_file():
+            fail(f"no checkpoint at {ckpt_path}; pass the run directory of an earlier dqn.py run")
+        try:
+            ckpt = torch.load(ckpt_path, weights_only=False)
+            args = Args(**ckpt["args"])
+        except Exception as e:
+            fail(f"{ckpt_path} is corrupt or not a dqn.py checkpoint ({type(e).__name__}); delete it or start anew")
+        args.run_dir = args.resume = str(Path(ckpt_path).parent)
+    check_args(args)
+    run_dir = Path(args.run_dir or f"runs/{args.env_id}__dqn__{args.seed}__{int(time.time())}")
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    if args.torch_deterministic:
+        torch.set_num_threads(1)
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+
+    envs = gym.vector.SyncVectorEnv([make_env(args.env_id, i, args.capture_video, run_dir) for i in range(args.num_envs)],
+                                    autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)
+    obs_dim, n_actions = envs.single_observation_space.shape[0], int(envs.single_action_space.n)
+    q_network = QNetwork(obs_dim, n_actions).to(device)
+    optimizer = torch.optim.Adam(q_network.parameters(), lr=args.learning_rate)
+    target_network = QNetwork(obs_dim, n_actions).to(device)
+    target_network.load_state_dict(q_network.state_dict())
+    rb = ReplayBuffer(args.buffer_size, obs_dim, device)
+    num_iterations = args.total_timesteps // args.num_envs  # one iteration = one step of every env
+    start_iteration = 0
+    if args.resume:
+        try:
+            for obj, key in ((q_network, "q_network"), (target_network, "target_network"), (optimizer, "optimizer"), (rb, "rb")):
+                obj.load_state_dict(ckpt[key])
+        except Exception as e:
+            fail(f"{ckpt_path} does not fit this network ({type(e).__name__}); delete it or start anew")
+        torch.set_rng_state(ckpt["torch_rng"])
+        np.random.set_state(ckpt["numpy_rng"])
+        random.setstate(ckpt["python_rng"])
+        start_iteration = ckpt["iteration"]
+    logger = RunLogger(args, run_dir)
+
+    def save_checkpoint(iteration):
+        torch.save({"args": asdict(args), "iteration": iteration, "global_step": iteration * args.num_envs,
+                    "q_network": q_network.state_dict(),
+                    "target_network": target_network.state_dict(), "optimizer": optimizer.state_dict(),
+                    "rb": rb.state_dict(), "torch_rng": torch.get_rng_state(),
+                    "numpy_rng": np.random.get_state(), "python_rng": random.getstate()},
+                   run_dir / "checkpoint.tmp")
+        os.replace(run_dir / "checkpoint.tmp", run_dir / "checkpoint.pt")  # never leave a half-written file
+
+    global_step = start_iteration * args.num_envs
+    obs, _ = envs.reset(seed=args.seed + global_step)  # a resumed run starts fresh episodes
+    obs = torch.as_tensor(obs, dtype=torch.float32, device=device)
+    bar = tqdm(total=num_iterations * args.num_envs, initial=global_step, unit="step", mininterval=1.0)
+    last_return, iteration, start_time = float("nan"), start_iteration, time.time()
+    try:
+        for iteration in range(start_iteration, num_iterations):
+            epsilon = linear_schedule(args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps, global_step)
+            with torch.no_grad():
+                greedy = q_network(obs).argmax(dim=1)
+            explore = torch.rand(args.num_envs, device=device) < epsilon
+            actions = torch.where(explore, torch.randint(0, n_actions, (args.num_envs,), device=device), greedy)
+            next_obs_np, rewards, terminated, truncated, infos = envs.step(actions.cpu().numpy())
+            real_next_obs = next_obs_np.copy()
+            if "_final_obs" in infos:  # same-step autoreset: store the true last observation, not the reset one
+                for i in np.flatnonzero(infos["_final_obs"]):
+                    real_next_obs[i] = infos["final_obs"][i]
+            next_obs = torch.as_tensor(next_obs_np, dtype=torch.float32, device=device)
+            rb.add(obs, torch.as_tensor(real_next_obs, dtype=torch.float32, device=device), actions,
+                   torch.as_tensor(rewards, dtype=torch.float32, device=device),
+                   torch.as_tensor(terminated, dtype=torch.float32, device=device))
+            obs = next_obs
+            global_step += args.num_envs
+            if "_episode" in infos:  # every finished episode of every sub-env
+                for i in np.flatnonzero(infos["_episode"]):
+                    last_return = float(infos["episode"]["r"][i])
+                    logger.log(global_step, {"train/episodic_return": last_return,
+                                             "train/episodic_length": int(infos["episode"]["l"][i])})
+
+            if global_step > args.learning_starts:
+                if iteration % args.train_frequency == 0:
+                    if args.anneal_lr:
+                        optimizer.param_groups[0]["lr"] = args.learning_rate * (1.0 - iteration / num_iterations)
+                    b_obs, b_next_obs, b_actions, b_rewards, b_terminated = rb.sample(args.batch_size)
+                    with torch.no_grad():
+                        target = td_target(target_network(b_next_obs), b_rewards, b_terminated, args.gamma)
+                    q_pred = q_network(b_obs).gather(1, b_actions.unsqueeze(1)).squeeze(1)
+                    loss = F.mse_loss(q_pred, target)
+                    optimizer.zero_grad()
+                    loss.backward()
+                    optimizer.step()
+                    if iteration % (100 * args.train_frequency) == 0:  # every 100 updates
+                        sps = int((global_step - start_iteration * args.num_envs) / (time.time() - start_time))
+                        logger.log(global_step, {"losses/td_loss": loss.item(), "losses/q_values": q_pred.mean().item(),
+                                                 "charts/epsilon": epsilon, "charts/sps": sps,
+                                                 "charts/learning_rate": optimizer.param_groups[0]["lr"]})
+                        bar.set_postfix(sps=sps, ret=f"{last_return:.1f}", refresh=False)
+                if iteration % max(1, args.target_network_frequency // args.num_envs) == 0:
+                    for tp, p in zip(target_network.parameters(), q_network.parameters()):
+                        tp.data.lerp_(p.data, args.tau)
+            bar.update(args.num_envs)
+            if (iteration + 1) % max(1, args.checkpoint_every // args.num_envs) == 0:
+                save_checkpoint(iteration + 1)
+    except KeyboardInterrupt:
+        save_checkpoint(iteration)  # the interrupted step is redone; the buffer holds every step before it
+        logger.close()
+        print(f"\ninterrupted: metrics kept, resume with --resume {run_dir}", file=sys.stderr)
+        sys.exit(130)
+    bar.close()
+    envs.close()
+    save_checkpoint(num_iterations)
+
+    eval_returns = evaluate(q_network, args.env_id, args.eval_episodes, seed=args.seed + 100_000, device=device)
+    for r in eval_returns:
+        logger.log(global_step, {"eval/episodic_return": r})
+    if eval_returns:
+        print(f"eval/episodic_return: {np.mean(eval_returns):.2f} +- {np.std(eval_returns):.2f} "
+              f"over {len(eval_returns)} episodes")
+    if args.save_model:
+        torch.save({"q_network": q_network.state_dict(), "args": asdict(args), "eval_returns": eval_returns,
+                    "obs_dim": obs_dim, "n_actions": n_actions}, run_dir / "model.pt")
+    logger.close()
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Args))

@@ -1,0 +1,373 @@
+"""PPO for discrete actions on classic control (CartPole-v1 by default).
+
+Paper: Schulman et al. 2017, "Proximal Policy Optimization Algorithms" (arXiv:1707.06347); details as in
+Huang et al. 2022, "The 37 Implementation Details of PPO" and SB3's PPO (separate actor and critic MLPs,
+orthogonal init, GAE, clipped surrogate, advantage normalisation, global gradient clipping).
+This variant: vector env with same-step autoreset; time-limit truncation is bootstrapped with V(final_obs);
+defaults are rl-zoo's CartPole-v1 settings (8 envs x 32 steps, 20 epochs, lr and clip annealed).
+
+Run:    python algos/ppo.py --env-id CartPole-v1 --seed 1
+Result: CartPole-v1, 100k steps, final 10-episode greedy evaluation 500 on seeds 1-3 (see
+        benchmark/references.toml, gate "ppo-CartPole-v1-cpu").
+"""
+import csv, difflib, json, os, random, subprocess, sys, time
+from dataclasses import asdict, dataclass
+from importlib.metadata import version
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn as nn
+import tyro
+from torch.utils.tensorboard import SummaryWriter
+from tqdm import tqdm
+
+
+@dataclass
+class Args:
+    env_id: str = "CartPole-v1"
+    """Gymnasium id of a discrete-action env with a flat observation vector"""
+    seed: int = 1
+    """seed of torch, numpy, random and the envs"""
+    total_timesteps: int = 100_000
+    """total environment steps over all envs"""
+    num_envs: int = 8
+    """parallel environments (one synchronous vector env)"""
+    cuda: bool = False
+    """use CUDA if available (small MLPs are faster on the CPU)"""
+    torch_deterministic: bool = True
+    """torch.backends.cudnn.deterministic and one CPU thread"""
+    track: bool = False
+    """log to Weights & Biases (works offline with WANDB_MODE=offline)"""
+    wandb_project_name: str = "canonrl"
+    """wandb project"""
+    wandb_entity: str | None = None
+    """wandb entity (team)"""
+    capture_video: bool = False
+    """record videos of the first env to <run_dir>/videos"""
+    save_model: bool = False
+    """save <run_dir>/model.pt at the end"""
+    eval_episodes: int = 10
+    """greedy evaluation episodes at the end (logged as eval/episodic_return)"""
+    run_dir: str | None = None
+    """where the run is written (default runs/<env>__ppo__<seed>__<time>)"""
+    resume: str | None = None
+    """a run directory whose checkpoint.pt to continue from (its saved arguments are used)"""
+    checkpoint_every: int = 50_000
+    """save <run_dir>/checkpoint.pt every this many steps (and on Ctrl-C)"""
+    learning_rate: float = 1e-3
+    """Adam learning rate"""
+    anneal_lr: bool = True
+    """anneal the learning rate and clip coefficient linearly to 0"""
+    num_steps: int = 32
+    """steps per env per rollout"""
+    gamma: float = 0.98
+    """discount factor"""
+    gae_lambda: float = 0.8
+    """lambda of GAE"""
+    num_minibatches: int = 1
+    """minibatches per epoch (must divide num_envs * num_steps)"""
+    update_epochs: int = 20
+    """epochs over each rollout"""
+    clip_coef: float = 0.2
+    """surrogate clipping coefficient"""
+    ent_coef: float = 0.0
+    """entropy bonus coefficient"""
+    vf_coef: float = 0.5
+    """value loss coefficient"""
+    max_grad_norm: float = 0.5
+    """global gradient norm clip"""
+    target_kl: float | None = None
+    """stop the epochs of an update early when the approximate KL exceeds this"""
+
+
+def fail(msg: str):
+    """Bad input: one line on stderr, exit status 2, before anything is written."""
+    print(f"error: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
+def check_args(args: Args):
+    if args.env_id not in gym.registry:
+        close = difflib.get_close_matches(args.env_id, list(gym.registry), n=1)
+        fail(f"unknown env id '{args.env_id}'" + (f"; did you mean '{close[0]}'?" if close else ""))
+    env = gym.make(args.env_id)
+    obs_space, act_space = env.observation_space, env.action_space
+    env.close()
+    if not isinstance(act_space, gym.spaces.Discrete):
+        fail(f"ppo.py needs discrete actions but {args.env_id} has {act_space}; use ppo_continuous.py")
+    if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) != 1:
+        fail(f"ppo.py needs flat vector observations but {args.env_id} has {obs_space}; use ppo_atari.py for images")
+    batch = args.num_envs * args.num_steps
+    if min(args.num_envs, args.num_steps, args.num_minibatches, args.update_epochs) < 1 or args.eval_episodes < 0:
+        fail("--num-envs, --num-steps, --num-minibatches, --update-epochs must be >= 1 and --eval-episodes >= 0")
+    if batch % args.num_minibatches:
+        fail(f"--num-minibatches {args.num_minibatches} does not divide the batch num_envs*num_steps = {batch}")
+    if args.total_timesteps < batch:
+        fail(f"--total-timesteps {args.total_timesteps} is less than one rollout (num_envs*num_steps = {batch})")
+
+
+def make_env(env_id, idx, capture_video, run_dir):
+    def thunk():
+        if capture_video and idx == 0:
+            env = gym.make(env_id, render_mode="rgb_array")
+            return gym.wrappers.RecordVideo(env, f"{run_dir}/videos")
+        return gym.make(env_id)
+    return thunk
+
+
+def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
+    nn.init.orthogonal_(layer.weight, std)
+    nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+class Agent(nn.Module):
+    def __init__(self, obs_dim: int, n_actions: int):
+        super().__init__()
+        self.critic = nn.Sequential(layer_init(nn.Linear(obs_dim, 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)),
+                                    nn.Tanh(), layer_init(nn.Linear(64, 1), std=1.0))
+        self.actor = nn.Sequential(layer_init(nn.Linear(obs_dim, 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)),
+                                   nn.Tanh(), layer_init(nn.Linear(64, n_actions), std=0.01))
+
+    def get_value(self, x):
+        return self.critic(x).squeeze(-1)
+
+    def get_action_and_value(self, x, action=None):
+        logp_all = torch.log_softmax(self.actor(x), dim=-1)
+        if action is None:
+            action = torch.multinomial(logp_all.exp(), 1).squeeze(-1)
+        entropy = -(logp_all.exp() * logp_all).sum(-1)
+        return action, logp_all.gather(-1, action.unsqueeze(-1)).squeeze(-1), entropy, self.get_value(x)
+
+
+def compute_gae(rewards, values, dones, next_value, gamma, gae_lambda):
+    """GAE (Schulman et al. 2016, eq. 16). dones[t] = the episode ended at step t (terminated or truncated;
+    truncation was already bootstrapped into rewards[t]). Returns (advantages, returns), shapes (T, N)."""
+    advantages = torch.zeros_like(rewards)
+    last = torch.zeros_like(next_value)
+    for t in reversed(range(rewards.shape[0])):
+        nextvalue = next_value if t == rewards.shape[0] - 1 else values[t + 1]
+        nonterminal = 1.0 - dones[t]
+        delta = rewards[t] + gamma * nextvalue * nonterminal - values[t]
+        last = delta + gamma * gae_lambda * nonterminal * last
+        advantages[t] = last
+    return advantages, advantages + values
+
+
+def bootstrap_time_limits(reward, terminated, truncated, infos, value_fn, gamma):
+    """A time limit is not part of the task (Pardo et al. 2018): where an episode was truncated, add
+    gamma * V(s_final) to its last reward. Same-step autoreset keeps s_final in infos["final_obs"]."""
+    idx = np.flatnonzero(truncated & ~terminated)
+    if len(idx) == 0:
+        return reward
+    return reward + np.bincount(idx, gamma * value_fn(np.stack(infos["final_obs"][idx])), len(reward))
+
+
+def ppo_loss(agent, obs, actions, old_logprobs, advantages, returns, clip_coef, ent_coef, vf_coef):
+    """Clipped surrogate objective (PPO paper, eq. 7) + value MSE - entropy bonus."""
+    _, logprob, entropy, value = agent.get_action_and_value(obs, actions)
+    logratio = logprob - old_logprobs
+    ratio = logratio.exp()
+    pg_loss = torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - clip_coef, 1 + clip_coef)).mean()
+    v_loss = 0.5 * (returns - value).pow(2).mean()
+    loss = pg_loss - ent_coef * entropy.mean() + vf_coef * v_loss
+    with torch.no_grad():  # "approx_kl" of Schulman's blog, k3 estimator
+        stats = torch.stack([pg_loss, v_loss, entropy.mean(), ((ratio - 1) - logratio).mean(),
+                             ((ratio - 1).abs() > clip_coef).float().mean()])
+    return loss, stats
+
+
+@torch.no_grad()
+def evaluate(agent, env_id, episodes, seed, device="cpu"):
+    """Greedy (argmax) episodes on a fresh env; returns the list of episodic returns."""
+    env, returns = gym.make(env_id), []
+    for ep in range(episodes):
+        obs, _ = env.reset(seed=seed + ep)
+        done, total = False, 0.0
+        while not done:
+            logits = agent.actor(torch.as_tensor(obs, dtype=torch.float32, device=device))
+            obs, reward, terminated, truncated, _ = env.step(int(logits.argmax()))
+            total, done = total + float(reward), terminated or truncated
+        returns.append(total)
+    env.close()
+    return returns
+
+
+class RunLogger:
+    """The run contract (DESIGN §3): config.json, append-only metrics.csv, TensorBoard, optional wandb."""
+
+    def __init__(self, args: Args, run_dir: Path):
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if not (run_dir / "config.json").exists():
+            commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                                    cwd=Path(__file__).parent).stdout.strip() or None
+            pkgs = {p: version(p) for p in ("torch", "gymnasium", "numpy")}
+            config = {"script": Path(__file__).name, "args": asdict(args), "git_commit": commit, "versions": pkgs}
+            (run_dir / "config.json").write_text(json.dumps(config, indent=2))
+        new = not (run_dir / "metrics.csv").exists()
+        self.file = open(run_dir / "metrics.csv", "a", newline="")
+        self.csv = csv.writer(self.file)
+        if new:
+            self.csv.writerow(["global_step", "wall_time", "name", "value"])
+        if args.track:
+            import wandb
+            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=asdict(args),
+                       name=run_dir.name, dir=str(run_dir), sync_tensorboard=True, id=run_dir.name, resume="allow")
+        self.tb = SummaryWriter(str(run_dir))
+
+    def log(self, step: int, metrics: dict):
+        now = time.time()
+        for name, value in metrics.items():
+            self.csv.writerow([step, f"{now:.3f}", name, repr(float(value))])
+            self.tb.add_scalar(name, value, step)
+        self.file.flush()
+
+    def close(self):
+        self.file.close()
+        self.tb.close()
+
+
+def main(args: Args):
+    if args.resume:
+        ckpt_path = Path(args.resume) / "checkpoint.pt"
+        if not ckpt_path.is_file():
+            fail(f"no checkpoint at {ckpt_path}; pass the run directory of an earlier ppo.py run")
+        try:
+            ckpt = torch.load(ckpt_path, weights_only=False)
+            args = Args(**ckpt["args"])
+        except Exception as e:
+            fail(f"{ckpt_path} is corrupt or not a ppo.py checkpoint ({type(e).__name__}); delete it or start anew")
+        args.run_dir = args.resume = str(Path(ckpt_path).parent)
+    check_args(args)
+    run_dir = Path(args.run_dir or f"runs/{args.env_id}__ppo__{args.seed}__{int(time.time())}")
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    if args.torch_deterministic:
+        torch.set_num_threads(1)
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+
+    envs = gym.vector.SyncVectorEnv([make_env(args.env_id, i, args.capture_video, run_dir) for i in range(args.num_envs)],
+                                    autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)
+    agent = Agent(envs.single_observation_space.shape[0], envs.single_action_space.n).to(device)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
+    batch_size = args.num_envs * args.num_steps
+    minibatch_size = batch_size // args.num_minibatches
+    num_iterations = args.total_timesteps // batch_size
+    start_iteration = 1
+    if args.resume:
+        try:
+            agent.load_state_dict(ckpt["agent"])
+            optimizer.load_state_dict(ckpt["optimizer"])
+        except Exception as e:
+            fail(f"{ckpt_path} does not fit this network ({type(e).__name__}); delete it or start anew")
+        torch.set_rng_state(ckpt["torch_rng"])
+        np.random.set_state(ckpt["numpy_rng"])
+        random.setstate(ckpt["python_rng"])
+        start_iteration = ckpt["iteration"] + 1
+    logger = RunLogger(args, run_dir)
+
+    @torch.no_grad()
+    def value_fn(obs_np):
+        return agent.get_value(torch.as_tensor(obs_np, dtype=torch.float32, device=device)).cpu().numpy()
+
+    def save_checkpoint(iteration):
+        torch.save({"args": asdict(args), "iteration": iteration, "global_step": iteration * batch_size,
+                    "agent": agent.state_dict(),
+                    "optimizer": optimizer.state_dict(), "torch_rng": torch.get_rng_state(),
+                    "numpy_rng": np.random.get_state(), "python_rng": random.getstate()},
+                   run_dir / "checkpoint.tmp")
+        os.replace(run_dir / "checkpoint.tmp", run_dir / "checkpoint.pt")  # never leave a half-written file
+
+    obs_buf = torch.zeros((args.num_steps, args.num_envs) + envs.single_observation_space.shape, device=device)
+    actions = torch.zeros((args.num_steps, args.num_envs), dtype=torch.long, device=device)
+    logprobs, rewards, dones, values = (torch.zeros((args.num_steps, args.num_envs), device=device) for _ in range(4))
+    global_step = (start_iteration - 1) * batch_size
+    next_obs, _ = envs.reset(seed=args.seed + global_step)  # a resumed run starts fresh episodes
+    next_obs = torch.as_tensor(next_obs, dtype=torch.float32, device=device)
+    bar = tqdm(total=num_iterations * batch_size, initial=global_step, unit="step", mininterval=1.0)
+    last_return, iteration, start_time = float("nan"), start_iteration - 1, time.time()
+    try:
+        for iteration in range(start_iteration, num_iterations + 1):
+            frac = 1.0 - (iteration - 1.0) / num_iterations if args.anneal_lr else 1.0
+            optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+            clip_coef = frac * args.clip_coef
+            for step in range(args.num_steps):
+                obs_buf[step] = next_obs
+                with torch.no_grad():
+                    action, logprob, _, value = agent.get_action_and_value(next_obs)
+                actions[step], logprobs[step], values[step] = action, logprob, value
+                next_obs_np, reward, terminated, truncated, infos = envs.step(action.cpu().numpy())
+                if truncated.any():
+                    reward = bootstrap_time_limits(reward, terminated, truncated, infos, value_fn, args.gamma)
+                rewards[step] = torch.as_tensor(reward, dtype=torch.float32, device=device)
+                dones[step] = torch.as_tensor(terminated | truncated, dtype=torch.float32, device=device)
+                next_obs = torch.as_tensor(next_obs_np, dtype=torch.float32, device=device)
+                global_step += args.num_envs
+                if "_episode" in infos:  # every finished episode of every sub-env
+                    for i in np.flatnonzero(infos["_episode"]):
+                        last_return = float(infos["episode"]["r"][i])
+                        logger.log(global_step, {"train/episodic_return": last_return,
+                                                 "train/episodic_length": int(infos["episode"]["l"][i])})
+
+            with torch.no_grad():
+                advantages, returns = compute_gae(rewards, values, dones, agent.get_value(next_obs),
+                                                  args.gamma, args.gae_lambda)
+            b_obs = obs_buf.reshape((-1,) + envs.single_observation_space.shape)
+            b_actions, b_logprobs = actions.reshape(-1), logprobs.reshape(-1)
+            b_advantages, b_returns, b_values = advantages.reshape(-1), returns.reshape(-1), values.reshape(-1)
+            for epoch in range(args.update_epochs):
+                perm = torch.randperm(batch_size, device=device)
+                for start in range(0, batch_size, minibatch_size):
+                    mb = perm[start:start + minibatch_size]
+                    mb_adv = b_advantages[mb]
+                    mb_adv = (mb_adv - mb_adv.mean()) / (mb_adv.std() + 1e-8)
+                    loss, stats = ppo_loss(agent, b_obs[mb], b_actions[mb], b_logprobs[mb], mb_adv, b_returns[mb],
+                                           clip_coef, args.ent_coef, args.vf_coef)
+                    optimizer.zero_grad()
+                    loss.backward()
+                    nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+                    optimizer.step()
+                if args.target_kl is not None and stats[3] > args.target_kl:
+                    break
+
+            stats = stats.tolist()
+            var_y = b_returns.var()
+            explained_var = float("nan") if var_y == 0 else float(1 - (b_returns - b_values).var() / var_y)
+            sps = int((global_step - (start_iteration - 1) * batch_size) / (time.time() - start_time))
+            logger.log(global_step, {"charts/learning_rate": optimizer.param_groups[0]["lr"], "charts/sps": sps,
+                                     "losses/policy_loss": stats[0], "losses/value_loss": stats[1],
+                                     "losses/entropy": stats[2], "losses/approx_kl": stats[3],
+                                     "losses/clipfrac": stats[4], "losses/explained_variance": explained_var})
+            bar.update(batch_size)
+            bar.set_postfix(sps=sps, ret=f"{last_return:.1f}", refresh=False)
+            if iteration % max(1, args.checkpoint_every // batch_size) == 0:
+                save_checkpoint(iteration)
+    except KeyboardInterrupt:
+        save_checkpoint(iteration - 1)  # the unfinished iteration is redone on resume
+        logger.close()
+        print(f"\ninterrupted: metrics kept, resume with --resume {run_dir}", file=sys.stderr)
+        sys.exit(130)
+    bar.close()
+    envs.close()
+    save_checkpoint(num_iterations)
+
+    eval_returns = evaluate(agent, args.env_id, args.eval_episodes, seed=args.seed + 100_000, device=device)
+    for r in eval_returns:
+        logger.log(global_step, {"eval/episodic_return": r})
+    if eval_returns:
+        print(f"eval/episodic_return: {np.mean(eval_returns):.2f} +- {np.std(eval_returns):.2f} "
+              f"over {len(eval_returns)} episodes")
+    if args.save_model:
+        torch.save({"agent": agent.state_dict(), "args": asdict(args), "eval_returns": eval_returns,
+                    "obs_dim": envs.single_observation_space.shape[0], "n_actions": int(envs.single_action_space.n)},
+                   run_dir / "model.pt")
+    logger.close()
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Args))

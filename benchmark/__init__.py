@@ -1,0 +1,1 @@
+"""canonrl's benchmark tools: references, running scripts, scoring (shared with tests/)."""

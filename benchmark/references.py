@@ -1,0 +1,88 @@
+"""Load benchmark/references.toml (the single source of truth for expected returns, DESIGN §4) and score
+runs exactly as each entry defines its metric."""
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+REFERENCES = Path(__file__).resolve().parent / "references.toml"
+
+
+def _last100_train(metrics):
+    """Mean of the last 100 training episodes (CleanRL's number)."""
+    _, values = metrics["train/episodic_return"]
+    return float(values[-100:].mean())
+
+
+def _eval_means(metrics):
+    steps, values = metrics["eval/episodic_return"]
+    return [(s, float(values[steps == s].mean())) for s in np.unique(steps)]
+
+
+def _final_eval(metrics):
+    """Mean of the evaluation episodes logged at the last evaluation (the end of training)."""
+    return _eval_means(metrics)[-1][1]
+
+
+def _max_eval(metrics):
+    """Maximum over training of the mean evaluation return (TD3 paper, Tianshou): optimistic by construction."""
+    return max(m for _, m in _eval_means(metrics))
+
+
+SCORERS = {"last100_train": _last100_train, "final_eval": _final_eval, "max_eval": _max_eval}
+
+
+def score(metrics: dict, method: str) -> float:
+    """One run's score. `metrics` is benchmark.runs.read_metrics(run_dir)."""
+    if method not in SCORERS:
+        raise ValueError(f"unknown score method {method!r}; known: {sorted(SCORERS)}")
+    return SCORERS[method](metrics)
+
+
+@dataclass
+class Reference:
+    id: str
+    script: str
+    env_id: str
+    total_timesteps: int
+    score: str  # a key of SCORERS
+    source: str
+    seeds: list[int] | int  # the seeds (our runs) or their number (a peer's)
+    mean: float | None = None
+    std: float | None = None
+    values: list[float] | None = None  # per-seed scores, where known
+    flags: list[str] = field(default_factory=list)  # extra flags the run used
+    note: str = ""  # env version differences and the like
+    threshold: float | None = None  # set for CI gates: every listed seed must reach it
+    cpu_seconds: float | None = None  # what one gate run costs here
+    evidence: str | None = None  # the reference id of the multi-seed runs the threshold was set from
+
+    @property
+    def is_gate(self) -> bool:
+        return self.threshold is not None
+
+    def command_flags(self, seed: int) -> list[str]:
+        return ["--env-id", self.env_id, "--total-timesteps", str(self.total_timesteps), "--seed", str(seed),
+                *self.flags]
+
+
+def load_references(path: Path = REFERENCES) -> list[Reference]:
+    with open(path, "rb") as f:
+        entries = [Reference(**e) for e in tomllib.load(f)["reference"]]
+    ids = [e.id for e in entries]
+    if len(ids) != len(set(ids)):
+        raise ValueError(f"duplicate reference ids in {path}")
+    for e in entries:
+        if e.score not in SCORERS:
+            raise ValueError(f"{e.id}: unknown score method {e.score!r}")
+        if e.is_gate and (e.evidence not in ids or not isinstance(e.seeds, list)):
+            raise ValueError(f"{e.id}: a gate needs a list of seeds and an evidence entry that exists")
+    return entries
+
+
+def get_reference(ref_id: str, path: Path = REFERENCES) -> Reference:
+    for e in load_references(path):
+        if e.id == ref_id:
+            return e
+    raise KeyError(ref_id)

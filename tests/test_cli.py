@@ -1,0 +1,63 @@
+"""cli tier: --help for every script, the shared flags, and bad input -> one line, exit 2, nothing written."""
+import pytest
+
+from benchmark.runs import run_script
+from conftest import SCRIPTS, SMOKE
+
+SHARED_FLAGS = ["--env-id", "--seed", "--total-timesteps", "--cuda", "--no-cuda", "--torch-deterministic", "--track",
+                "--wandb-project-name", "--wandb-entity", "--capture-video", "--save-model", "--eval-episodes",
+                "--run-dir", "--resume"]
+
+
+def test_every_script_is_covered():
+    assert SCRIPTS and set(SCRIPTS) == set(SMOKE), "add new scripts to tests/conftest.py SMOKE"
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_help_lists_shared_flags(script):
+    out = run_script(script, ["--help"])
+    assert out.returncode == 0, out.stderr
+    missing = [f for f in SHARED_FLAGS if f not in out.stdout]
+    assert not missing, f"{script} lacks {missing}"
+
+
+def assert_clean_error(out, run_dir, *expected):
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2, out.stderr
+    assert len(lines) == 1 and lines[0].startswith("error:"), out.stderr
+    for text in expected:
+        assert text in lines[0]
+    assert not run_dir.exists(), "a bad-input run must not write anything"
+
+
+@pytest.mark.parametrize("script", sorted(SMOKE))
+@pytest.mark.parametrize("flags,expected", [
+    (["--env-id", "CartPol-v1"], ["CartPol-v1", "did you mean 'CartPole-v1'"]),
+    (["--env-id", "Pendulum-v1"], ["discrete", "_continuous.py"]),
+    (["--env-id", "CartPole-v1", "--eval-episodes", "-1"], ["--eval-episodes"]),
+])
+def test_bad_input(script, flags, expected, tmp_path):
+    assert_clean_error(run_script(script, flags, tmp_path / "run"), tmp_path / "run", *expected)
+
+
+def test_ppo_minibatches_must_divide_batch(tmp_path):
+    out = run_script("ppo.py", ["--num-envs", "4", "--num-steps", "10", "--num-minibatches", "3"], tmp_path / "run")
+    assert_clean_error(out, tmp_path / "run", "--num-minibatches 3", "40")
+
+
+def test_dqn_batch_larger_than_buffer(tmp_path):
+    out = run_script("dqn.py", ["--batch-size", "256", "--buffer-size", "100"], tmp_path / "run")
+    assert_clean_error(out, tmp_path / "run", "--batch-size")
+
+
+@pytest.mark.parametrize("script", sorted(SMOKE))
+def test_resume_missing_or_corrupt(script, tmp_path):
+    out = run_script(script, ["--resume", str(tmp_path / "nope")])
+    assert out.returncode == 2 and "no checkpoint" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "metrics.csv").write_text("global_step,wall_time,name,value\n1,0,train/x,1\n")
+    (tmp_path / "bad" / "checkpoint.pt").write_bytes(b"not a checkpoint")
+    out = run_script(script, ["--resume", str(tmp_path / "bad")])
+    assert out.returncode == 2 and "corrupt" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+    assert (tmp_path / "bad" / "metrics.csv").read_text().endswith("1,0,train/x,1\n"), "existing logs must be kept"
+    assert (tmp_path / "bad" / "checkpoint.pt").read_bytes() == b"not a checkpoint"

@@ -1,0 +1,18 @@
+"""determinism tier: the same seed on CPU gives the same metrics.csv, wall-clock columns aside."""
+from benchmark.runs import read_rows, run_script
+from conftest import SMOKE
+
+CLOCK = {"charts/sps"}  # values measured with the clock
+
+
+def comparable(run_dir):
+    return [(r["global_step"], r["name"], None if r["name"] in CLOCK else r["value"]) for r in read_rows(run_dir)]
+
+
+def test_same_seed_same_metrics(smoke_script, tmp_path):
+    for name in ("a", "b"):
+        out = run_script(smoke_script, SMOKE[smoke_script] + ["--seed", "7"], tmp_path / name)
+        assert out.returncode == 0, out.stderr[-2000:]
+    assert comparable(tmp_path / "a") == comparable(tmp_path / "b")
+    other = run_script(smoke_script, SMOKE[smoke_script] + ["--seed", "8"], tmp_path / "c")
+    assert other.returncode == 0 and comparable(tmp_path / "c") != comparable(tmp_path / "a")

@@ -1,0 +1,73 @@
+"""smoke tier: every script runs a few hundred steps, leaves the run contract behind, saves and reloads,
+survives Ctrl-C and resumes."""
+import json
+import signal
+import subprocess
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from benchmark.references import score
+from benchmark.runs import read_metrics, read_rows, run_env, run_script, script_command
+from conftest import SMOKE, load_script
+
+MODEL_KEY = {"ppo.py": ("agent", "Agent", "actor"), "dqn.py": ("q_network", "QNetwork", None)}
+
+
+def test_run_contract_and_saved_model(smoke_script, tmp_path):
+    run_dir = tmp_path / "run"
+    out = run_script(smoke_script, SMOKE[smoke_script] + ["--save-model", "--seed", "3"], run_dir)
+    assert out.returncode == 0, out.stderr[-2000:]
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["script"] == smoke_script and config["args"]["seed"] == 3 and "torch" in config["versions"]
+    metrics = read_metrics(run_dir)
+    for name in ("train/episodic_return", "train/episodic_length", "eval/episodic_return", "charts/sps"):
+        assert name in metrics, f"{name} missing from metrics.csv"
+    assert any(n.startswith("losses/") for n in metrics)
+    assert list(run_dir.glob("events.out.tfevents.*")), "no TensorBoard events"
+    assert (run_dir / "checkpoint.pt").is_file()
+
+    # the saved model evaluates to the return logged at the end of training
+    module = load_script(smoke_script)
+    saved = torch.load(run_dir / "model.pt", weights_only=False)
+    key, cls, _ = MODEL_KEY[smoke_script]
+    net = getattr(module, cls)(saved["obs_dim"], saved["n_actions"])
+    net.load_state_dict(saved[key])
+    returns = module.evaluate(net, "CartPole-v1", len(saved["eval_returns"]), seed=3 + 100_000)
+    assert returns == saved["eval_returns"]
+    assert np.mean(returns) == pytest.approx(score(metrics, "final_eval"))
+
+
+def test_track_offline_wandb(tmp_path):
+    out = run_script("ppo.py", SMOKE["ppo.py"] + ["--track"], tmp_path / "run", WANDB_MODE="offline")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert list((tmp_path / "run" / "wandb").glob("offline-run-*")), "no offline wandb run written"
+
+
+def test_ctrl_c_keeps_metrics_and_resume_continues(smoke_script, tmp_path):
+    run_dir = tmp_path / "run"
+    flags = SMOKE[smoke_script] + ["--total-timesteps", "30000", "--checkpoint-every", "1000000"]
+    proc = subprocess.Popen(script_command(smoke_script, flags, run_dir), env=run_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while time.time() < deadline:  # wait until training has logged losses, then press Ctrl-C
+        if (run_dir / "metrics.csv").exists() and "losses/" in (run_dir / "metrics.csv").read_text():
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr[-2000:]
+    assert "--resume" in stderr
+    before = read_rows(run_dir)
+    assert before and (run_dir / "checkpoint.pt").is_file()
+    ckpt_step = torch.load(run_dir / "checkpoint.pt", weights_only=False)["global_step"]
+
+    out = run_script(smoke_script, ["--resume", str(run_dir)])
+    assert out.returncode == 0, out.stderr[-2000:]
+    after = read_rows(run_dir)
+    assert after[:len(before)] == before, "resuming must append to metrics.csv, not rewrite it"
+    resumed = after[len(before):]
+    assert resumed and resumed[-1]["name"] == "eval/episodic_return" and resumed[-1]["global_step"] >= 29_000
+    assert min(r["global_step"] for r in resumed) > ckpt_step, "a resumed run continues from its checkpoint"
