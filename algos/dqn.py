@@ -51,6 +51,8 @@ class Args:
     """save <run_dir>/model.pt at the end"""
     eval_episodes: int = 10
     """greedy evaluation episodes at the end (logged as eval/episodic_return)"""
+    eval_every: int = 0
+    """also evaluate every this many steps (0: only at the end); logs charts/train_seconds beside it"""
     run_dir: str | None = None
     """where the run is written (default runs/<env>__dqn__<seed>__<time>)"""
     resume: str | None = None
@@ -214,6 +216,10 @@ class RunLogger:
             self.tb.add_scalar(name, value, step)
         self.file.flush()
 
+    def log_many(self, step: int, name: str, values: list):
+        for value in values:
+            self.log(step, {name: value})
+
     def close(self):
         self.file.close()
         self.tb.close()
@@ -245,7 +251,7 @@ def main(args: Args):
     envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)
     obs_dim, n_actions = envs.single_observation_space.shape[0], int(envs.single_action_space.n)
     q_network = QNetwork(obs_dim, n_actions).to(device)
-    optimizer = torch.optim.Adam(q_network.parameters(), lr=args.learning_rate)
+    optimizer = torch.optim.Adam(q_network.parameters(), lr=args.learning_rate, fused=True)
     target_network = QNetwork(obs_dim, n_actions).to(device)
     target_network.load_state_dict(q_network.state_dict())
     rb = ReplayBuffer(args.buffer_size, obs_dim, device)
@@ -276,7 +282,7 @@ def main(args: Args):
     obs, _ = envs.reset(seed=args.seed + global_step)  # a resumed run starts fresh episodes
     obs = torch.as_tensor(obs, dtype=torch.float32, device=device)
     bar = tqdm(total=num_iterations * args.num_envs, initial=global_step, unit="step", mininterval=1.0)
-    last_return, iteration, start_time = float("nan"), start_iteration, time.time()
+    last_return, iteration, start_time, eval_seconds = float("nan"), start_iteration, time.time(), 0.0
     try:
         for iteration in range(start_iteration, num_iterations):
             epsilon = linear_schedule(args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps, global_step)
@@ -314,7 +320,7 @@ def main(args: Args):
                     loss.backward()
                     optimizer.step()
                     if iteration % (100 * args.train_frequency) == 0:  # every 100 updates
-                        sps = int((global_step - start_iteration * args.num_envs) / (time.time() - start_time))
+                        sps = int((global_step - start_iteration * args.num_envs) / (time.time() - start_time - eval_seconds))
                         logger.log(global_step, {"losses/td_loss": loss.item(), "losses/q_values": q_pred.mean().item(),
                                                  "charts/epsilon": epsilon, "charts/sps": sps,
                                                  "charts/learning_rate": optimizer.param_groups[0]["lr"]})
@@ -323,6 +329,12 @@ def main(args: Args):
                     for tp, p in zip(target_network.parameters(), q_network.parameters()):
                         tp.data.lerp_(p.data, args.tau)
             bar.update(args.num_envs)
+            if args.eval_every and iteration + 1 < num_iterations and global_step % args.eval_every < args.num_envs:
+                train_seconds = time.time() - start_time - eval_seconds  # evaluation time is not training time
+                returns = evaluate(q_network, args.env_id, args.eval_episodes, seed=args.seed + 100_000, device=device)
+                eval_seconds = time.time() - start_time - train_seconds
+                logger.log(global_step, {"charts/train_seconds": train_seconds})
+                logger.log_many(global_step, "eval/episodic_return", returns)
             if (iteration + 1) % max(1, args.checkpoint_every // args.num_envs) == 0:
                 save_checkpoint(iteration + 1)
     except KeyboardInterrupt:
@@ -334,9 +346,9 @@ def main(args: Args):
     envs.close()
     save_checkpoint(num_iterations)
 
+    logger.log(global_step, {"charts/train_seconds": time.time() - start_time - eval_seconds})
     eval_returns = evaluate(q_network, args.env_id, args.eval_episodes, seed=args.seed + 100_000, device=device)
-    for r in eval_returns:
-        logger.log(global_step, {"eval/episodic_return": r})
+    logger.log_many(global_step, "eval/episodic_return", eval_returns)
     if eval_returns:
         print(f"eval/episodic_return: {np.mean(eval_returns):.2f} +- {np.std(eval_returns):.2f} "
               f"over {len(eval_returns)} episodes")

@@ -50,6 +50,8 @@ class Args:
     """save <run_dir>/model.pt at the end"""
     eval_episodes: int = 10
     """greedy evaluation episodes at the end (logged as eval/episodic_return)"""
+    eval_every: int = 0
+    """also evaluate every this many steps (0: only at the end); logs charts/train_seconds beside it"""
     run_dir: str | None = None
     """where the run is written (default runs/<env>__ppo__<seed>__<time>)"""
     resume: str | None = None
@@ -224,6 +226,10 @@ class RunLogger:
             self.tb.add_scalar(name, value, step)
         self.file.flush()
 
+    def log_many(self, step: int, name: str, values: list):
+        for value in values:
+            self.log(step, {name: value})
+
     def close(self):
         self.file.close()
         self.tb.close()
@@ -254,7 +260,7 @@ def main(args: Args):
                                     autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)
     agent = Agent(envs.single_observation_space.shape[0], envs.single_action_space.n).to(device)
-    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = args.total_timesteps // batch_size
@@ -290,7 +296,7 @@ def main(args: Args):
     next_obs, _ = envs.reset(seed=args.seed + global_step)  # a resumed run starts fresh episodes
     next_obs = torch.as_tensor(next_obs, dtype=torch.float32, device=device)
     bar = tqdm(total=num_iterations * batch_size, initial=global_step, unit="step", mininterval=1.0)
-    last_return, iteration, start_time = float("nan"), start_iteration - 1, time.time()
+    last_return, iteration, start_time, eval_seconds = float("nan"), start_iteration - 1, time.time(), 0.0
     try:
         for iteration in range(start_iteration, num_iterations + 1):
             frac = 1.0 - (iteration - 1.0) / num_iterations if args.anneal_lr else 1.0
@@ -338,13 +344,19 @@ def main(args: Args):
             stats = stats.tolist()
             var_y = b_returns.var()
             explained_var = float("nan") if var_y == 0 else float(1 - (b_returns - b_values).var() / var_y)
-            sps = int((global_step - (start_iteration - 1) * batch_size) / (time.time() - start_time))
+            sps = int((global_step - (start_iteration - 1) * batch_size) / (time.time() - start_time - eval_seconds))
             logger.log(global_step, {"charts/learning_rate": optimizer.param_groups[0]["lr"], "charts/sps": sps,
                                      "losses/policy_loss": stats[0], "losses/value_loss": stats[1],
                                      "losses/entropy": stats[2], "losses/approx_kl": stats[3],
                                      "losses/clipfrac": stats[4], "losses/explained_variance": explained_var})
             bar.update(batch_size)
             bar.set_postfix(sps=sps, ret=f"{last_return:.1f}", refresh=False)
+            if args.eval_every and iteration < num_iterations and global_step % args.eval_every < batch_size:
+                train_seconds = time.time() - start_time - eval_seconds  # evaluation time is not training time
+                returns = evaluate(agent, args.env_id, args.eval_episodes, seed=args.seed + 100_000, device=device)
+                eval_seconds = time.time() - start_time - train_seconds
+                logger.log(global_step, {"charts/train_seconds": train_seconds})
+                logger.log_many(global_step, "eval/episodic_return", returns)
             if iteration % max(1, args.checkpoint_every // batch_size) == 0:
                 save_checkpoint(iteration)
     except KeyboardInterrupt:
@@ -356,9 +368,9 @@ def main(args: Args):
     envs.close()
     save_checkpoint(num_iterations)
 
+    logger.log(global_step, {"charts/train_seconds": time.time() - start_time - eval_seconds})
     eval_returns = evaluate(agent, args.env_id, args.eval_episodes, seed=args.seed + 100_000, device=device)
-    for r in eval_returns:
-        logger.log(global_step, {"eval/episodic_return": r})
+    logger.log_many(global_step, "eval/episodic_return", eval_returns)
     if eval_returns:
         print(f"eval/episodic_return: {np.mean(eval_returns):.2f} +- {np.std(eval_returns):.2f} "
               f"over {len(eval_returns)} episodes")
