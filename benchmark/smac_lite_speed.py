@@ -1,0 +1,108 @@
+"""smac_lite raw speed: random-policy joint steps per second (one joint step = one step of one battle, with
+observations, state, masks, rewards and auto-reset), for several maps and battle counts, on one CPU thread
+(and CUDA if available). Writes benchmark/reports/smac_lite-speed-<device>-<date>.md.
+
+    OMP_NUM_THREADS=1 python benchmark/smac_lite_speed.py [--maps 3m 2s3z] [--envs 1 64 1024 4096] [--repeats 5]
+"""
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import smac_lite  # noqa: E402
+from smac_lite.policies import random_policy  # noqa: E402
+
+ANCHORS = (
+    "Anchors measured on this machine (reference-numbers.md): Python SMAClite 50-105 env steps/s; JaxMARL SMAX "
+    "(JAX, CPU, 2 cores) ~42k joint steps/s on 3m and ~19k on 2s3z with 64-512 battles."
+)
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def measure(map_name, num_envs, device, steps, repeats, warmup=20):
+    env = smac_lite.BatchedSMAC(map_name, num_envs=num_envs, device=device, seed=0)
+    gen = torch.Generator(device=device).manual_seed(0)
+    _, _, avail = env.reset()
+
+    def run(n):
+        nonlocal avail
+        for _ in range(n):
+            _, _, avail, _, _, _ = env.step(random_policy(env, avail, gen))
+
+    run(warmup)
+    _sync(device)
+    rates = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        run(steps)
+        _sync(device)
+        rates.append(steps * num_envs / (time.perf_counter() - t0))
+    return statistics.median(rates), min(rates), max(rates)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--maps", nargs="+", default=["3m", "2s3z"])
+    p.add_argument("--envs", nargs="+", type=int, default=[1, 64, 1024, 4096])
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--device", default=None, help="cpu, cuda or both (default: cpu, plus cuda if available)")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--date", default="2026-11-22")
+    p.add_argument("--no-report", action="store_true")
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    devices = [args.device] if args.device else (["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"])
+
+    for dev_name in devices:
+        device = torch.device(dev_name)
+        rows = []
+        for m in args.maps:
+            for n in args.envs:
+                # About 0.3-1 s per repeat: fewer steps for many battles, more for few.
+                steps = max(20, min(400, int(200_000 / (n * 8)) + 20))
+                med, lo, hi = measure(m, n, device, steps, args.repeats)
+                rows.append((m, n, med, lo, hi))
+                print(f"{dev_name} {m:6s} {n:5d} battles: median {med:10.0f} joint steps/s (min {lo:.0f}, max {hi:.0f})",
+                      flush=True)
+        if args.no_report:
+            continue
+        if device.type == "cuda":
+            machine = f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}"
+        else:
+            machine = (f"{os.cpu_count()}-core CPU ({platform.processor() or platform.machine()}), "
+                       f"{args.threads} torch thread(s), OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}, "
+                       f"torch {torch.__version__}")
+        lines = [
+            f"# smac_lite speed, {dev_name}, {args.date}",
+            "",
+            f"Machine: {machine}. The other core may have been busy with other work; each cell is the median of "
+            f"{args.repeats} timed repeats after a warm-up (min and max in brackets).",
+            "",
+            "Random policy (uniform over available actions, sampled on the device). One joint step = one agent step "
+            "(8 game loops) of one battle, including observations, state, available-action masks, rewards and "
+            "auto-reset. Full semantics: shields and their regeneration, armour, bonus damage, medivac healing.",
+            "",
+            "| map | battles | joint steps/s (median) | min | max |",
+            "|---|---:|---:|---:|---:|",
+        ]
+        lines += [f"| {m} | {n} | {med:,.0f} | {lo:,.0f} | {hi:,.0f} |" for m, n, med, lo, hi in rows]
+        lines += ["", ANCHORS, "", "Goal (issue 3): >= 120k on 3m and >= 60k on 2s3z with 1024 battles on one core.",
+                  "", f"Command: `OMP_NUM_THREADS={args.threads} python benchmark/smac_lite_speed.py`", ""]
+        out = Path(__file__).resolve().parent / "reports" / f"smac_lite-speed-{dev_name}-{args.date}.md"
+        out.write_text("\n".join(lines))
+        print("wrote", out)
+
+
+if __name__ == "__main__":
+    main()

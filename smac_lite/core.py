@@ -1,0 +1,522 @@
+"""Batched SMAC-like battle simulator in torch: one call steps N battles, on CPU or CUDA.
+
+See smac_lite/README.md for the semantics and where they differ from SMAC. Layout of the per-unit tensors:
+units are indexed 0..U-1 with the n_agents allies first and the n_enemies enemies after them. Positions live in
+(N, U + n_agents) buffers whose last n_agents columns hold the agents' move goals, so that "move toward a goal"
+and "move toward a target unit" are one gather and one code path.
+"""
+
+import math
+
+import torch
+
+from .maps import MAPS, SHIELD_REGEN_DELAY, SHIELD_REGEN_RATE, expand_units, unit_stats
+
+STEP_MUL = 8  # game loops per agent step (SMAC's step_mul)
+DT = 1.0 / 22.4  # real seconds per game loop at "Faster" (16 loops per game second)
+MOVE_AMOUNT = 2.0  # a move order goes this far (SMAC's move_amount)
+SIGHT_RANGE = 9.0  # SMAC's unit sight range, used by observations
+SHOOT_RANGE = 6.0  # SMAC's shoot range, used by the available-action mask
+RETARGET_EVERY = 4  # game loops between target re-evaluations of enemies and idle agents
+N_NO_ATTACK = 6  # no-op, stop, move N, S, E, W
+_BIG = 1e9
+_M31 = 0x7FFFFFFF
+
+# Directions of actions 2..5 (SMAC: north = +y, south = -y, east = +x, west = -x).
+_MOVE_DX = (0.0, 0.0, 0.0, 0.0, 1.0, -1.0)
+_MOVE_DY = (0.0, 0.0, 1.0, -1.0, 0.0, 0.0)
+
+
+def _mix(h):
+    """Integer hash on int64 tensors holding 31-bit values (products stay below 2**62: no overflow)."""
+    h = (((h >> 15) ^ h) * 0x2C1B3C6D) & _M31
+    h = (((h >> 12) ^ h) * 0x297A2D39) & _M31
+    return ((h >> 15) ^ h) & _M31
+
+
+class BatchedSMAC:
+    """N independent battles of one map, stepped together.
+
+    reset() -> obs (N, n_agents, obs_dim), state (N, state_dim), avail (N, n_agents, n_actions)
+    step(actions (N, n_agents) long) -> obs, state, avail, reward (N,), done (N,) bool, info
+    Finished battles are reset automatically (auto_reset=True): the returned obs/state/avail of a finished battle
+    are the first ones of its next episode; info["won"], info["truncated"], info["episode_return"],
+    info["episode_length"] describe the episode that just ended (valid where done).
+
+    Randomness (start-position jitter) comes from a counter-based hash of (seed, battle id, episode index), so
+    battle i of BatchedSMAC(seed=s, num_envs=N) replays exactly BatchedSMAC(seed=s, num_envs=1, env_id_offset=i),
+    whatever N is.
+    """
+
+    def __init__(
+        self,
+        map_name="3m",
+        num_envs=1,
+        device="cpu",
+        seed=0,
+        env_id_offset=0,
+        auto_reset=True,
+        return_final=False,
+        state_last_action=True,
+        jitter=0.5,
+        reward_only_positive=True,
+        reward_death_value=10.0,
+        reward_win=200.0,
+        reward_defeat=0.0,
+        reward_negative_scale=0.5,
+        reward_scale=True,
+        reward_scale_rate=20.0,
+    ):
+        spec = MAPS[map_name] if isinstance(map_name, str) else map_name
+        self.map_name = map_name if isinstance(map_name, str) else "custom"
+        self.spec = spec
+        self.device = torch.device(device)
+        self.num_envs = N = int(num_envs)
+        self.auto_reset = auto_reset
+        self.return_final = return_final
+        self.state_last_action = state_last_action
+        self.jitter = float(jitter)
+        self.reward_only_positive = reward_only_positive
+        self.reward_death_value = float(reward_death_value)
+        self.reward_win = float(reward_win)
+        self.reward_defeat = float(reward_defeat)
+        self.reward_negative_scale = float(reward_negative_scale)
+
+        agent_types = expand_units(spec["agents"])
+        enemy_types = expand_units(spec["enemies"])
+        self.unit_types = agent_types + enemy_types
+        self.n_agents = A = len(agent_types)
+        self.n_enemies = E = len(enemy_types)
+        self.n_units = U = A + E
+        self.n_actions = N_NO_ATTACK + E
+        self.episode_limit = int(spec["limit"])
+        self.map_w, self.map_h = map(float, spec["size"])
+        type_order = list(spec.get("type_order", []))
+        self.unit_type_bits = tb = len(type_order) if len(type_order) > 1 else 0
+        self.shield_bits_ally = int(spec["a_race"] == "P")
+        self.shield_bits_enemy = int(spec["b_race"] == "P")
+
+        dev = self.device
+        f32 = dict(dtype=torch.float32, device=dev)
+        stats = [unit_stats(t) for t in self.unit_types]
+
+        def col(key):
+            return torch.tensor([float(s[key]) for s in stats], **f32)
+
+        self.max_hp = col("hp")
+        self.max_sh = col("shield")
+        self.cd_max = col("cooldown")
+        self.speed_dt = col("speed") * DT
+        self.radius = col("radius")
+        is_healer = [s["heal_rate"] > 0 for s in stats]
+        self.is_healer = torch.tensor(is_healer, dtype=torch.bool, device=dev)
+        self.has_agent_healer = any(is_healer[:A])
+        self.has_enemy_healer = any(is_healer[A:])
+        self.has_healer = self.has_agent_healer or self.has_enemy_healer
+        self.has_shields = any(s["shield"] > 0 for s in stats)
+        # Energy: medivacs only; other units get +inf so that "energy > 0" never stops them.
+        self.energy_start = torch.tensor(
+            [s["energy_start"] if h else math.inf for s, h in zip(stats, is_healer)], **f32
+        )
+        self.energy_max = torch.tensor([s["energy_max"] if h else math.inf for s, h in zip(stats, is_healer)], **f32)
+        self.energy_regen_dt = col("energy_regen") * DT
+        self.energy_per_hp = col("energy_per_hp")
+        # Units that can win a fight (SMAC: a side with only medivacs left has lost).
+        attacker = torch.tensor([s["damage"] > 0 for s in stats], dtype=torch.float32, device=dev)
+        self.attacker_a, self.attacker_e = attacker[:A], attacker[A:]
+
+        # Pair tables attacker a -> target column t (t < U: a unit, t >= U: an agent's move goal), flattened so a
+        # (N, U) index tensor picks each unit's value for its current target with one torch.take.
+        W = U + A
+        self._ext = W
+        reach = torch.zeros(U, W)
+        raw = torch.zeros(U, W)
+        eff = torch.zeros(U, W)
+        heal = torch.zeros(U, W)
+        for a, sa in enumerate(stats):
+            team_a = a < A
+            for t, st in enumerate(stats):
+                reach[a, t] = sa["range"] + sa["radius"] + st["radius"]
+                if (t < A) != team_a and sa["damage"] > 0:
+                    per_hit = sa["damage"] + sa["bonus_armoured"] * st["armoured"] + sa["bonus_light"] * st["light"]
+                    raw[a, t] = sa["hits"] * per_hit
+                    # Armour reduces every hit, down to 0.5 (SC2's minimum damage).
+                    eff[a, t] = sa["hits"] * max(per_hit - st["armour"], 0.5)
+                if (t < A) == team_a and sa["heal_rate"] > 0 and st["heal_rate"] == 0:
+                    heal[a, t] = sa["heal_rate"] * DT
+        self._reach = reach.to(dev).flatten()
+        self._raw = raw.to(dev).flatten()
+        self._eff = eff.to(dev).flatten()
+        self._heal = heal.to(dev).flatten()
+        self._pair_base = (torch.arange(U, device=dev) * W).unsqueeze(0)
+        self._goal_idx = torch.arange(U, U + A, device=dev).unsqueeze(0)
+
+        # Action decoding tables.
+        na = self.n_actions
+        self._act_dx = torch.tensor(list(_MOVE_DX) + [0.0] * E, **f32)
+        self._act_dy = torch.tensor(list(_MOVE_DY) + [0.0] * E, **f32)
+        self._act_is_move = torch.tensor([2 <= k <= 5 for k in range(na)], dtype=torch.bool, device=dev)
+        # Attack slot j of a non-healer agent is enemy j (unit A + j); of a medivac it is ally j (unit j).
+        self._slot_offset = torch.tensor([0 if h else A for h in is_healer[:A]], device=dev)
+        self._slot_limit = torch.tensor([A if h else E for h in is_healer[:A]], device=dev)
+        self._agent_healer = self.is_healer[:A]
+        self._heal_target_ok = torch.tensor([not h for h in is_healer[:A]], dtype=torch.bool, device=dev)
+
+        # Type one-hot (U, tb) and observation / state column indices.
+        onehot = torch.zeros(U, max(tb, 1))
+        if tb:
+            for u, t in enumerate(self.unit_types):
+                if t in type_order:
+                    onehot[u, type_order.index(t)] = 1.0
+        self._type_onehot = onehot[:, :tb].to(dev)
+        F = 6 + tb  # per unit in an agent's view: col0, dist, dx, dy, health, shield, types
+        self._F = F
+        en_cols = [0, 1, 2, 3, 4] + ([5] if self.shield_bits_enemy else []) + list(range(6, 6 + tb))
+        al_cols = [0, 1, 2, 3, 4] + ([5] if self.shield_bits_ally else []) + list(range(6, 6 + tb))
+        own_cols = [4] + ([5] if self.shield_bits_ally else []) + list(range(6, 6 + tb))
+        rows = []
+        for i in range(A):
+            idx = [0, 1, 2, 3]
+            for e in range(E):
+                idx += [4 + (A + e) * F + c for c in en_cols]
+            for j in range(A):
+                if j != i:
+                    idx += [4 + j * F + c for c in al_cols]
+            idx += [4 + i * F + c for c in own_cols]
+            rows.append(idx)
+        self._obs_idx = torch.tensor(rows, device=dev)
+        self.obs_dim = len(rows[0])
+        self.obs_enemy_feats = len(en_cols)
+        self.obs_ally_feats = len(al_cols)
+        self.obs_own_feats = len(own_cols)
+        Fs = 5 + tb  # per unit in the state: health, cooldown/energy, rel x, rel y, shield, types
+        self._Fs = Fs
+        st_al = [0, 1, 2, 3] + ([4] if self.shield_bits_ally else []) + list(range(5, 5 + tb))
+        st_en = [0, 2, 3] + ([4] if self.shield_bits_enemy else []) + list(range(5, 5 + tb))
+        sidx = [u * Fs + c for u in range(A) for c in st_al] + [u * Fs + c for u in range(A, U) for c in st_en]
+        self._state_idx = torch.tensor(sidx, device=dev)
+        self.state_dim = len(sidx) + (A * na if state_last_action else 0)
+        self.state_ally_feats = len(st_al)
+        self.state_enemy_feats = len(st_en)
+
+        # Reward scale exactly as SMAC: max_reward = n_enemies * death_value + win + sum of enemy hp + shields.
+        self.max_reward = E * self.reward_death_value + self.reward_win + float((self.max_hp + self.max_sh)[A:].sum())
+        self.reward_scale = (reward_scale_rate / self.max_reward) if reward_scale else 1.0
+
+        # Start formation (before jitter): allies on the left facing east, enemies mirrored on the right.
+        self._x0, self._y0 = self._formation(spec)
+
+        # Per-battle state.
+        self.X = torch.zeros(N, W, **f32)
+        self.Y = torch.zeros(N, W, **f32)
+        self.x, self.y = self.X[:, :U], self.Y[:, :U]
+        self.AL = torch.ones(N, W, **f32)  # alive (1/0); goal columns stay 1
+        self.alive = self.AL[:, :U]
+        self.hp = torch.zeros(N, U, **f32)
+        self.sh = torch.zeros(N, U, **f32)
+        self.cd = torch.zeros(N, U, **f32)
+        self.energy = torch.zeros(N, U, **f32)
+        self.since_dmg = torch.zeros(N, U, **f32)
+        self.last_action = torch.zeros(N, A, dtype=torch.long, device=dev)
+        self.has_last_action = torch.zeros(N, 1, **f32)
+        self.steps = torch.zeros(N, dtype=torch.long, device=dev)
+        self.ep_return = torch.zeros(N, **f32)
+        self.episode_idx = torch.zeros(N, dtype=torch.long, device=dev)
+        self.battle_ids = torch.arange(env_id_offset, env_id_offset + N, device=dev)
+        self._was_reset = False
+        self._set_seed(seed)
+
+    # ------------------------------------------------------------------ setup helpers
+    def _formation(self, spec):
+        xs, ys = [], []
+        for side, groups in ((0, spec["agents"]), (1, spec["enemies"])):
+            names = expand_units(groups)
+            n = len(names)
+            spacing = 2 * max(unit_stats(t)["radius"] for t in names) + 0.25
+            rows = max(1, min(n, max(3, math.ceil(math.sqrt(2 * n)))))
+            front = self.map_w / 2 + (spec["gap"] / 2) * (1 if side else -1)
+            for k in range(n):
+                c, r = divmod(k, rows)
+                in_col = min(rows, n - c * rows)
+                xs.append(front + (c * spacing if side else -c * spacing))
+                ys.append(self.map_h / 2 + (r - (in_col - 1) / 2) * spacing)
+        return (torch.tensor(xs, dtype=torch.float32, device=self.device),
+                torch.tensor(ys, dtype=torch.float32, device=self.device))
+
+    def _set_seed(self, seed):
+        self.seed = 0 if seed is None else int(seed)
+        self._seed_key = _mix(torch.tensor(self.seed & _M31, device=self.device) ^ 0x1234567)
+        self._elem = torch.arange(2 * self.n_units, device=self.device) * 0x9E3779B  # < 2**31 / 2 * U ok
+
+    def _start_positions(self):
+        """Jittered start positions (N, U) for each battle's current episode index."""
+        key = _mix(_mix(self._seed_key ^ self.battle_ids) + self.episode_idx)  # (N,)
+        h = _mix((key.unsqueeze(1) ^ (self._elem & _M31)) & _M31)  # (N, 2U)
+        u = h.to(torch.float32) * (1.0 / _M31) - 0.5  # uniform in [-0.5, 0.5)
+        j = 2 * self.jitter
+        U = self.n_units
+        return self._x0 + j * u[:, :U], self._y0 + j * u[:, U:]
+
+    # ------------------------------------------------------------------ API
+    def reset(self, seed=None):
+        """Reset every battle; returns obs, state, avail."""
+        if seed is not None:
+            self._set_seed(seed)
+            self.episode_idx.zero_()
+        elif self._was_reset:
+            self.episode_idx += 1  # a plain reset starts the next episode of every battle's stream
+        self._was_reset = True
+        x0, y0 = self._start_positions()
+        self.x.copy_(x0)
+        self.y.copy_(y0)
+        self.hp.copy_(self.max_hp.expand_as(self.hp))
+        self.sh.copy_(self.max_sh.expand_as(self.sh))
+        self.cd.zero_()
+        self.energy.copy_(self.energy_start.expand_as(self.energy))
+        self.since_dmg.fill_(SHIELD_REGEN_DELAY)
+        self.alive.fill_(1.0)
+        self.last_action.zero_()
+        self.has_last_action.zero_()
+        self.steps.zero_()
+        self.ep_return.zero_()
+        return self._observe()
+
+    def step(self, actions):
+        A, E, U = self.n_agents, self.n_enemies, self.n_units
+        actions = actions.to(self.device, torch.long)
+        alive_a = self.alive[:, :A] > 0
+        # SMAC's reward looks at the enemies' hp + shields before and after the step.
+        prev_hs_e = self.hp[:, A:] + self.sh[:, A:]
+        prev_alive_e = self.alive[:, A:].clone()
+        prev_hs_a = self.hp[:, :A] + self.sh[:, :A]
+        prev_alive_a = self.alive[:, :A].clone()
+
+        # Decode orders. Invalid orders are not an error: an attack on a dead or missing target becomes "stop",
+        # a move past the map edge stops at the edge, a dead agent does nothing.
+        is_move = self._act_is_move[actions] & alive_a
+        slot = actions - N_NO_ATTACK
+        is_att = (slot >= 0) & (slot < self._slot_limit) & alive_a
+        ordered = torch.where(is_att, slot.clamp(min=0) + self._slot_offset, 0)
+        ordered = torch.where(is_move, self._goal_idx, ordered)
+        idle = ~(is_move | is_att)
+        self.X[:, U:] = (self.x[:, :A] + MOVE_AMOUNT * self._act_dx[actions]).clamp(0.0, self.map_w)
+        self.Y[:, U:] = (self.y[:, :A] + MOVE_AMOUNT * self._act_dy[actions]).clamp(0.0, self.map_h)
+        fire_ok = torch.cat([~is_move, torch.ones_like(self.alive[:, A:], dtype=torch.bool)], 1)
+        chase_e = torch.ones_like(fire_ok[:, A:])
+        heal_tgt_e = self._enemy_heal_targets() if self.has_enemy_healer else None
+
+        for k in range(STEP_MUL):
+            if k % RETARGET_EVERY == 0:
+                close_e, close_a = self._retarget(heal_tgt_e)
+            self._subtick(ordered, idle, fire_ok, chase_e, close_e, close_a)
+
+        # Outcome.
+        alive_e = self.alive[:, A:]
+        hs_e = self.hp[:, A:] + self.sh[:, A:]
+        delta_enemy = ((prev_hs_e - hs_e) * prev_alive_e).sum(1)
+        deaths_e = (prev_alive_e - alive_e).sum(1)
+        delta_deaths = self.reward_death_value * deaths_e
+        n_att_a = (self.alive[:, :A] * self.attacker_a).sum(1)
+        n_att_e = (alive_e * self.attacker_e).sum(1)
+        won = (n_att_a > 0) & (n_att_e == 0)
+        lost = (n_att_a == 0) & (n_att_e > 0)
+        draw = (n_att_a == 0) & (n_att_e == 0)
+        if self.reward_only_positive:
+            reward = (delta_enemy + delta_deaths).abs()
+        else:
+            alive_a_now = self.alive[:, :A]
+            hs_a = self.hp[:, :A] + self.sh[:, :A]
+            delta_ally = self.reward_negative_scale * ((prev_hs_a - hs_a) * prev_alive_a).sum(1)
+            deaths_a = (prev_alive_a - alive_a_now).sum(1)
+            reward = delta_enemy + delta_deaths - delta_ally - self.reward_death_value * self.reward_negative_scale * deaths_a
+            reward = reward + self.reward_defeat * lost
+        reward = (reward + self.reward_win * won) * self.reward_scale
+
+        self.steps += 1
+        self.ep_return += reward
+        terminated = won | lost | draw
+        truncated = (self.steps >= self.episode_limit) & ~terminated
+        done = terminated | truncated
+        self.last_action.copy_(actions)
+        self.has_last_action.fill_(1.0)
+        info = {
+            "won": won,
+            "terminated": terminated,
+            "truncated": truncated,
+            "episode_return": self.ep_return.clone(),
+            "episode_length": self.steps.clone(),
+        }
+        if self.return_final:
+            info["final_obs"], info["final_state"], info["final_avail"] = self._observe()
+        if self.auto_reset:
+            self._reset_where(done)
+        obs, state, avail = self._observe()
+        return obs, state, avail, reward, done, info
+
+    # ------------------------------------------------------------------ simulation
+    def _enemy_heal_targets(self):
+        """Enemy medivacs heal the teammate (not a medivac) with the lowest health fraction."""
+        A = self.n_agents
+        frac = self.hp[:, A:] / self.max_hp[A:] + (1 - self.alive[:, A:]) * _BIG + self.is_healer[A:] * _BIG
+        return frac.argmin(1, keepdim=True) + A
+
+    def _retarget(self, heal_tgt_e):
+        """Closest living opponent of every unit: enemies attack-move toward the allies and engage the closest;
+        agents without a live order (stop, or their target died) fire at the closest enemy in range. Re-evaluated
+        every RETARGET_EVERY game loops (a reaction time of 0.18 s), not every loop: small-dim argmin is costly."""
+        A = self.n_agents
+        x, y, alive = self.x, self.y, self.alive
+        dx = x[:, None, A:] - x[:, :A, None]
+        dy = y[:, None, A:] - y[:, :A, None]
+        pen = (1.0 - alive) * _BIG
+        d2 = dx * dx + dy * dy + pen[:, :A, None] + pen[:, None, A:]  # (N, A, E)
+        close_e = d2.argmin(2) + A
+        close_a = d2.transpose(1, 2).contiguous().argmin(2)  # argmin over a strided dim is ~5x slower
+        if heal_tgt_e is not None:
+            close_a = torch.where(self.is_healer[A:], heal_tgt_e, close_a)
+        return close_e, close_a
+
+    def _subtick(self, ordered, idle, fire_ok, chase_e, close_e, close_a):
+        A, U = self.n_agents, self.n_units
+        X, Y, AL = self.X, self.Y, self.AL
+        x, y, alive = self.x, self.y, self.alive
+        auto = idle | (AL.gather(1, ordered) == 0)
+        tgt = torch.cat([torch.where(auto, close_e, ordered), close_a], 1)
+        chase = torch.cat([~auto, chase_e], 1)
+
+        ddx = X.gather(1, tgt) - x
+        ddy = Y.gather(1, tgt) - y
+        t_alive = AL.gather(1, tgt)
+        dist = torch.sqrt(ddx * ddx + ddy * ddy)
+        pidx = tgt + self._pair_base
+        reach = torch.take(self._reach, pidx)
+        # A chaser stops just inside its reach (+-0.005) so float rounding cannot leave it a hair out of range.
+        in_range = dist <= reach + 0.01
+        active = (alive * t_alive) > 0
+        # Move (toward the target until in range, or toward the goal); units in range stand and fire.
+        mv = (chase & ~in_range & active).to(x.dtype)
+        step = torch.minimum(self.speed_dt, dist - reach + 0.005) * mv / dist.clamp(min=1e-6)
+        x.add_(ddx * step)
+        y.add_(ddy * step)
+        fire = fire_ok & in_range & active & (self.cd <= 0) & (self.energy > 0)
+        ff = fire.to(x.dtype)
+        # Damage: every hit is reduced by the target's armour (per hit, min 0.5); shields absorb first.
+        raw = torch.take(self._raw, pidx) * ff
+        eff = torch.take(self._eff, pidx) * ff
+        zeros = torch.zeros_like(X)
+        R = zeros.scatter_add(1, tgt, raw)[:, :U]
+        Ed = zeros.scatter_add(1, tgt, eff)[:, :U]
+        if self.has_shields:
+            absorbed = torch.minimum(self.sh, R)
+            self.sh.sub_(absorbed)
+            Ed = Ed * (1.0 - absorbed / R.clamp(min=1e-6))
+        self.hp.sub_(Ed).clamp_(min=0.0)
+        if self.has_healer:
+            heal = torch.take(self._heal, pidx) * ff
+            Hs = zeros.scatter_add(1, tgt, heal)[:, :U]
+            torch.minimum(self.hp + Hs * (self.hp > 0), self.max_hp, out=self.hp)
+            self.energy.sub_(heal * self.energy_per_hp).add_(self.energy_regen_dt)
+            torch.minimum(self.energy, self.energy_max, out=self.energy)
+        if self.has_shields:
+            # Shields regenerate 2/s once a unit has gone 10 s without taking damage.
+            self.since_dmg.add_(DT).masked_fill_(R > 0, 0.0)
+            regen = (self.since_dmg >= SHIELD_REGEN_DELAY).to(x.dtype) * (SHIELD_REGEN_RATE * DT)
+            torch.minimum(self.sh + regen, self.max_sh, out=self.sh)
+        self.cd.copy_(torch.where(fire, self.cd_max, self.cd - DT))
+        alive.copy_(self.hp > 0)
+        if self.has_shields:
+            self.sh.mul_(alive)
+
+    def _reset_where(self, done):
+        d = done.unsqueeze(1)
+        self.episode_idx += done
+        x0, y0 = self._start_positions()
+        self.x.copy_(torch.where(d, x0, self.x))
+        self.y.copy_(torch.where(d, y0, self.y))
+        self.hp.copy_(torch.where(d, self.max_hp, self.hp))
+        self.sh.copy_(torch.where(d, self.max_sh, self.sh))
+        self.cd.masked_fill_(d, 0.0)
+        self.energy.copy_(torch.where(d, self.energy_start, self.energy))
+        self.since_dmg.masked_fill_(d, SHIELD_REGEN_DELAY)
+        self.alive.masked_fill_(d, 1.0)
+        self.last_action.masked_fill_(d, 0)
+        self.has_last_action.masked_fill_(d, 0.0)
+        self.steps.masked_fill_(done, 0)
+        self.ep_return.masked_fill_(done, 0.0)
+
+    # ------------------------------------------------------------------ observations
+    def _observe(self):
+        A, E, U, N = self.n_agents, self.n_enemies, self.n_units, self.num_envs
+        x, y, alive = self.x, self.y, self.alive
+        xa, ya = x[:, :A], y[:, :A]
+        alive_a = alive[:, :A]
+        dx = x[:, None, :] - xa[:, :, None]  # (N, A, U)
+        dy = y[:, None, :] - ya[:, :, None]
+        dist = torch.sqrt(dx * dx + dy * dy)
+        pair_alive = alive[:, None, :] * alive_a[:, :, None]
+        vis = (dist < SIGHT_RANGE) * pair_alive
+        in_shoot = (dist <= SHOOT_RANGE) * pair_alive
+
+        # Available actions: 0 no-op (dead only), 1 stop, 2-5 move N/S/E/W (stay inside the map), 6.. attack.
+        att = in_shoot[:, :, A:]
+        if self.has_agent_healer:
+            heal = in_shoot[:, :, :A] * self._heal_target_ok
+            if A < E:
+                heal = torch.cat([heal, heal.new_zeros(N, A, E - A)], 2)
+            att = torch.where(self._agent_healer[:, None], heal[:, :, :E], att)
+        avail = torch.cat(
+            [
+                1.0 - alive_a[:, :, None],
+                alive_a[:, :, None],
+                ((ya + 1.0) < self.map_h).mul(alive_a)[:, :, None],
+                ((ya - 1.0) > 0.0).mul(alive_a)[:, :, None],
+                ((xa + 1.0) < self.map_w).mul(alive_a)[:, :, None],
+                ((xa - 1.0) > 0.0).mul(alive_a)[:, :, None],
+                att,
+            ],
+            2,
+        )
+
+        # Observation: per (agent, unit) [available/visible, dist, dx, dy, health, shield, type...] then a gather
+        # that lays out SMAC's order: move feats, enemies, other allies, own feats.
+        col0 = torch.cat([vis[:, :, :A], att * vis[:, :, A:]], 2)
+        s = vis * (1.0 / SIGHT_RANGE)
+        pair = torch.stack([col0, dist * s, dx * s, dy * s], 3)
+        unit = [(self.hp / self.max_hp).unsqueeze(2), (self.sh / self.max_sh.clamp(min=1.0)).unsqueeze(2)]
+        if self.unit_type_bits:
+            unit.append(self._type_onehot.expand(N, U, -1))
+        unit = torch.cat(unit, 2)  # (N, U, 2 + tb)
+        feats = torch.cat([pair, unit[:, None] * vis[..., None]], 3).reshape(N, A, U * self._F)
+        buf = torch.cat([avail[:, :, 2:6], feats], 2)
+        obs = buf.gather(2, self._obs_idx.expand(N, -1, -1))
+
+        # Global state: allies [health, cooldown (energy for medivacs), rel x, rel y, shield, type], enemies
+        # [health, rel x, rel y, shield, type], dead units zero; then the agents' last actions one-hot.
+        cdf = torch.where(self.is_healer, self.energy / self.energy_max, self.cd.clamp(min=0) / self.cd_max.clamp(min=1e-6))
+        st = [
+            unit[:, :, :1],
+            cdf.unsqueeze(2),
+            ((x - self.map_w / 2) / self.map_w).unsqueeze(2),
+            ((y - self.map_h / 2) / self.map_h).unsqueeze(2),
+            unit[:, :, 1:],
+        ]
+        st = (torch.cat(st, 2) * alive[:, :, None]).reshape(N, U * self._Fs)
+        state = st.index_select(1, self._state_idx)
+        if self.state_last_action:
+            la = torch.nn.functional.one_hot(self.last_action, self.n_actions).to(state.dtype) * self.has_last_action[:, :, None]
+            state = torch.cat([state, la.reshape(N, -1)], 1)
+        return obs, state, avail
+
+    # ------------------------------------------------------------------ helpers
+    def get_env_info(self):
+        """SMAC's get_env_info() keys."""
+        return dict(
+            state_shape=self.state_dim, obs_shape=self.obs_dim, n_actions=self.n_actions, n_agents=self.n_agents,
+            n_enemies=self.n_enemies, episode_limit=self.episode_limit,
+        )
+
+    def render(self, battle=0, size=None):
+        """RGB frame (H, W, 3) uint8 of one battle."""
+        from .render import render_frame
+
+        return render_frame(self, battle, size)

@@ -1,0 +1,118 @@
+"""Unit types and maps for smac_lite: plain data, no simulator code.
+
+Add a map by adding an entry to ``MAPS`` (and a unit type to ``UNIT_TYPES`` if needed); the simulator
+reads only these tables.
+
+Time convention: one simulator sub-tick is one StarCraft II game loop = 1/16 *game* second = 1/22.4 *real*
+second at the "Faster" speed that SMAC and Liquipedia (Legacy of the Void) use. An agent step is 8 loops
+(SMAC's step_mul=8) = 0.5 game seconds = 0.357 real seconds. All durations and rates below are Liquipedia's
+real-second ("Faster") values, so they are used with dt = 1/22.4 s per loop. (Older Liquipedia pages and
+JaxMARL's SMAX quote some values in game seconds: stalker cooldown 1.87 game s = 1.34 real s.)
+
+Distances are in StarCraft II map units. ``range`` is the weapon range measured edge to edge as in SC2; the
+simulator fires when the centre distance <= range + radius(attacker) + radius(target).
+"""
+
+# name: stats. Keys:
+#   hp, shield, armour              max hit points, max shields (protoss), armour (per-hit reduction)
+#   damage, hits                    damage per hit and hits per attack (zealot 8 x 2)
+#   bonus_armoured, bonus_light     extra damage per hit against armoured / light targets
+#   range, cooldown, speed          weapon range, weapon cooldown (s), move speed (units/s)
+#   radius                          unit radius (SC2 footprint), used for ranges and drawing
+#   armoured, light                 attributes
+#   heal_rate, heal_range           medivac only: HP healed per second, heal range (edge to edge)
+#   energy_start, energy_max, energy_regen, energy_per_hp   medivac energy (1 energy per 3 HP healed)
+UNIT_TYPES = {
+    "marine": dict(hp=45, armour=0, damage=6, range=5, cooldown=0.61, speed=3.15, radius=0.375, light=True),
+    "marauder": dict(
+        hp=125, armour=1, damage=10, bonus_armoured=10, range=6, cooldown=1.07, speed=3.15, radius=0.5625,
+        armoured=True,
+    ),
+    "medivac": dict(
+        hp=150, armour=1, damage=0, range=4, cooldown=0.0, speed=3.5, radius=0.75, armoured=True,
+        heal_rate=12.6, energy_start=50, energy_max=200, energy_regen=0.7875, energy_per_hp=1 / 3,
+    ),
+    "stalker": dict(
+        hp=80, shield=80, armour=1, damage=13, bonus_armoured=5, range=6, cooldown=1.34, speed=4.13,
+        radius=0.625, armoured=True,
+    ),
+    "zealot": dict(
+        hp=100, shield=50, armour=1, damage=8, hits=2, range=0.1, cooldown=0.86, speed=3.15, radius=0.5,
+        light=True,
+    ),
+    "colossus": dict(
+        hp=200, shield=150, armour=1, damage=10, hits=2, bonus_light=5, range=7, cooldown=1.07, speed=3.15,
+        radius=1.0, armoured=True,
+    ),
+    "zergling": dict(hp=35, armour=0, damage=5, range=0.1, cooldown=0.497, speed=4.13, radius=0.375, light=True),
+    "hydralisk": dict(hp=90, armour=0, damage=12, range=5, cooldown=0.59, speed=3.15, radius=0.625, light=True),
+    "spine_crawler": dict(
+        hp=300, armour=2, damage=25, bonus_armoured=5, range=7, cooldown=1.32, speed=0.0, radius=1.0,
+        armoured=True,
+    ),
+}
+
+UNIT_DEFAULTS = dict(
+    shield=0, armour=0, damage=0, hits=1, bonus_armoured=0, bonus_light=0, range=0.1, cooldown=1.0, speed=0.0,
+    radius=0.5, armoured=False, light=False, heal_rate=0.0, energy_start=0.0, energy_max=0.0, energy_regen=0.0,
+    energy_per_hp=0.0,
+)
+
+# Shields regenerate at 2 per second after 10 s without taking damage (Liquipedia, LotV, real seconds).
+SHIELD_REGEN_RATE = 2.0
+SHIELD_REGEN_DELAY = 10.0
+
+
+def unit_stats(name):
+    """Stats of a unit type with the defaults filled in."""
+    return {**UNIT_DEFAULTS, **UNIT_TYPES[name]}
+
+
+# Maps. agents / enemies: list of (unit type, count), in SMAC's agent order (sorted by unit type id).
+# limit: SMAC's episode limit in agent steps. races: "T", "P", "Z" (P gives shield features).
+# type_order: the unit types of the type one-hot (SMAC's unit_type_bits = len(type_order); empty = no bits).
+# size: playable map size; allies start on the left, enemies on the right, `gap` map units apart.
+_T, _P, _Z = "T", "P", "Z"
+
+
+def _m(agents, enemies, limit, a_race, b_race, type_order=(), size=(32.0, 32.0), gap=13.0):
+    return dict(
+        agents=list(agents), enemies=list(enemies), limit=limit, a_race=a_race, b_race=b_race,
+        type_order=list(type_order), size=size, gap=gap,
+    )
+
+
+MAPS = {
+    "3m": _m([("marine", 3)], [("marine", 3)], 60, _T, _T),
+    "8m": _m([("marine", 8)], [("marine", 8)], 120, _T, _T),
+    "25m": _m([("marine", 25)], [("marine", 25)], 150, _T, _T),
+    "5m_vs_6m": _m([("marine", 5)], [("marine", 6)], 70, _T, _T),
+    "8m_vs_9m": _m([("marine", 8)], [("marine", 9)], 120, _T, _T),
+    "10m_vs_11m": _m([("marine", 10)], [("marine", 11)], 150, _T, _T),
+    "27m_vs_30m": _m([("marine", 27)], [("marine", 30)], 180, _T, _T),
+    "MMM": _m(
+        [("marauder", 2), ("marine", 7), ("medivac", 1)], [("marauder", 2), ("marine", 7), ("medivac", 1)],
+        150, _T, _T, type_order=("marauder", "marine", "medivac"),
+    ),
+    "MMM2": _m(
+        [("marauder", 2), ("marine", 7), ("medivac", 1)], [("marauder", 3), ("marine", 8), ("medivac", 1)],
+        180, _T, _T, type_order=("marauder", "marine", "medivac"),
+    ),
+    "2s3z": _m([("stalker", 2), ("zealot", 3)], [("stalker", 2), ("zealot", 3)], 120, _P, _P,
+               type_order=("stalker", "zealot")),
+    "3s5z": _m([("stalker", 3), ("zealot", 5)], [("stalker", 3), ("zealot", 5)], 150, _P, _P,
+               type_order=("stalker", "zealot")),
+    "3s5z_vs_3s6z": _m([("stalker", 3), ("zealot", 5)], [("stalker", 3), ("zealot", 6)], 170, _P, _P,
+                       type_order=("stalker", "zealot")),
+    "3s_vs_3z": _m([("stalker", 3)], [("zealot", 3)], 150, _P, _P),
+    "3s_vs_4z": _m([("stalker", 3)], [("zealot", 4)], 200, _P, _P),
+    "3s_vs_5z": _m([("stalker", 3)], [("zealot", 5)], 250, _P, _P),
+    "2m_vs_1z": _m([("marine", 2)], [("zealot", 1)], 150, _T, _P),
+    "2s_vs_1sc": _m([("stalker", 2)], [("spine_crawler", 1)], 300, _P, _Z),
+    "6h_vs_8z": _m([("hydralisk", 6)], [("zealot", 8)], 150, _Z, _P),
+}
+
+
+def expand_units(groups):
+    """[("marine", 2), ("medivac", 1)] -> ["marine", "marine", "medivac"]."""
+    return [name for name, count in groups for _ in range(count)]

@@ -1,0 +1,39 @@
+"""Batched scripted policies for tests, baselines and GIFs: (env, avail) -> actions (N, n_agents) long."""
+
+import torch
+
+from .core import N_NO_ATTACK
+
+
+def random_policy(env, avail, generator=None):
+    """Uniform over the available actions, sampled on the env's device (argmax of iid uniforms over the
+    available actions is uniform among them, and much cheaper than torch.multinomial)."""
+    u = torch.rand(avail.shape, generator=generator, device=avail.device) * avail
+    return u.argmax(2)
+
+
+def focus_fire_policy(env, avail):
+    """Every agent attacks the available enemy with the least hp + shields (medivacs heal the most damaged
+    available ally); an agent with no target moves toward the closest living enemy."""
+    A, E = env.n_agents, env.n_enemies
+    hs_e = (env.hp[:, A:] + env.sh[:, A:])[:, None, :].expand(-1, A, -1)
+    score = hs_e
+    if env.has_agent_healer:
+        frac_a = env.hp[:, :A] / env.max_hp[:A]
+        if A < E:
+            frac_a = torch.cat([frac_a, frac_a.new_ones(frac_a.shape[0], E - A)], 1)
+        score = torch.where(env.is_healer[:A, None], frac_a[:, None, :E], hs_e)
+    att = avail[:, :, N_NO_ATTACK:]
+    score = score + (1.0 - att) * 1e9
+    target = score.argmin(2) + N_NO_ATTACK
+    has_target = att.sum(2) > 0
+    # Move toward the closest living enemy along its dominant axis (2 N, 3 S, 4 E, 5 W).
+    dx = env.x[:, None, A:] - env.x[:, :A, None]
+    dy = env.y[:, None, A:] - env.y[:, :A, None]
+    d2 = dx * dx + dy * dy + (1.0 - env.alive[:, None, A:]) * 1e9
+    j = d2.argmin(2, keepdim=True)
+    mx, my = dx.gather(2, j).squeeze(2), dy.gather(2, j).squeeze(2)
+    move = torch.where(mx.abs() > my.abs(), torch.where(mx > 0, 4, 5), torch.where(my > 0, 2, 3))
+    act = torch.where(has_target, target, move)
+    act = torch.where(avail.gather(2, act.unsqueeze(2)).squeeze(2) > 0, act, 1)  # blocked move: stop
+    return torch.where(env.alive[:, :A] > 0, act, 0)

@@ -1,0 +1,320 @@
+"""smac_lite: unit rules, SMAC layouts, batching, determinism, rewards, scripted play and the PettingZoo API."""
+
+import numpy as np
+import pytest
+import torch
+
+import smac_lite
+from smac_lite.core import DT, STEP_MUL
+from smac_lite.maps import MAPS, UNIT_TYPES
+from smac_lite.policies import focus_fire_policy, random_policy
+
+torch.set_num_threads(1)
+STEP_S = STEP_MUL * DT  # real seconds per agent step
+
+# A target dummy: lots of hp, an attacker (so the battle does not end at once) that never reaches anyone.
+DUMMY = dict(hp=1000, armour=0, damage=1, range=0.1, cooldown=1.0, speed=0.0, radius=0.5)
+
+
+@pytest.fixture(autouse=True)
+def _dummy_units(monkeypatch):
+    monkeypatch.setitem(UNIT_TYPES, "dummy", DUMMY)
+    monkeypatch.setitem(UNIT_TYPES, "tank", {**DUMMY, "armour": 10})
+
+
+def duel(agents, enemies, dist, limit=50, a_race="T", b_race="T"):
+    """A custom map (maps are data): agents on the left, enemies `dist` to the right, no jitter."""
+    spec = dict(agents=agents, enemies=enemies, limit=limit, a_race=a_race, b_race=b_race, type_order=[],
+                size=(32.0, 32.0), gap=dist)
+    env = smac_lite.BatchedSMAC(spec, num_envs=1, seed=0, jitter=0.0, auto_reset=False)
+    env.reset()
+    A = env.n_agents
+    env.x[:, :A] = 16 - dist / 2
+    env.x[:, A:] = 16 + dist / 2
+    env.y[:] = 16.0
+    return env
+
+
+def act(env, *a):
+    return torch.tensor([list(a)])
+
+
+# ---------------------------------------------------------------------------------------------- unit rules
+def test_damage_armour_and_bonus():
+    env = duel([("marine", 1)], [("marauder", 1)], 5.0)
+    env.step(act(env, 6))
+    assert env.hp[0, 1].item() == pytest.approx(125 - (6 - 1))  # marine 6 dmg - marauder armour 1
+    assert env.hp[0, 0].item() == pytest.approx(45 - 10)  # marauder 10, no bonus against a light marine
+    # Marauder against an armoured stalker: 10 + 10 bonus, all absorbed by shields (shields have no armour).
+    env = duel([("stalker", 1)], [("marauder", 1)], 5.0, a_race="P")
+    env.step(act(env, 6))
+    assert env.sh[0, 0].item() == pytest.approx(80 - 20)
+    assert env.hp[0, 0].item() == pytest.approx(80)
+    assert env.hp[0, 1].item() == pytest.approx(125 - (13 + 5 - 1))  # stalker 13 +5 armoured, armour 1
+
+
+def test_armour_minimum_half_damage():
+    env = duel([("marine", 1)], [("tank", 1)], 5.0)
+    env.step(act(env, 6))
+    assert env.hp[0, 1].item() == pytest.approx(1000 - 0.5)
+
+
+def test_zealot_two_hits_and_shield_spill():
+    env = duel([("zealot", 1)], [("stalker", 1)], 1.0, a_race="P", b_race="P")
+    env.sh[0, 1] = 10.0
+    env.step(act(env, 6))
+    # 2 hits of 8: 10 go to shields, the remaining 6 raw reach hp reduced by armour per hit (prorated): 16-2=14
+    # effective for 16 raw -> 14 * 6/16.
+    assert env.sh[0, 1].item() == pytest.approx(0.0)
+    assert env.hp[0, 1].item() == pytest.approx(80 - 14 * 6 / 16, abs=1e-4)
+
+
+def test_cooldown_limits_fire_rate():
+    env = duel([("marine", 1)], [("dummy", 1)], 5.0)
+    for _ in range(10):  # 80 game loops; cooldown 0.61 s = 13.7 loops -> shots at loops 0, 14, ..., 70
+        env.step(act(env, 6))
+    assert env.hp[0, 1].item() == pytest.approx(1000 - 6 * 6)
+
+
+def test_range_mask_chase_and_idle_fire():
+    env = duel([("marine", 1)], [("dummy", 1)], 6.5)
+    _, _, avail = env._observe()
+    assert avail[0, 0, 6] == 0  # SMAC's shoot range 6
+    env.step(act(env, 1))  # stop: idle units only fire at targets inside their weapon range
+    assert env.hp[0, 1].item() == 1000
+    env.step(act(env, 6))  # attack order on a target out of range: walk into range, then fire
+    assert env.hp[0, 1].item() < 1000
+    env = duel([("marine", 1)], [("dummy", 1)], 5.5)
+    _, _, avail = env._observe()
+    assert avail[0, 0, 6] == 1
+    env.step(act(env, 1))
+    assert env.hp[0, 1].item() == pytest.approx(994)
+
+
+def test_movement_speed_and_move_amount():
+    env = duel([("marine", 1)], [("dummy", 1)], 10.0)
+    x0 = env.x[0, 0].item()
+    env.step(act(env, 4))  # east
+    assert env.x[0, 0].item() - x0 == pytest.approx(3.15 * STEP_S, rel=1e-4)
+    env = duel([("stalker", 1)], [("dummy", 1)], 10.0, a_race="P")
+    y0 = env.y[0, 0].item()
+    env.step(act(env, 3))  # south
+    assert y0 - env.y[0, 0].item() == pytest.approx(4.13 * STEP_S, rel=1e-4)
+
+
+def test_shield_regeneration():
+    env = duel([("stalker", 1)], [("dummy", 1)], 20.0, a_race="P")
+    env.sh[0, 0] = 10.0
+    env.since_dmg[0, 0] = 0.0
+    for _ in range(20):  # 7.1 s < 10 s: no regeneration yet
+        env.step(act(env, 1))
+    assert env.sh[0, 0].item() == pytest.approx(10.0)
+    for _ in range(20):
+        env.step(act(env, 1))
+    expected = 10.0 + 2.0 * (40 * STEP_S - 10.0)
+    assert env.sh[0, 0].item() == pytest.approx(expected, abs=0.2)
+
+
+def test_medivac_heals_and_spends_energy():
+    env = duel([("marine", 1), ("medivac", 1)], [("dummy", 2)], 20.0)
+    env.hp[0, 0] = 20.0
+    obs, state, avail = env._observe()
+    assert avail[0, 1, 6] == 1 and avail[0, 1, 7] == 0  # the medivac's target slots are allies (not medivacs)
+    assert avail[0, 0, 6] == 0  # the dummy is out of range for the marine
+    env.step(act(env, 1, 6))
+    assert env.hp[0, 0].item() == pytest.approx(20 + 12.6 * STEP_S, abs=1e-3)
+    assert env.energy[0, 1].item() == pytest.approx(50 - 12.6 * STEP_S / 3 + 0.7875 * STEP_S, abs=1e-3)
+    for _ in range(10):
+        env.step(act(env, 1, 6))
+    assert env.hp[0, 0].item() == pytest.approx(45)  # capped at max hp
+
+
+def test_death_win_and_reward():
+    env = duel([("marine", 1)], [("marine", 1)], 5.0)
+    env.hp[0, 1] = 3.0
+    _, _, avail, reward, done, info = env.step(act(env, 6))
+    assert env.alive[0, 1] == 0 and bool(done[0]) and bool(info["won"][0]) and not bool(info["truncated"][0])
+    scale = 20.0 / (10 + 200 + 45)
+    assert reward[0].item() == pytest.approx((3 + 10 + 200) * scale, rel=1e-5)
+    assert avail[0, 0, 6] == 0  # dead enemy
+
+
+def test_loss_and_dead_agent():
+    env = duel([("marine", 2)], [("marauder", 1)], 5.0)
+    env.hp[0, 0] = 1.0
+    env.hp[0, 1] = 1.0
+    env.y[0, 1] = 16.2
+    env2 = duel([("marine", 2)], [("marauder", 1)], 5.0)
+    env2.hp[0, 0] = 1.0
+    _, _, avail, _, done, _ = env2.step(act(env2, 1, 1))
+    assert avail[0, 0].tolist() == [1.0] + [0.0] * 6  # a dead agent can only no-op
+    o, _, _ = env2._observe()
+    assert torch.all(o[0, 0] == 0)  # and observes nothing
+    assert not bool(done[0])
+    # Both marines at 1 hp: the marauder kills one per shot -> the battle is lost within a few steps.
+    for _ in range(6):
+        _, _, _, r, done, info = env.step(act(env, 0, 0))
+        if bool(done[0]):
+            break
+    assert bool(done[0]) and not bool(info["won"][0]) and not bool(info["truncated"][0])
+
+
+def test_time_limit_truncates():
+    env = duel([("marine", 1)], [("dummy", 1)], 20.0, limit=7)
+    for t in range(7):
+        _, _, _, _, done, info = env.step(act(env, 1))
+        assert bool(done[0]) == (t == 6)
+    assert bool(info["truncated"][0]) and not bool(info["won"][0]) and not bool(info["terminated"][0])
+    assert int(info["episode_length"][0]) == 7
+
+
+# ---------------------------------------------------------------------------------------------- layouts
+# SMAC's (obs_shape, state_shape, n_actions) with default settings (state_last_action=True).
+SMAC_SHAPES = {
+    "3m": (30, 48, 9), "8m": (80, 168, 14), "25m": (250, 950, 31), "5m_vs_6m": (55, 98, 12),
+    "8m_vs_9m": (85, 179, 15), "10m_vs_11m": (105, 243, 17), "27m_vs_30m": (285, 1170, 36),
+    "MMM": (160, 290, 16), "MMM2": (176, 322, 18), "2s3z": (80, 120, 11), "3s5z": (128, 216, 14),
+    "3s5z_vs_3s6z": (136, 230, 15), "3s_vs_5z": (48, 68, 11), "2s_vs_1sc": (17, 27, 7), "6h_vs_8z": (78, 140, 14),
+}
+
+
+@pytest.mark.parametrize("map_name", sorted(MAPS))
+def test_shapes_every_map(map_name):
+    env = smac_lite.BatchedSMAC(map_name, num_envs=3, seed=0)
+    obs, state, avail = env.reset()
+    A, N = env.n_agents, 3
+    assert obs.shape == (N, A, env.obs_dim) and state.shape == (N, env.state_dim)
+    assert avail.shape == (N, A, env.n_actions) and env.n_actions == 6 + env.n_enemies
+    assert env.episode_limit == MAPS[map_name]["limit"]
+    if map_name in SMAC_SHAPES:
+        assert (env.obs_dim, env.state_dim, env.n_actions) == SMAC_SHAPES[map_name]
+    assert obs.abs().max() <= 1.0 and state.abs().max() <= 1.0
+    assert torch.all(avail[:, :, 0] == 0) and torch.all(avail[:, :, 1] == 1)  # alive: no no-op, stop allowed
+    obs, state, avail, reward, done, info = env.step(random_policy(env, avail))
+    assert reward.shape == (N,) and done.dtype == torch.bool
+    assert info["won"].shape == (N,) and info["episode_return"].shape == (N,)
+
+
+def test_obs_layout_3m():
+    env = smac_lite.BatchedSMAC("3m", num_envs=1, seed=0, jitter=0.0)
+    env.reset()
+    env.x[0] = torch.tensor([10.0, 10.0, 10.0, 14.0, 30.0, 12.0])
+    env.y[0] = torch.tensor([16.0, 17.0, 10.0, 16.0, 16.0, 19.0])
+    env.hp[0, 3] = 22.5
+    obs, state, avail = env._observe()
+    o = obs[0, 0]
+    assert o[:4].tolist() == [1, 1, 1, 1]
+    # enemy 0 at (+4, 0): attackable, dist 4/9, rel (4/9, 0), health 0.5
+    assert o[4:9].tolist() == pytest.approx([1, 4 / 9, 4 / 9, 0, 0.5])
+    assert o[9:14].tolist() == [0] * 5  # enemy 1 beyond sight
+    assert o[14:19].tolist() == pytest.approx([1, 13**0.5 / 9, 2 / 9, 3 / 9, 1])  # enemy 2: dist 3.6 <= 6
+    assert o[19:24].tolist() == pytest.approx([1, 1 / 9, 0, 1 / 9, 1])  # ally 1
+    assert o[24:29].tolist() == pytest.approx([1, 6 / 9, 0, -6 / 9, 1])  # ally 2
+    assert o[29].item() == 1.0  # own health
+    # state: ally 0 [health, cooldown, rel x, rel y], enemies [health, rel x, rel y], last actions
+    assert state[0, :4].tolist() == pytest.approx([1, 0, (10 - 16) / 32, 0])
+    assert state[0, 12:15].tolist() == pytest.approx([0.5, (14 - 16) / 32, 0])
+
+
+# ---------------------------------------------------------------------------------------------- batching, seeds
+def test_batched_equals_single_battles():
+    n, steps = 4, 130
+    batched = smac_lite.BatchedSMAC("2s3z", num_envs=n, seed=3)
+    singles = [smac_lite.BatchedSMAC("2s3z", num_envs=1, seed=3, env_id_offset=i) for i in range(n)]
+    ob, sb, ab = batched.reset()
+    outs = [s.reset() for s in singles]
+    g = torch.Generator().manual_seed(0)
+    n_done = 0
+    for _ in range(steps):
+        for i in range(n):
+            assert torch.allclose(ob[i], outs[i][0][0], atol=1e-5)
+            assert torch.allclose(sb[i], outs[i][1][0], atol=1e-5)
+            assert torch.equal(ab[i], outs[i][2][0])
+        a = random_policy(batched, ab, g)
+        ob, sb, ab, rb, db, ib = batched.step(a)
+        outs = [s.step(a[i : i + 1]) for i, s in enumerate(singles)]
+        for i in range(n):
+            assert rb[i].item() == pytest.approx(outs[i][3][0].item(), abs=1e-5)
+            assert bool(db[i]) == bool(outs[i][4][0])
+        n_done += int(db.sum())
+    assert n_done >= n  # auto-reset was exercised
+
+
+def test_same_seed_same_battle():
+    def rollout(seed):
+        env = smac_lite.BatchedSMAC("3m", num_envs=8, seed=seed)
+        _, state, avail = env.reset()
+        g = torch.Generator().manual_seed(1)
+        states = [state]
+        for _ in range(40):
+            _, state, avail, _, _, _ = env.step(random_policy(env, avail, g))
+            states.append(state)
+        return torch.stack(states)
+
+    a, b, c = rollout(5), rollout(5), rollout(6)
+    assert torch.equal(a, b)
+    assert not torch.equal(a[0], c[0])  # different jitter
+
+
+def test_reset_seed_restarts_stream():
+    env = smac_lite.BatchedSMAC("3m", num_envs=2, seed=0)
+    _, s0, _ = env.reset(seed=9)
+    _, s1, _ = env.reset()
+    _, s2, _ = env.reset(seed=9)
+    assert torch.equal(s0, s2) and not torch.equal(s0, s1)
+
+
+# ---------------------------------------------------------------------------------------------- reward, play
+def test_max_reward_scale():
+    env = smac_lite.BatchedSMAC("2s3z", num_envs=1)
+    assert env.max_reward == 5 * 10 + 200 + 2 * 160 + 3 * 150
+    assert env.reward_scale == pytest.approx(20 / env.max_reward)
+
+
+def _play(map_name, policy, n=64, seed=0):
+    env = smac_lite.BatchedSMAC(map_name, num_envs=n, seed=seed)
+    _, _, avail = env.reset()
+    g = torch.Generator().manual_seed(seed)
+    finished = torch.zeros(n, dtype=torch.bool)
+    won = torch.zeros(n, dtype=torch.bool)
+    ret = torch.zeros(n)
+    for _ in range(env.episode_limit):
+        a = policy(env, avail) if policy is focus_fire_policy else random_policy(env, avail, g)
+        _, _, avail, _, done, info = env.step(a)
+        new = done & ~finished
+        won |= new & info["won"]
+        ret = torch.where(new, info["episode_return"], ret)
+        finished |= done
+    assert finished.all()
+    return won, ret
+
+
+def test_perfect_win_returns_20_and_focus_fire_beats_random():
+    won_ff, ret_ff = _play("3m", focus_fire_policy)
+    won_rand, _ = _play("3m", random_policy)
+    assert won_ff.sum() > 0
+    # A won 3m battle has dealt every enemy hp, every kill and the win bonus: exactly SMAC's max return, 20.
+    assert torch.allclose(ret_ff[won_ff], torch.full_like(ret_ff[won_ff], 20.0), atol=1e-4)
+    assert ret_ff.max() <= 20.0 + 1e-4
+    assert won_ff.float().mean() >= won_rand.float().mean() + 0.3
+
+
+# ---------------------------------------------------------------------------------------------- PettingZoo, render
+@pytest.mark.parametrize("map_name", ["3m", "MMM"])
+def test_parallel_api(map_name):
+    from pettingzoo.test import parallel_api_test
+
+    env = smac_lite.parallel_env(map_name, seed=0)
+    parallel_api_test(env, num_cycles=1000)
+    env.reset(seed=1)
+    assert env.state().shape == (env.core.state_dim,)
+
+
+def test_render_rgb_array(tmp_path):
+    env = smac_lite.parallel_env("2s3z", render_mode="rgb_array", seed=0)
+    env.reset()
+    frame = env.render()
+    assert frame.dtype == np.uint8 and frame.ndim == 3 and frame.shape[2] == 3
+    assert len(np.unique(frame.reshape(-1, 3), axis=0)) > 3  # something is drawn
+    won, ret, length = smac_lite.save_gif("3m", "focus_fire", str(tmp_path / "b.gif"))
+    assert (tmp_path / "b.gif").stat().st_size > 0 and length > 0
