@@ -3,8 +3,10 @@
 Paper: Mnih et al. 2015, "Human-level control through deep reinforcement learning" (Nature 518): experience
 replay, a target network, epsilon-greedy exploration annealed linearly. As CleanRL's dqn.py and SB3's DQN.
 This variant: vector env with same-step autoreset; the replay buffer stores the true final observation and
-only termination (not time-limit truncation) cuts the bootstrap; the learning rate is annealed linearly to
-zero, which keeps the final greedy policy from collapsing (a known failure of DQN on CartPole).
+only termination (not time-limit truncation) cuts the bootstrap. Defaults chosen on CartPole-v1 (runs in
+benchmark/references.toml): one update per step, soft target updates (tau 0.005, Lillicrap et al. 2016) and
+the learning rate annealed linearly to zero; with hard target copies every 100-500 steps, 1-in-3 seeds ended
+with a greedy policy that drifts off the track (evaluation 220-430) although training returns were high.
 
 Run:    python algos/dqn.py --env-id CartPole-v1 --seed 1
 Result: CartPole-v1, 100k steps, final 10-episode greedy evaluation >= 475 on seeds 1-3 (see
@@ -27,62 +29,34 @@ from tqdm import tqdm
 
 @dataclass
 class Args:
-    env_id: str = "CartPole-v1"
-    """Gymnasium id of a discrete-action env with a flat observation vector"""
-    seed: int = 1
-    """seed of torch, numpy, random and the envs"""
-    total_timesteps: int = 100_000
-    """total environment steps over all envs"""
-    num_envs: int = 1
-    """parallel environments (one synchronous vector env)"""
-    cuda: bool = False
-    """use CUDA if available (small MLPs are faster on the CPU)"""
-    torch_deterministic: bool = True
-    """torch.backends.cudnn.deterministic and one CPU thread"""
-    track: bool = False
-    """log to Weights & Biases (works offline with WANDB_MODE=offline)"""
-    wandb_project_name: str = "canonrl"
-    """wandb project"""
-    wandb_entity: str | None = None
-    """wandb entity (team)"""
-    capture_video: bool = False
-    """record videos of the first env to <run_dir>/videos"""
-    save_model: bool = False
-    """save <run_dir>/model.pt at the end"""
-    eval_episodes: int = 10
-    """greedy evaluation episodes at the end (logged as eval/episodic_return)"""
-    eval_every: int = 0
-    """also evaluate every this many steps (0: only at the end); logs charts/train_seconds beside it"""
-    run_dir: str | None = None
-    """where the run is written (default runs/<env>__dqn__<seed>__<time>)"""
-    resume: str | None = None
-    """a run directory whose checkpoint.pt to continue from (its saved arguments are used)"""
-    checkpoint_every: int = 50_000
-    """save <run_dir>/checkpoint.pt every this many steps (and on Ctrl-C)"""
-    learning_rate: float = 1e-3
-    """Adam learning rate"""
-    anneal_lr: bool = True
-    """anneal the learning rate linearly to 0"""
-    buffer_size: int = 50_000
-    """replay buffer capacity (transitions)"""
-    gamma: float = 0.99
-    """discount factor"""
-    tau: float = 1.0
-    """target network update rate (1.0 = hard copy)"""
-    target_network_frequency: int = 500
-    """env steps between target network updates"""
-    batch_size: int = 128
-    """replay minibatch size"""
-    start_e: float = 1.0
-    """initial exploration epsilon"""
-    end_e: float = 0.05
-    """final exploration epsilon"""
-    exploration_fraction: float = 0.2
-    """fraction of total_timesteps over which epsilon goes from start_e to end_e"""
-    learning_starts: int = 1_000
-    """env steps before learning starts"""
-    train_frequency: int = 4
-    """env steps between gradient updates"""
+    env_id: str = "CartPole-v1"  # Gymnasium id of a discrete-action env with a flat observation vector
+    seed: int = 1  # seed of torch, numpy, random and the envs
+    total_timesteps: int = 100_000  # total environment steps over all envs
+    num_envs: int = 1  # parallel environments (one synchronous vector env)
+    cuda: bool = False  # use CUDA if available (small MLPs are faster on the CPU)
+    torch_deterministic: bool = True  # torch.backends.cudnn.deterministic and one CPU thread
+    track: bool = False  # log to Weights & Biases (works offline with WANDB_MODE=offline)
+    wandb_project_name: str = "canonrl"  # wandb project
+    wandb_entity: str | None = None  # wandb entity (team)
+    capture_video: bool = False  # record videos of the first env to <run_dir>/videos
+    save_model: bool = False  # save <run_dir>/model.pt at the end
+    eval_episodes: int = 10  # greedy evaluation episodes at the end (logged as eval/episodic_return)
+    eval_every: int = 0  # also evaluate every this many steps (0: only at the end); logs charts/train_seconds beside it
+    run_dir: str | None = None  # where the run is written (default runs/<env>__dqn__<seed>__<time>)
+    resume: str | None = None  # a run directory whose checkpoint.pt to continue from (its saved arguments are used)
+    checkpoint_every: int = 50_000  # save <run_dir>/checkpoint.pt every this many steps (and on Ctrl-C)
+    learning_rate: float = 1e-3  # Adam learning rate
+    anneal_lr: bool = True  # anneal the learning rate linearly to 0
+    buffer_size: int = 100_000  # replay buffer capacity (transitions)
+    gamma: float = 0.99  # discount factor
+    tau: float = 0.005  # target network update rate (1.0 = hard copy)
+    target_network_frequency: int = 1  # env steps between target network updates
+    batch_size: int = 64  # replay minibatch size
+    start_e: float = 1.0  # initial exploration epsilon
+    end_e: float = 0.05  # final exploration epsilon
+    exploration_fraction: float = 0.1  # fraction of total_timesteps over which epsilon goes from start_e to end_e
+    learning_starts: int = 1_000  # env steps before learning starts
+    train_frequency: int = 1  # env steps between gradient updates
 
 
 def fail(msg: str):
@@ -263,9 +237,7 @@ def main(args: Args):
                 obj.load_state_dict(ckpt[key])
         except Exception as e:
             fail(f"{ckpt_path} does not fit this network ({type(e).__name__}); delete it or start anew")
-        torch.set_rng_state(ckpt["torch_rng"])
-        np.random.set_state(ckpt["numpy_rng"])
-        random.setstate(ckpt["python_rng"])
+        torch.set_rng_state(ckpt["torch_rng"])  # the only RNG used after seeding: envs are seeded on reset
         start_iteration = ckpt["iteration"]
     logger = RunLogger(args, run_dir)
 
@@ -273,8 +245,7 @@ def main(args: Args):
         torch.save({"args": asdict(args), "iteration": iteration, "global_step": iteration * args.num_envs,
                     "q_network": q_network.state_dict(),
                     "target_network": target_network.state_dict(), "optimizer": optimizer.state_dict(),
-                    "rb": rb.state_dict(), "torch_rng": torch.get_rng_state(),
-                    "numpy_rng": np.random.get_state(), "python_rng": random.getstate()},
+                    "rb": rb.state_dict(), "torch_rng": torch.get_rng_state()},
                    run_dir / "checkpoint.tmp")
         os.replace(run_dir / "checkpoint.tmp", run_dir / "checkpoint.pt")  # never leave a half-written file
 
