@@ -26,62 +26,34 @@ from tqdm import tqdm
 
 @dataclass
 class Args:
-    env_id: str = "CartPole-v1"
-    """Gymnasium id of a discrete-action env with a flat observation vector"""
-    seed: int = 1
-    """seed of torch, numpy, random and the envs"""
-    total_timesteps: int = 100_000
-    """total environment steps over all envs"""
-    num_envs: int = 8
-    """parallel environments (one synchronous vector env)"""
-    cuda: bool = False
-    """use CUDA if available (small MLPs are faster on the CPU)"""
-    torch_deterministic: bool = True
-    """torch.backends.cudnn.deterministic and one CPU thread"""
-    track: bool = False
-    """log to Weights & Biases (works offline with WANDB_MODE=offline)"""
-    wandb_project_name: str = "canonrl"
-    """wandb project"""
-    wandb_entity: str | None = None
-    """wandb entity (team)"""
-    capture_video: bool = False
-    """record videos of the first env to <run_dir>/videos"""
-    save_model: bool = False
-    """save <run_dir>/model.pt at the end"""
-    eval_episodes: int = 10
-    """greedy evaluation episodes at the end (logged as eval/episodic_return)"""
-    eval_every: int = 0
-    """also evaluate every this many steps (0: only at the end); logs charts/train_seconds beside it"""
-    run_dir: str | None = None
-    """where the run is written (default runs/<env>__ppo__<seed>__<time>)"""
-    resume: str | None = None
-    """a run directory whose checkpoint.pt to continue from (its saved arguments are used)"""
-    checkpoint_every: int = 50_000
-    """save <run_dir>/checkpoint.pt every this many steps (and on Ctrl-C)"""
-    learning_rate: float = 1e-3
-    """Adam learning rate"""
-    anneal_lr: bool = True
-    """anneal the learning rate and clip coefficient linearly to 0"""
-    num_steps: int = 32
-    """steps per env per rollout"""
-    gamma: float = 0.98
-    """discount factor"""
-    gae_lambda: float = 0.8
-    """lambda of GAE"""
-    num_minibatches: int = 1
-    """minibatches per epoch (must divide num_envs * num_steps)"""
-    update_epochs: int = 20
-    """epochs over each rollout"""
-    clip_coef: float = 0.2
-    """surrogate clipping coefficient"""
-    ent_coef: float = 0.0
-    """entropy bonus coefficient"""
-    vf_coef: float = 0.5
-    """value loss coefficient"""
-    max_grad_norm: float = 0.5
-    """global gradient norm clip"""
-    target_kl: float | None = None
-    """stop the epochs of an update early when the approximate KL exceeds this"""
+    env_id: str = "CartPole-v1"  # Gymnasium id of a discrete-action env with a flat observation vector
+    seed: int = 1  # seed of torch, numpy, random and the envs
+    total_timesteps: int = 100_000  # total environment steps over all envs
+    num_envs: int = 8  # parallel environments (one synchronous vector env)
+    cuda: bool = False  # use CUDA if available (small MLPs are faster on the CPU)
+    torch_deterministic: bool = True  # torch.backends.cudnn.deterministic and one CPU thread
+    track: bool = False  # log to Weights & Biases (works offline with WANDB_MODE=offline)
+    wandb_project_name: str = "canonrl"  # wandb project
+    wandb_entity: str | None = None  # wandb entity (team)
+    capture_video: bool = False  # record videos of the first env to <run_dir>/videos
+    save_model: bool = False  # save <run_dir>/model.pt at the end
+    eval_episodes: int = 10  # greedy evaluation episodes at the end (logged as eval/episodic_return)
+    eval_every: int = 0  # also evaluate every this many steps (0: only at the end); logs charts/train_seconds beside it
+    run_dir: str | None = None  # where the run is written (default runs/<env>__ppo__<seed>__<time>)
+    resume: str | None = None  # a run directory whose checkpoint.pt to continue from (its saved arguments are used)
+    checkpoint_every: int = 50_000  # save <run_dir>/checkpoint.pt every this many steps (and on Ctrl-C)
+    learning_rate: float = 1e-3  # Adam learning rate
+    anneal_lr: bool = True  # anneal the learning rate and clip coefficient linearly to 0
+    num_steps: int = 32  # steps per env per rollout
+    gamma: float = 0.98  # discount factor
+    gae_lambda: float = 0.8  # lambda of GAE
+    num_minibatches: int = 1  # minibatches per epoch (must divide num_envs * num_steps)
+    update_epochs: int = 20  # epochs over each rollout
+    clip_coef: float = 0.2  # surrogate clipping coefficient
+    ent_coef: float = 0.0  # entropy bonus coefficient
+    vf_coef: float = 0.5  # value loss coefficient
+    max_grad_norm: float = 0.5  # global gradient norm clip
+    target_kl: float | None = None  # stop the epochs of an update early when the approximate KL exceeds this
 
 
 def fail(msg: str):
@@ -271,9 +243,7 @@ def main(args: Args):
             optimizer.load_state_dict(ckpt["optimizer"])
         except Exception as e:
             fail(f"{ckpt_path} does not fit this network ({type(e).__name__}); delete it or start anew")
-        torch.set_rng_state(ckpt["torch_rng"])
-        np.random.set_state(ckpt["numpy_rng"])
-        random.setstate(ckpt["python_rng"])
+        torch.set_rng_state(ckpt["torch_rng"])  # the only RNG used after seeding: envs are seeded on reset
         start_iteration = ckpt["iteration"] + 1
     logger = RunLogger(args, run_dir)
 
@@ -283,9 +253,7 @@ def main(args: Args):
 
     def save_checkpoint(iteration):
         torch.save({"args": asdict(args), "iteration": iteration, "global_step": iteration * batch_size,
-                    "agent": agent.state_dict(),
-                    "optimizer": optimizer.state_dict(), "torch_rng": torch.get_rng_state(),
-                    "numpy_rng": np.random.get_state(), "python_rng": random.getstate()},
+                    "agent": agent.state_dict(), "optimizer": optimizer.state_dict(), "torch_rng": torch.get_rng_state()},
                    run_dir / "checkpoint.tmp")
         os.replace(run_dir / "checkpoint.tmp", run_dir / "checkpoint.pt")  # never leave a half-written file
 
