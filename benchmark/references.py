@@ -86,3 +86,25 @@ def get_reference(ref_id: str, path: Path = REFERENCES) -> Reference:
         if e.id == ref_id:
             return e
     raise KeyError(ref_id)
+
+
+def reference_stats(ref: Reference) -> tuple[float | None, float | None]:
+    """(mean, std over seeds, ddof 0) of a reference: as given, or from its per-seed values."""
+    if ref.mean is not None:
+        return ref.mean, ref.std
+    if ref.values:
+        return float(np.mean(ref.values)), float(np.std(ref.values))
+    return None, None
+
+
+def find_reference(script: str, env_id: str, method: str, total_timesteps: int | None = None,
+                   refs: list[Reference] | None = None) -> Reference | None:
+    """The reference to compare runs of `script` on `env_id` scored by `method` with: same script, env and score
+    method, with a mean (or per-seed values); the same budget preferred, else the closest one (the caller must say
+    when the budgets differ)."""
+    refs = load_references() if refs is None else refs
+    cands = [r for r in refs if (r.script, r.env_id, r.score) == (script, env_id, method)
+             and reference_stats(r)[0] is not None]
+    if not cands:
+        return None
+    return min(cands, key=lambda r: abs(r.total_timesteps - (total_timesteps or r.total_timesteps)))

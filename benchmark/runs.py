@@ -43,6 +43,23 @@ def read_rows(run_dir: Path | str) -> list[dict]:
                  "value": float(r["value"])} for r in csv.DictReader(f)]
 
 
+def tail_rows(path: Path, offset: int, rows: list) -> int:
+    """Append the complete rows written to metrics.csv after byte `offset` to `rows`; returns the new offset.
+    For watching a run while it goes: reading only what is new costs little CPU."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            chunk = f.read()
+    except FileNotFoundError:
+        return offset
+    complete = chunk[:chunk.rfind(b"\n") + 1]
+    for line in complete.decode().splitlines():
+        step, wall, name, value = line.split(",")
+        if step != "global_step":
+            rows.append({"global_step": int(step), "wall_time": float(wall), "name": name, "value": float(value)})
+    return offset + len(complete)
+
+
 def read_metrics(run_dir: Path | str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """metrics.csv as {name: (global_steps, values)} in the order they were logged."""
     series = defaultdict(lambda: ([], []))
@@ -50,3 +67,42 @@ def read_metrics(run_dir: Path | str) -> dict[str, tuple[np.ndarray, np.ndarray]
         series[row["name"]][0].append(row["global_step"])
         series[row["name"]][1].append(row["value"])
     return {k: (np.asarray(s, dtype=np.int64), np.asarray(v, dtype=np.float64)) for k, (s, v) in series.items()}
+
+
+def load_script(script: str):
+    """Import algos/<script> as a module (its main() does not run): its Args defaults, functions, classes."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(script.removesuffix(".py"), script_path(script))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def run_finished(run_dir: Path | str) -> bool:
+    """True when the run logged its final evaluation: eval/episodic_return rows (at least --eval-episodes of
+    them) at the last step of training. Training ends at the largest multiple of the step granularity
+    (num_envs * num_steps for rollout scripts, num_envs otherwise) not above total_timesteps, and evaluations
+    during training (--eval-every) happen at least one granularity earlier, so they never pass for the final one."""
+    import json
+    run_dir = Path(run_dir)
+    try:
+        args = json.loads((run_dir / "config.json").read_text())["args"]
+        rows = read_rows(run_dir)
+    except (OSError, ValueError, KeyError):
+        return False
+    if not rows or args.get("eval_episodes", 1) < 1:
+        return False
+    last = max(r["global_step"] for r in rows)
+    granularity = args.get("num_envs", 1) * args.get("num_steps", 1)
+    evals = sum(r["name"] == "eval/episodic_return" and r["global_step"] == last for r in rows)
+    return evals >= args.get("eval_episodes", 1) and last > args["total_timesteps"] - granularity
+
+
+def git_commit() -> str:
+    """The short commit of this checkout, saying so when tracked files have uncommitted changes."""
+    def git(*a):
+        return subprocess.run(["git", *a], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    commit = git("rev-parse", "--short", "HEAD") or "unknown"
+    dirty = git("status", "--porcelain", "--untracked-files=no")
+    return commit + (" with uncommitted changes to " + ", ".join(ln.split(maxsplit=1)[1] for ln in dirty.splitlines())
+                     if dirty else "")

@@ -1,4 +1,3 @@
-import importlib.util
 import os
 
 import pytest
@@ -18,14 +17,6 @@ SMOKE = {
                "--batch-size", "32", "--eval-episodes", "2"],
 }
 SCRIPTS = sorted(p.name for p in ALGOS.glob("*.py"))
-
-
-def load_script(name: str):
-    """Import algos/<name> as a module (its main() does not run), to call its functions directly."""
-    spec = importlib.util.spec_from_file_location(name.removesuffix(".py"), ALGOS / name)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(params=sorted(SMOKE))

@@ -7,8 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from benchmark.runs import read_metrics
-from conftest import load_script
+from benchmark.runs import load_script, read_metrics
 
 
 class CountEnv(gym.Env):

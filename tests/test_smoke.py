@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from benchmark.references import score
-from benchmark.runs import read_metrics, read_rows, run_env, run_script, script_command
-from conftest import SMOKE, load_script
+from benchmark.runs import load_script, read_metrics, read_rows, run_env, run_script, script_command
+from conftest import SMOKE
 
 MODEL_KEY = {"ppo.py": ("agent", "Agent", "actor"), "dqn.py": ("q_network", "QNetwork", None)}
 

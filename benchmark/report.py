@@ -1,0 +1,200 @@
+"""The report of a suite run: benchmark/reports/<suite>-<device>-<date>.md, a table of our scores against the
+references (with their sources) and a verdict per cell, plus PNG learning curves and results.json in
+benchmark/reports/<suite>-<device>-<date>/. Written by benchmark/run.py after its runs."""
+import datetime
+import json
+import platform
+from collections import defaultdict
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from benchmark import stats  # noqa: E402
+from benchmark.references import Reference, find_reference, reference_stats, score  # noqa: E402
+from benchmark.runs import git_commit, read_metrics  # noqa: E402
+
+CURVE = "train/episodic_return"
+SMOOTH_EPISODES = 10  # each run's curve is the trailing mean over this many episodes before interpolation
+GRID_POINTS = 200
+
+
+def learning_curve(run_dirs, metric: str = CURVE, points: int = GRID_POINTS, window: int = SMOOTH_EPISODES):
+    """Mean and std over runs of `metric` against global_step, each run smoothed (trailing mean over `window`
+    episodes) and linearly interpolated on a common grid from the latest first point to the earliest last
+    point of the runs. Returns (grid, mean, std, n_runs), or None when no run has 2 points."""
+    curves = []
+    for d in run_dirs:
+        m = read_metrics(d)
+        if metric in m and len(m[metric][0]) >= 2:
+            steps, values = m[metric]
+            c = np.cumsum(np.insert(values, 0, 0.0))
+            w = np.minimum(np.arange(1, len(values) + 1), window)
+            curves.append((steps, (c[1:] - c[np.arange(len(values)) + 1 - w]) / w))
+    if not curves:
+        return None
+    lo, hi = max(s[0] for s, _ in curves), min(s[-1] for s, _ in curves)
+    grid = np.linspace(lo, hi, points) if hi > lo else np.array([lo])
+    ys = np.stack([np.interp(grid, s, v) for s, v in curves])
+    return grid, ys.mean(0), ys.std(0), len(curves)
+
+
+def plot_curve(run_dirs, path: Path, title: str, ref: Reference | None = None):
+    curve = learning_curve(run_dirs)
+    if curve is None:
+        return None
+    grid, mean, std, n = curve
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    ax.plot(grid, mean, color="C0", label=f"ours: mean ± std over {n} seeds")
+    ax.fill_between(grid, mean - std, mean + std, color="C0", alpha=0.25)
+    if ref is not None:
+        rm, rs = reference_stats(ref)
+        ax.axhline(rm, color="C3", lw=1, ls="--")
+        ax.axhspan(rm - (rs or 0), rm + (rs or 0), color="C3", alpha=0.15,
+                   label=f"{ref.id}: {rm:.1f} ± {rs or 0:.1f} at {ref.total_timesteps:,} steps")
+    ax.set_xlabel("global step")
+    ax.set_ylabel(f"{CURVE} (trailing mean of {SMOOTH_EPISODES})")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=7, loc="best")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def _machine(device: str) -> str:
+    import os
+    import torch
+    desc = f"{platform.platform()}, {os.cpu_count()} CPU cores, torch {torch.__version__}"
+    if device == "cuda" and torch.cuda.is_available():
+        desc += f", {torch.cuda.get_device_name(0)}"
+    return desc
+
+
+def _fmt(x, digits=1):
+    return "–" if x is None else f"{x:.{digits}f}"
+
+
+def cells(outcomes, refs: list[Reference]):
+    """Group finished runs by (script, env, budget, score method, flags), score each run, match the reference.
+    Returns a list of dicts (one per cell) and the outcomes whose scoring failed as (outcome, error)."""
+    groups, unscorable = defaultdict(list), []
+    for o in outcomes:
+        key = (o.spec.script, o.spec.env_id, o.spec.total_timesteps, o.spec.score, o.spec.flags, o.spec.reference)
+        groups[key].append(o)
+    result = []
+    for (script, env_id, budget, method, flags, ref_id), group in groups.items():
+        scores = {}
+        for o in group:
+            if not o.finished:
+                continue
+            try:
+                scores[o.spec.seed] = score(read_metrics(o.run_dir), method)
+            except (KeyError, IndexError, ValueError, OSError) as e:
+                unscorable.append((o, f"cannot score ({type(e).__name__}: {e})"))
+        if ref_id:
+            ref = next((r for r in refs if r.id == ref_id), None)
+        else:
+            ref = find_reference(script, env_id, method, budget, refs)
+        rm, rs = reference_stats(ref) if ref else (None, None)
+        summary = stats.summarize(list(scores.values())) if scores else None
+        result.append({"script": script, "env_id": env_id, "total_timesteps": budget, "score": method,
+                       "flags": list(flags), "scores": scores, "summary": summary, "reference": ref,
+                       "ref_mean": rm, "ref_std": rs, "runs": group,
+                       "verdict": stats.verdict(summary, rm, rs) if summary else "no runs"})
+    return result, unscorable
+
+
+def write_report(suite, outcomes, missing: list[str], device: str, report_dir: Path, refs: list[Reference],
+                 date: str | None = None, command: str = "") -> Path:
+    date = date or datetime.date.today().isoformat()
+    stem = f"{suite.name}-{device}-{date}"
+    report_dir = Path(report_dir)
+    fig_dir = report_dir / stem
+    fig_dir.mkdir(parents=True, exist_ok=True)
+    table, unscorable = cells(outcomes, refs)
+    seeds = sorted({o.spec.seed for o in outcomes})
+
+    lines = [f"# Benchmark suite `{suite.name}` on {device}, {date}", "",
+             suite.description, "",
+             f"- command: `{command}`" if command else "- command: (called from Python)",
+             f"- commit: {git_commit()}",
+             f"- machine: {_machine(device)}",
+             f"- seeds: {', '.join(map(str, seeds))}; runs in `{Path(outcomes[0].run_dir).parent}`" if outcomes else "",
+             "",
+             "## Scores", "",
+             "| script | env | steps | score | seeds | ours mean ± std | ours IQM [95% CI] | reference mean ± std"
+             " | verdict | notes |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    sources = {}
+    for c in table:
+        s, ref = c["summary"], c["reference"]
+        ours = f"{s.mean:.1f} ± {s.std:.1f}" if s else "–"
+        iqm = f"{s.iqm:.1f} [{s.ci_low:.1f}, {s.ci_high:.1f}]" if s else "–"
+        notes = []
+        if c["flags"]:
+            notes.append("flags `" + " ".join(c["flags"]) + "`")
+        if ref is None:
+            refcell = "none"
+        else:
+            sources[ref.id] = ref
+            refcell = f"{_fmt(c['ref_mean'])} ± {_fmt(c['ref_std'])} [{ref.id}]"
+            if ref.total_timesteps != c["total_timesteps"]:
+                notes.append(f"reference budget {ref.total_timesteps:,} steps, ours {c['total_timesteps']:,}")
+            if ref.flags:
+                notes.append("reference flags `" + " ".join(ref.flags) + "`")
+        n_fail = sum(not o.finished for o in c["runs"])
+        if n_fail:
+            notes.append(f"{n_fail} run(s) crashed")
+        lines.append(f"| {c['script']} | {c['env_id']} | {c['total_timesteps']:,} | {c['score']} | "
+                     f"{len(c['scores'])}/{len(c['runs'])} | {ours} | {iqm} | {refcell} | **{c['verdict']}** | "
+                     f"{'; '.join(notes)} |")
+    lines += ["", f"Verdict rule: {stats.RULE}",
+              f"IQM CI: percentile bootstrap, {stats.RESAMPLES} resamples, stratified by task (here: over seeds "
+              "within the env), as rliable (Agarwal et al. 2021). std over seeds with ddof 0.", ""]
+    if sources:
+        lines += ["### Reference sources", ""]
+        for ref in sources.values():
+            lines.append(f"- `{ref.id}`: {ref.source}; {ref.env_id}, {ref.total_timesteps:,} steps, score "
+                         f"`{ref.score}`, seeds {ref.seeds}" + (f"; note: {ref.note}" if ref.note else ""))
+        lines.append("")
+    lines += ["### Per-seed scores", ""]
+    for c in table:
+        per_seed = ", ".join(f"seed {k}: {v:.2f}" for k, v in sorted(c["scores"].items())) or "none"
+        lines.append(f"- {c['script']} {c['env_id']}: {per_seed}")
+    lines.append("")
+
+    failed = [(o, o.error) for o in outcomes if not o.finished] + unscorable
+    if failed:
+        lines += ["## Failed runs", ""]
+        for o, err in failed:
+            lines.append(f"- `{o.spec.name}`: {err} (log: `{o.run_dir / 'output.log'}`)")
+        lines.append("")
+    if missing:
+        lines += ["## Missing scripts", "",
+                  "Planned in the suite but not in algos/ yet, so not run: " + ", ".join(f"`{m}`" for m in missing), ""]
+
+    lines += ["## Learning curves", "",
+              f"`{CURVE}` against global step: each seed smoothed over its last {SMOOTH_EPISODES} episodes, "
+              f"interpolated on a common grid; line = mean over seeds, band = ± std. The reference is drawn as "
+              "mean ± std (a horizontal band at its own budget, whatever its metric).", ""]
+    for c in table:
+        dirs = [o.run_dir for o in c["runs"] if o.finished]
+        name = f"{c['script'].removesuffix('.py')}__{c['env_id'].replace('/', '-')}__{c['total_timesteps']}.png"
+        if dirs and plot_curve(dirs, fig_dir / name, f"{c['script']} {c['env_id']} ({suite.name}, {device})",
+                               c["reference"]):
+            lines += [f"![{c['script']} {c['env_id']}]({stem}/{name})", ""]
+
+    results = [{"script": c["script"], "env_id": c["env_id"], "total_timesteps": c["total_timesteps"],
+                "score": c["score"], "flags": c["flags"], "scores": c["scores"],
+                "summary": vars(c["summary"]) if c["summary"] else None,
+                "reference": c["reference"].id if c["reference"] else None, "verdict": c["verdict"]} for c in table]
+    (fig_dir / "results.json").write_text(json.dumps({"suite": suite.name, "device": device, "date": date,
+                                                      "cells": results}, indent=2))
+    path = report_dir / f"{stem}.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path

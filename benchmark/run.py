@@ -1,0 +1,230 @@
+"""Run a benchmark suite (benchmark/suites.toml): scripts x envs x seeds as subprocesses, then score, aggregate
+and report (benchmark/report.py writes benchmark/reports/<suite>-<device>-<date>.md with learning curves).
+
+    python benchmark/run.py --suite classic --seeds 3 --device cpu --jobs 1
+    python benchmark/run.py --suite classic --device cuda --jobs 4 --backend ray
+
+Runs go to <out>/<script>__<env>__<seed>/ (default out: runs/benchmark/<suite>-<device>). Running the same
+command again resumes: a run whose metrics.csv holds its final evaluation is kept, any other run directory is
+deleted and the run redone from the start. A run that crashes is reported and the others go on; its output is in
+<run_dir>/output.log. Scripts of the suite that do not exist yet are listed as missing and skipped.
+Exit status: 0 when every run finished, 1 when some crashed (the report is written either way).
+"""
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import tomllib
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # `python benchmark/run.py` puts benchmark/ first on the path, not the root
+    sys.path.insert(0, str(ROOT))
+
+from tqdm import tqdm  # noqa: E402
+
+from benchmark.runs import ALGOS, run_finished, run_script  # noqa: E402
+
+SUITES = Path(__file__).resolve().parent / "suites.toml"
+REPORTS = Path(__file__).resolve().parent / "reports"
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One run of a suite: a script on an env with a seed, budget and extra flags, and how it is scored."""
+    script: str
+    env_id: str
+    seed: int
+    total_timesteps: int
+    score: str
+    flags: tuple[str, ...] = ()
+    reference: str | None = None  # a reference id, or None: the matching one (benchmark.references.find_reference)
+
+    @property
+    def name(self) -> str:
+        return f"{self.script.removesuffix('.py')}__{self.env_id.replace('/', '-')}__{self.seed}"
+
+    def command_flags(self, device: str) -> list[str]:
+        return ["--env-id", self.env_id, "--total-timesteps", str(self.total_timesteps), "--seed", str(self.seed),
+                *self.flags, "--cuda" if device == "cuda" else "--no-cuda"]
+
+
+@dataclass
+class Outcome:
+    spec: RunSpec
+    run_dir: Path
+    status: str  # "done" (finished before, kept), "ok" (ran and finished), "failed"
+    seconds: float = 0.0
+    error: str = ""
+
+    @property
+    def finished(self) -> bool:
+        return self.status in ("done", "ok")
+
+
+@dataclass
+class Suite:
+    name: str
+    description: str
+    seeds: int
+    runs: list[dict] = field(default_factory=list)
+
+
+def load_suites(path: Path = SUITES) -> dict[str, Suite]:
+    with open(path, "rb") as f:
+        data = tomllib.load(f)
+    suites = {}
+    for name, s in data.items():
+        runs = s.get("run", [])
+        for r in runs:
+            missing = {"script", "env_id", "total_timesteps", "score"} - set(r)
+            if missing:
+                raise ValueError(f"{path}: a run of suite {name!r} lacks {sorted(missing)}")
+        suites[name] = Suite(name, s.get("description", ""), int(s.get("seeds", 1)), runs)
+    return suites
+
+
+def plan(suite: Suite, seeds: int | None = None, scripts: list[str] | None = None) -> tuple[list[RunSpec], list[str]]:
+    """The runs of a suite (seeds 1..N; only `scripts` if given) whose script exists, and the scripts that do not
+    exist yet."""
+    specs, missing = [], []
+    for r in suite.runs:
+        if scripts and r["script"] not in scripts:
+            continue
+        if not (ALGOS / r["script"]).is_file():
+            missing += [r["script"]] if r["script"] not in missing else []
+            continue
+        for seed in range(1, (seeds or suite.seeds) + 1):
+            specs.append(RunSpec(r["script"], r["env_id"], seed, int(r["total_timesteps"]), r["score"],
+                                 tuple(r.get("flags", ())), r.get("reference")))
+    return specs, missing
+
+
+def _error_line(stderr: str, returncode: int) -> str:
+    """The line of a crashed run's output that says why (tracebacks end with it; tyro boxes its message)."""
+    lines = [ln.strip(" │╭╮╰╯─┃━\t") for ln in re.split(r"[\r\n]+", stderr)]
+    lines = [ln for ln in lines if ln and "it/s]" not in ln and "step/s]" not in ln]
+    flagged = [ln for ln in lines if re.search(r"error|exception|unrecognized|invalid", ln, re.I)]
+    return f"exit {returncode}: " + ((flagged or lines or ["(no output)"])[-1])[:300]
+
+
+def execute(spec: RunSpec, run_dir: Path, device: str = "cpu", timeout: float | None = None) -> Outcome:
+    """Run one spec unless run_dir already holds it finished; a half-done run_dir is deleted and redone."""
+    run_dir = Path(run_dir)
+    if run_finished(run_dir):
+        return Outcome(spec, run_dir, "done")
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    start = time.time()
+    try:
+        out = run_script(spec.script, spec.command_flags(device), run_dir, timeout=timeout)
+        stdout, stderr, rc = out.stdout, out.stderr, out.returncode
+    except subprocess.TimeoutExpired as e:
+        stdout, stderr, rc = str(e.stdout or ""), str(e.stderr or "") + f"\nerror: timed out after {timeout} s", 124
+    seconds = time.time() - start
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "output.log").write_text(stdout + stderr)
+    if rc == 0 and run_finished(run_dir):
+        return Outcome(spec, run_dir, "ok", seconds)
+    error = _error_line(stderr, rc) if rc else "exit 0 but no final eval/episodic_return in metrics.csv"
+    return Outcome(spec, run_dir, "failed", seconds, error)
+
+
+def _ray_execute(backend_jobs: int, device: str, items, timeout):
+    """Yield Outcomes of Ray tasks on a local Ray started here (one CPU per task, a share of the GPU on cuda)."""
+    import ray
+    # the workers import benchmark.run to unpickle the task; they inherit this environment
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=backend_jobs, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    try:
+        task = ray.remote(num_cpus=1, num_gpus=1 / backend_jobs if device == "cuda" else 0)(execute)
+        pending = [task.remote(spec, run_dir, device, timeout) for spec, run_dir in items]
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            yield ray.get(done[0])
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def run_all(specs: list[RunSpec], out: Path, device: str = "cpu", jobs: int = 1, backend: str = "local",
+            timeout: float | None = None, progress: bool = True) -> list[Outcome]:
+    """Run every spec under out/<spec.name>, `jobs` at a time; returns the outcomes in the order of specs."""
+    out = Path(out).resolve()
+    items = [(spec, out / spec.name) for spec in specs]
+    bar = tqdm(total=len(items), unit="run", disable=not progress, desc=f"{backend} x{jobs}")
+    outcomes = {}
+
+    def record(o: Outcome):
+        outcomes[o.spec] = o
+        bar.update(1)
+        bar.set_postfix(failed=sum(not x.finished for x in outcomes.values()), refresh=False)
+        if not o.finished:
+            tqdm.write(f"FAILED {o.spec.name}: {o.error} (log: {o.run_dir / 'output.log'})")
+
+    if backend == "ray":
+        for o in _ray_execute(jobs, device, items, timeout):
+            record(o)
+    elif backend == "local":
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            for fut in as_completed([pool.submit(execute, spec, run_dir, device, timeout) for spec, run_dir in items]):
+                record(fut.result())
+    else:
+        raise ValueError(f"unknown backend {backend!r}: local or ray")
+    bar.close()
+    return [outcomes[spec] for spec in specs]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--suite", required=True, help="a suite of benchmark/suites.toml (smoke, classic, continuous, ...)")
+    p.add_argument("--seeds", type=int, default=None, help="seeds 1..N (default: the suite's)")
+    p.add_argument("--scripts", nargs="+", default=None, help="run only these scripts of the suite (e.g. ppo.py)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--jobs", type=int, default=1, help="runs at a time (each uses one CPU thread)")
+    p.add_argument("--out", type=Path, default=None, help="run directories (default runs/benchmark/<suite>-<device>)")
+    p.add_argument("--backend", choices=["local", "ray"], default="local",
+                   help="local: subprocesses from a thread pool; ray: the same as Ray tasks on a local Ray")
+    p.add_argument("--timeout", type=float, default=None, help="seconds before a run is killed and counted as failed")
+    p.add_argument("--report-dir", type=Path, default=REPORTS)
+    p.add_argument("--suites-file", type=Path, default=SUITES)
+    p.add_argument("--references-file", type=Path, default=None, help="default benchmark/references.toml")
+    args = p.parse_args(argv)
+
+    suites = load_suites(args.suites_file)
+    if args.suite not in suites:
+        p.error(f"unknown suite {args.suite!r}; known: {', '.join(suites)}")
+    suite = suites[args.suite]
+    unknown = set(args.scripts or []) - {r["script"] for r in suite.runs}
+    if unknown:
+        p.error(f"suite {args.suite!r} has no runs of {sorted(unknown)}")
+    specs, missing = plan(suite, args.seeds, args.scripts)
+    if missing:
+        print(f"missing scripts (planned, not in algos/ yet; their runs are skipped): {', '.join(missing)}",
+              file=sys.stderr)
+    if not specs:
+        print(f"nothing to run: none of the scripts of suite {args.suite!r} exists yet", file=sys.stderr)
+        return 0
+    out = args.out or ROOT / "runs" / "benchmark" / f"{args.suite}-{args.device}"
+    print(f"suite {args.suite}: {len(specs)} runs in {out}", file=sys.stderr)
+    outcomes = run_all(specs, out, args.device, args.jobs, args.backend, args.timeout)
+
+    from benchmark import references, report
+    refs = references.load_references(args.references_file or references.REFERENCES)
+    path = report.write_report(suite, outcomes, missing, args.device, args.report_dir, refs,
+                               command="python benchmark/run.py " + " ".join(argv if argv is not None else sys.argv[1:]))
+    failed = [o for o in outcomes if not o.finished]
+    print(f"report: {path}" + (f"; {len(failed)} of {len(outcomes)} runs failed" if failed else ""), file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    from benchmark import run as _module  # so that Ray pickles benchmark.run.execute by reference, not __main__'s
+    sys.exit(_module.main())

@@ -1,0 +1,428 @@
+"""Speed of our scripts against Stable-Baselines3 on the same machine in the same run (DESIGN §6).
+
+    python benchmark/speed.py                      # every entry; writes benchmark/reports/speed-cpu-<date>.md
+    python benchmark/speed.py --entries ppo --repeats 3 --seeds 5
+
+Two measures per entry of ENTRIES (a later script adds one entry):
+1. implementation speed: our script with its default hyperparameters and SB3's algorithm with the same ones
+   (mapped flag by flag in the entry), no evaluation, one torch thread each, SB3 on the CPU, each in a fresh
+   process, interleaved A B A B ...; SPS = environment steps / training seconds (ours: the final
+   charts/train_seconds, which excludes start-up; SB3: the time spent in learn()). The ceiling is the raw step
+   rate of a gymnasium SyncVectorEnv with the same number of envs taking random actions.
+2. time to threshold with each side's best settings (ours: our defaults; SB3: rl-zoo's): training seconds,
+   start-up and evaluation excluded, until a deterministic evaluation every `eval_every` steps first reaches
+   `threshold` (ours: --eval-every/--eval-episodes and charts/train_seconds; SB3: a callback that evaluates on a
+   separate env and subtracts its own time). Runs stop at the threshold, or at the budget.
+"""
+import argparse
+import datetime
+import functools
+import json
+import operator
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmark.runs import git_commit, load_script, read_rows, run_env, run_script, script_command, tail_rows  # noqa: E402
+
+REPORTS = Path(__file__).resolve().parent / "reports"
+
+
+# ---- how each of our scripts maps onto SB3 -------------------------------------------------------------------
+# SB3 kwargs are JSON: {"linear": x} is a schedule from x to 0 over training (rl-zoo's lin_x); "activation_fn"
+# inside policy_kwargs names a torch.nn class.
+
+def ppo_same(a) -> tuple[int, dict]:
+    """ppo.py's Args -> (n_envs, SB3 PPO kwargs) with the same hyperparameters."""
+    lin = (lambda x: {"linear": x}) if a.anneal_lr else (lambda x: x)
+    return a.num_envs, dict(
+        n_steps=a.num_steps, batch_size=a.num_envs * a.num_steps // a.num_minibatches, n_epochs=a.update_epochs,
+        learning_rate=lin(a.learning_rate), clip_range=lin(a.clip_coef), gamma=a.gamma, gae_lambda=a.gae_lambda,
+        ent_coef=a.ent_coef, vf_coef=a.vf_coef, max_grad_norm=a.max_grad_norm, target_kl=a.target_kl,
+        policy_kwargs={"net_arch": {"pi": [64, 64], "vf": [64, 64]}, "activation_fn": "Tanh"})
+
+
+def dqn_same(a) -> tuple[int, dict]:
+    """dqn.py's Args -> (n_envs, SB3 DQN kwargs) with the same hyperparameters (one gradient step every
+    train_frequency vector steps, target update every target_network_frequency env steps, as ours)."""
+    import torch.nn as nn
+    net = load_script("dqn.py").QNetwork(4, 2)  # the network as the script builds it now
+    sizes = [m.out_features for m in net.modules() if isinstance(m, nn.Linear)][:-1]
+    activation = next(type(m).__name__ for m in net.modules() if isinstance(m, (nn.ReLU, nn.Tanh)))
+    return a.num_envs, dict(
+        learning_rate={"linear": a.learning_rate} if a.anneal_lr else a.learning_rate, buffer_size=a.buffer_size,
+        learning_starts=a.learning_starts, batch_size=a.batch_size, tau=a.tau, gamma=a.gamma,
+        train_freq=a.train_frequency, gradient_steps=1, target_update_interval=a.target_network_frequency,
+        exploration_fraction=a.exploration_fraction, exploration_initial_eps=a.start_e,
+        exploration_final_eps=a.end_e, policy_kwargs={"net_arch": sizes, "activation_fn": activation})
+
+
+@dataclass
+class Entry:
+    name: str
+    script: str
+    env_id: str
+    sb3_algo: str  # a class of stable_baselines3
+    same: Callable  # our script's default Args -> (n_envs, SB3 kwargs) with the same hyperparameters
+    sps_steps: int  # budget of one SPS measurement (both sides)
+    best_sb3: tuple[int, dict]  # SB3's best settings (rl-zoo): (n_envs, kwargs)
+    sb3_budget: int  # rl-zoo's budget: SB3's time-to-threshold runs stop there
+    goal: str  # "sb3": ours <= SB3 on every seed; "half_sb3_median": ours <= SB3's median / 2 on every seed
+    threshold: float = 475.0
+    eval_every: int = 1000
+    eval_episodes: int = 5
+    ours_flags: list[str] = field(default_factory=list)  # our best settings: our defaults unless said here
+    differences: str = ""  # what the mapping cannot make identical
+
+
+ENTRIES = [
+    Entry("ppo", "ppo.py", "CartPole-v1", "PPO", ppo_same, sps_steps=50_000,
+          best_sb3=(8, dict(n_steps=32, batch_size=256, gae_lambda=0.8, gamma=0.98, n_epochs=20, ent_coef=0.0,
+                            learning_rate={"linear": 1e-3}, clip_range={"linear": 0.2})),
+          sb3_budget=100_000, goal="sb3",
+          differences="none of substance (same network, orthogonal init, Adam eps 1e-5, advantage normalisation "
+                      "per minibatch, clipping, GAE); ours bootstraps time-limit truncation inside GAE's reward, "
+                      "SB3 does the same in its rollout"),
+    Entry("dqn", "dqn.py", "CartPole-v1", "DQN", dqn_same, sps_steps=30_000,
+          best_sb3=(1, dict(learning_rate=2.3e-3, batch_size=64, buffer_size=100_000, learning_starts=1000,
+                            gamma=0.99, target_update_interval=10, train_freq=256, gradient_steps=128,
+                            exploration_fraction=0.16, exploration_final_eps=0.04,
+                            policy_kwargs={"net_arch": [256, 256]})),
+          sb3_budget=50_000, goal="half_sb3_median",
+          differences="SB3 uses the Huber loss and clips gradients at norm 10, ours uses MSE without clipping "
+                      "(same cost per update)"),
+]
+
+
+# ---- SB3 side: runs in its own process -------------------------------------------------------------------------
+
+def _sb3_kwargs(kwargs: dict) -> dict:
+    import torch.nn as nn
+    out = {k: functools.partial(operator.mul, v["linear"]) if isinstance(v, dict) and "linear" in v else v
+           for k, v in kwargs.items()}
+    if "policy_kwargs" in out:
+        pk = dict(out["policy_kwargs"])
+        if "activation_fn" in pk:
+            pk["activation_fn"] = getattr(nn, pk["activation_fn"])
+        out["policy_kwargs"] = pk
+    return out
+
+
+def sb3_worker(job: dict) -> dict:
+    """Train SB3 as `job` says; with job["threshold"], stop when the deterministic evaluation reaches it."""
+    import gymnasium as gym
+    import stable_baselines3
+    import torch
+    from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.evaluation import evaluate_policy
+    from stable_baselines3.common.monitor import Monitor
+    torch.set_num_threads(1)
+
+    class EvalUntil(BaseCallback):
+        """Deterministic evaluation every `every` steps on a separate env; its time is not training time."""
+        def __init__(self):
+            super().__init__()
+            self.next_eval, self.eval_seconds, self.history, self.reached = job["eval_every"], 0.0, [], None
+            self.env = Monitor(gym.make(job["env_id"]))
+            self.env.reset(seed=job["seed"] + 100_000)
+
+        def _on_training_start(self):
+            self.t0 = time.perf_counter()
+
+        def _on_step(self):
+            if self.num_timesteps < self.next_eval:
+                return True
+            while self.next_eval <= self.num_timesteps:
+                self.next_eval += job["eval_every"]
+            t = time.perf_counter()
+            train_seconds = t - self.t0 - self.eval_seconds
+            mean, _ = evaluate_policy(self.model, self.env, n_eval_episodes=job["eval_episodes"], deterministic=True)
+            self.eval_seconds += time.perf_counter() - t
+            self.history.append((self.num_timesteps, train_seconds, float(mean)))
+            if mean >= job["threshold"]:
+                self.reached = (self.num_timesteps, train_seconds)
+                return False
+            return True
+
+    env = make_vec_env(job["env_id"], n_envs=job["n_envs"], seed=job["seed"])
+    model = getattr(stable_baselines3, job["algo"])("MlpPolicy", env, seed=job["seed"], device="cpu", verbose=0,
+                                                   **_sb3_kwargs(job["kwargs"]))
+    callback = EvalUntil() if job.get("threshold") is not None else None
+    start = time.perf_counter()
+    model.learn(total_timesteps=job["steps"], callback=callback)
+    seconds = time.perf_counter() - start - (callback.eval_seconds if callback else 0.0)
+    result = {"steps": int(model.num_timesteps), "seconds": seconds, "sps": model.num_timesteps / seconds}
+    if callback:
+        result.update(reached=callback.reached, history=callback.history)
+    return result
+
+
+def run_sb3(job: dict) -> dict:
+    out = subprocess.run([sys.executable, __file__, "--sb3-worker", json.dumps(job)], capture_output=True,
+                         text=True, env=run_env(), cwd=ROOT)
+    if out.returncode:
+        raise RuntimeError(f"SB3 worker failed: {out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+# ---- our side ----------------------------------------------------------------------------------------------------
+
+def ours_sps(entry: Entry, seed: int, workdir: Path) -> dict:
+    run_dir = workdir / f"{entry.name}-sps-{seed}"
+    out = run_script(entry.script, ["--env-id", entry.env_id, "--seed", str(seed), "--total-timesteps",
+                                    str(entry.sps_steps), "--eval-episodes", "0", "--checkpoint-every", "1000000000"],
+                     run_dir)
+    if out.returncode:
+        raise RuntimeError(f"{entry.script} failed: {out.stderr[-2000:]}")
+    rows = read_rows(run_dir)
+    steps = max(r["global_step"] for r in rows)
+    seconds = [r["value"] for r in rows if r["name"] == "charts/train_seconds"][-1]
+    return {"steps": steps, "seconds": seconds, "sps": steps / seconds}
+
+
+def _first_reach(rows, threshold, episodes):
+    """(step, train_seconds) of the first evaluation whose mean over `episodes` episodes is >= threshold."""
+    evals, train_s = {}, {}
+    for r in rows:
+        if r["name"] == "eval/episodic_return":
+            evals.setdefault(r["global_step"], []).append(r["value"])
+        elif r["name"] == "charts/train_seconds":
+            train_s[r["global_step"]] = r["value"]
+    for step, values in sorted(evals.items()):
+        if len(values) >= episodes and sum(values[:episodes]) / episodes >= threshold and step in train_s:
+            return step, train_s[step]
+    return None
+
+
+def ours_time_to_threshold(entry: Entry, seed: int, workdir: Path) -> dict:
+    """Run our script with evaluation every eval_every steps; stop it as soon as an evaluation reaches the
+    threshold (the training seconds there are charts/train_seconds, logged just before that evaluation)."""
+    run_dir = workdir / f"{entry.name}-ttt-{seed}"
+    flags = ["--env-id", entry.env_id, "--seed", str(seed), "--eval-every", str(entry.eval_every),
+             "--eval-episodes", str(entry.eval_episodes), "--checkpoint-every", "1000000000", *entry.ours_flags]
+    proc = subprocess.Popen(script_command(entry.script, flags, run_dir), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env=run_env(), cwd=ROOT)
+    reached, rows, offset = None, [], 0
+    while reached is None:
+        finished = proc.poll() is not None
+        offset = tail_rows(run_dir / "metrics.csv", offset, rows)
+        reached = _first_reach(rows, entry.threshold, entry.eval_episodes)
+        if finished:
+            break
+        time.sleep(0.25)
+    if proc.poll() is None:
+        proc.terminate()
+        proc.wait()
+    elif proc.returncode and reached is None:
+        raise RuntimeError(f"{entry.script} exited with {proc.returncode}")
+    rows = read_rows(run_dir)
+    evals = {}
+    for r in rows:
+        if r["name"] == "eval/episodic_return":
+            evals.setdefault(r["global_step"], []).append(r["value"])
+    return {"reached": reached, "last_step": max(r["global_step"] for r in rows),
+            "best_eval": max((sum(v) / len(v) for v in evals.values()), default=None)}
+
+
+def raw_env_sps(env_id: str, num_envs: int, seconds: float = 3.0) -> float:
+    """Random actions in a gymnasium SyncVectorEnv (same-step autoreset, as our scripts): the ceiling."""
+    import gymnasium as gym
+    import numpy as np
+    envs = gym.vector.SyncVectorEnv([lambda: gym.make(env_id) for _ in range(num_envs)],
+                                    autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    envs.reset(seed=0)
+    envs.single_action_space.seed(0)
+    actions = [np.stack([envs.single_action_space.sample() for _ in range(num_envs)]) for _ in range(1000)]
+    steps, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        for a in actions:
+            envs.step(a)
+        steps += len(actions) * num_envs
+    sps = steps / (time.perf_counter() - start)
+    envs.close()
+    return sps
+
+
+# ---- the measurement and its report ---------------------------------------------------------------------------
+
+def _mmm(xs):
+    xs = [x for x in xs if x is not None]
+    return (min(xs), statistics.median(xs), max(xs)) if xs else (None, None, None)
+
+
+def measure(entry: Entry, repeats: int, seeds: int, workdir: Path, log=print) -> dict:
+    args = load_script(entry.script).Args()  # read at run time: the defaults may change
+    n_envs, same = entry.same(args)
+    res = {"entry": entry.name, "script": entry.script, "env_id": entry.env_id, "sb3_algo": entry.sb3_algo,
+           "ours_defaults": {k: v for k, v in vars(args).items()}, "sb3_same": {"n_envs": n_envs, **same},
+           "sb3_best": {"n_envs": entry.best_sb3[0], **entry.best_sb3[1]}, "sps": [], "ttt": []}
+    res["raw_env_sps"] = raw_env_sps(entry.env_id, n_envs)
+    log(f"[{entry.name}] raw env: {res['raw_env_sps']:.0f} steps/s with {n_envs} envs")
+    for r in range(repeats):  # A B A B ...
+        ours = ours_sps(entry, r + 1, workdir)
+        sb3 = run_sb3({"algo": entry.sb3_algo, "env_id": entry.env_id, "n_envs": n_envs, "kwargs": same,
+                       "seed": r + 1, "steps": entry.sps_steps})
+        res["sps"].append({"ours": ours, "sb3": sb3})
+        log(f"[{entry.name}] SPS repeat {r + 1}: ours {ours['sps']:.0f}, SB3 {sb3['sps']:.0f}")
+    for seed in range(1, seeds + 1):
+        ours = ours_time_to_threshold(entry, seed, workdir)
+        sb3 = run_sb3({"algo": entry.sb3_algo, "env_id": entry.env_id, "n_envs": entry.best_sb3[0],
+                       "kwargs": entry.best_sb3[1], "seed": seed, "steps": entry.sb3_budget,
+                       "threshold": entry.threshold, "eval_every": entry.eval_every,
+                       "eval_episodes": entry.eval_episodes})
+        res["ttt"].append({"seed": seed, "ours": ours, "sb3": {k: v for k, v in sb3.items() if k != "history"}})
+        log(f"[{entry.name}] threshold seed {seed}: ours {ours['reached']}, SB3 {sb3['reached']}")
+    return res
+
+
+def _f(x, fmt="{:.0f}"):
+    return "–" if x is None else fmt.format(x)
+
+
+def _reach_cell(reached, budget_note):
+    return f"{reached[1]:.1f} s ({reached[0]:,} steps)" if reached else f"not reached ({budget_note})"
+
+
+def render(results: list[dict], date: str, repeats: int, seeds: int, load=(float('nan'),) * 2) -> str:
+    import torch
+    import stable_baselines3
+    import gymnasium
+    lines = [f"# Speed: our scripts against Stable-Baselines3, CPU, {date}", "",
+             "Regenerate with `python benchmark/speed.py` (one command; about 10-20 minutes).", "",
+             f"- machine: {platform.platform()}, {os.cpu_count()} CPU cores **shared with other work that may have "
+             "been running during the measurement** (two other engineers use the same 2 cores), so absolute numbers "
+             "are noisy; our runs and SB3's are interleaved (A B A B ...) so that both see the same load.",
+             f"- code: commit {git_commit()}",
+             f"- load average (1 min) at the start and end of the measurement: {load[0]:.2f}, {load[1]:.2f}",
+             f"- versions: torch {torch.__version__}, stable-baselines3 {stable_baselines3.__version__}, gymnasium "
+             f"{gymnasium.__version__}, Python {platform.python_version()}; one torch thread on each side "
+             "(OMP_NUM_THREADS=1, torch.set_num_threads(1)); each run in a fresh process; SB3 on the CPU.", "",
+             "## Summary", "", *_summary(results), "",
+             "## 1. Implementation speed (same hyperparameters, no evaluation)", "",
+             f"SPS = environment steps / training seconds (ours: final `charts/train_seconds`, start-up excluded; "
+             f"SB3: time inside `learn()`). {repeats} repeats each side, min / median / max. Ratio = ours / SB3 per "
+             "repeat. Goal: ours >= 2x SB3. Ceiling: random actions in a gymnasium SyncVectorEnv with the same "
+             "number of envs.", "",
+             "| entry | env | steps | ours SPS | SB3 SPS | ratio ours/SB3 | goal >= 2x | raw env SPS (ceiling) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        ours = _mmm([x["ours"]["sps"] for x in r["sps"]])
+        sb3 = _mmm([x["sb3"]["sps"] for x in r["sps"]])
+        ratio = _mmm([x["ours"]["sps"] / x["sb3"]["sps"] for x in r["sps"]])
+        met = "met" if ratio[0] >= 2 else ("met at the median, not on every repeat" if ratio[1] >= 2 else
+                                          f"missed: median {ratio[1]:.2f}x; {2 / ratio[1]:.2f}x more speed needed")
+        steps = r["sps"][0]["ours"]["steps"]
+        lines.append(f"| {r['script']} vs SB3 {r['sb3_algo']} | {r['env_id']} | {steps:,} | "
+                     + " | ".join("{} / {} / {}".format(*(_f(v) for v in t)) for t in (ours, sb3)) + " | "
+                     + "{} / {} / {}".format(*(_f(v, '{:.2f}x') for v in ratio)) + f" | {met} | "
+                     f"{r['raw_env_sps']:,.0f} |")
+    lines += ["", "Hyperparameters mapped flag by flag from our script's defaults (read from its `Args` at run time):", ""]
+    for r, e in zip(results, [next(e for e in ENTRIES if e.name == r["entry"]) for r in results]):
+        lines.append(f"- {r['script']} -> SB3 {r['sb3_algo']}: `{json.dumps(r['sb3_same'])}`; differences: "
+                     f"{e.differences}")
+    lines += ["", "## 2. Time to threshold (each side's best settings)", ""]
+    for r in results:
+        e = next(e for e in ENTRIES if e.name == r["entry"])
+        lines += [f"### {r['script']} vs SB3 {r['sb3_algo']} on {r['env_id']}", "",
+                  f"Training seconds (start-up and evaluation excluded) until a {e.eval_episodes}-episode "
+                  f"deterministic evaluation, every {e.eval_every:,} steps, first reaches {e.threshold:g}. Ours: "
+                  f"defaults (`{r['ours_defaults']['total_timesteps']:,}` steps at most); SB3: rl-zoo settings "
+                  f"`{json.dumps(r['sb3_best'])}`, {e.sb3_budget:,} steps at most.", "",
+                  "| seed | ours | SB3 | ours / SB3 |", "|---|---|---|---|"]
+        ours_t, sb3_t = [], []
+        for t in r["ttt"]:
+            o, s = t["ours"]["reached"], t["sb3"]["reached"]
+            ours_t.append(o[1] if o else None)
+            sb3_t.append(s[1] if s else None)
+            ratio = f"{o[1] / s[1]:.2f}" if o and s else "–"
+            miss = f"{t['ours']['last_step']:,} steps, best evaluation mean {_f(t['ours']['best_eval'], '{:.1f}')}"
+            lines.append(f"| {t['seed']} | {_reach_cell(o, miss)} | "
+                         f"{_reach_cell(s, f'{e.sb3_budget:,} steps')} | {ratio} |")
+        om, sm = _mmm(ours_t), _mmm(sb3_t)
+        lines += ["", f"Ours min / median / max: {_f(om[0], '{:.1f}')} / {_f(om[1], '{:.1f}')} / "
+                      f"{_f(om[2], '{:.1f}')} s ({sum(x is not None for x in ours_t)}/{len(ours_t)} seeds reached); "
+                      f"SB3: {_f(sm[0], '{:.1f}')} / {_f(sm[1], '{:.1f}')} / {_f(sm[2], '{:.1f}')} s "
+                      f"({sum(x is not None for x in sb3_t)}/{len(sb3_t)} seeds reached)."]
+        lines.append("")
+        lines.append("Goal: " + _goal_verdict(e.goal, ours_t, sb3_t))
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def _summary(results: list[dict]) -> list[str]:
+    out = []
+    for r in results:
+        e = next(e for e in ENTRIES if e.name == r["entry"])
+        ratio = _mmm([x["ours"]["sps"] / x["sb3"]["sps"] for x in r["sps"]])
+        ours_t = [t["ours"]["reached"][1] if t["ours"]["reached"] else None for t in r["ttt"]]
+        sb3_t = [t["sb3"]["reached"][1] if t["sb3"]["reached"] else None for t in r["ttt"]]
+        om, sm = _mmm(ours_t), _mmm(sb3_t)
+        out.append(f"- **{r['script']} vs SB3 {r['sb3_algo']}**: SPS ratio ours/SB3 median {ratio[1]:.2f}x "
+                   f"(min {ratio[0]:.2f}x; goal 2x {'met' if ratio[0] >= 2 else 'missed'}). Time to "
+                   f"{e.threshold:g}: ours median {_f(om[1], '{:.1f}')} s ({sum(x is not None for x in ours_t)}/"
+                   f"{len(ours_t)} seeds reached), SB3 median {_f(sm[1], '{:.1f}')} s "
+                   f"({sum(x is not None for x in sb3_t)}/{len(sb3_t)}). Goal: {_goal_verdict(e.goal, ours_t, sb3_t)}")
+    return out
+
+
+def _goal_verdict(goal: str, ours_t: list, sb3_t: list) -> str:
+    inf = float("inf")
+    o = [x if x is not None else inf for x in ours_t]
+    s = [x if x is not None else inf for x in sb3_t]
+    if goal == "sb3":
+        targets, text = s, "ours <= SB3 on every seed: "
+    else:
+        target = statistics.median(s) / 2
+        targets, text = [target] * len(o), f"ours <= half of SB3's median ({target:.1f} s) on every seed: "
+    bad = [i for i, (a, b) in enumerate(zip(o, targets)) if a > b]
+    if not bad:
+        return text + "**met**."
+    why = [f"seed {i + 1} " + ("never reached the threshold" if o[i] == inf else
+                               f"{o[i]:.1f} s against {targets[i]:.1f} s ({o[i] / targets[i]:.2f}x)") for i in bad]
+    return text + f"**missed** on {len(bad)} of {len(o)} seeds: " + "; ".join(why) + "."
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--entries", nargs="*", default=[e.name for e in ENTRIES], help="entries to measure")
+    p.add_argument("--repeats", type=int, default=3, help="SPS measurements per side")
+    p.add_argument("--seeds", type=int, default=5, help="time-to-threshold seeds per side")
+    p.add_argument("--report-dir", type=Path, default=REPORTS)
+    p.add_argument("--sb3-worker", help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    if a.sb3_worker:
+        print(json.dumps(sb3_worker(json.loads(a.sb3_worker))))
+        return 0
+    os.environ["OMP_NUM_THREADS"] = "1"
+    import torch
+    torch.set_num_threads(1)
+    unknown = set(a.entries) - {e.name for e in ENTRIES}
+    if unknown:
+        p.error(f"unknown entries {sorted(unknown)}; known: {[e.name for e in ENTRIES]}")
+    date = datetime.date.today().isoformat()
+    load_start = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory(prefix="speed-") as tmp:
+        results = [measure(e, a.repeats, a.seeds, Path(tmp), log=lambda m: print(m, file=sys.stderr, flush=True))
+                   for e in ENTRIES if e.name in a.entries]
+    a.report_dir.mkdir(parents=True, exist_ok=True)
+    (a.report_dir / f"speed-cpu-{date}.json").write_text(json.dumps(results, indent=1))
+    path = a.report_dir / f"speed-cpu-{date}.md"
+    path.write_text(render(results, date, a.repeats, a.seeds, (load_start, os.getloadavg()[0])))
+    print(f"report: {path}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

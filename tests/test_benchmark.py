@@ -1,0 +1,260 @@
+"""benchmark/: the suite runner (local and Ray), resume, crashed runs, scoring, aggregation, the report, and the
+plumbing of the speed comparison; all on runs of a few hundred steps."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+from benchmark import run as bench
+from benchmark import speed, stats
+from benchmark.references import Reference, find_reference, load_references, score
+from benchmark.runs import read_metrics, read_rows, run_finished
+from conftest import SMOKE
+
+pytestmark = pytest.mark.xdist_group("benchmark")
+
+
+def _split(flags):
+    """conftest.SMOKE flags -> (env_id, total_timesteps, the other flags)."""
+    flags = list(flags)
+    env = flags[flags.index("--env-id") + 1]
+    steps = int(flags[flags.index("--total-timesteps") + 1])
+    rest = [f for i, f in enumerate(flags) if f not in ("--env-id", "--total-timesteps")
+            and (i == 0 or flags[i - 1] not in ("--env-id", "--total-timesteps"))]
+    return env, steps, rest
+
+
+def _toml_list(xs):
+    return "[" + ", ".join(json.dumps(x) for x in xs) + "]"
+
+
+@pytest.fixture(scope="module")
+def suite_run(tmp_path_factory):
+    """A test suite: ppo.py (2 seeds) and dqn.py (2 seeds) on the smoke budgets, one entry with a bad flag (crashes),
+    one planned script that does not exist; references chosen so that ppo must FAIL and dqn must PASS."""
+    tmp = tmp_path_factory.mktemp("bench")
+    entries = []
+    for script in ("ppo.py", "dqn.py"):
+        env, steps, flags = _split(SMOKE[script])
+        entries.append(f'[[t.run]]\nscript = "{script}"\nenv_id = "{env}"\ntotal_timesteps = {steps}\n'
+                       f'score = "final_eval"\nflags = {_toml_list(flags)}\n')
+    entries.append('[[t.run]]\nscript = "ppo.py"\nenv_id = "Acrobot-v1"\ntotal_timesteps = 512\n'
+                   'score = "final_eval"\nflags = ["--no-such-flag"]\n')
+    entries.append('[[t.run]]\nscript = "not_written_yet.py"\nenv_id = "CartPole-v1"\ntotal_timesteps = 512\n'
+                   'score = "final_eval"\n')
+    (tmp / "suites.toml").write_text('[t]\ndescription = "test suite"\nseeds = 2\n\n' + "\n".join(entries))
+    (tmp / "refs.toml").write_text(
+        '[[reference]]\nid = "unreachable-ppo"\nscript = "ppo.py"\nenv_id = "CartPole-v1"\ntotal_timesteps = 100000\n'
+        'score = "final_eval"\nseeds = 3\nmean = 10000.0\nstd = 1.0\nsource = "test"\n\n'
+        '[[reference]]\nid = "easy-dqn"\nscript = "dqn.py"\nenv_id = "CartPole-v1"\ntotal_timesteps = 600\n'
+        'score = "final_eval"\nseeds = [1, 2]\nvalues = [1.0, 3.0]\nsource = "test"\n')
+    argv = ["--suite", "t", "--out", str(tmp / "runs"), "--report-dir", str(tmp / "reports"),
+            "--suites-file", str(tmp / "suites.toml"), "--references-file", str(tmp / "refs.toml")]
+    rc = bench.main(argv)
+    return tmp, argv, rc
+
+
+def test_suite_runs_scores_and_reports(suite_run):
+    tmp, _, rc = suite_run
+    assert rc == 1, "a crashed run must make the exit status 1"
+    runs = tmp / "runs"
+    for name in ("ppo__CartPole-v1__1", "ppo__CartPole-v1__2", "dqn__CartPole-v1__1", "dqn__CartPole-v1__2"):
+        assert run_finished(runs / name), f"{name} did not finish"
+    assert not run_finished(runs / "ppo__Acrobot-v1__1")
+    assert not (runs / "not_written_yet__CartPole-v1__1").exists()
+
+    reports = list((tmp / "reports").glob("t-cpu-*.md"))
+    assert len(reports) == 1
+    text = reports[0].read_text()
+    rows = {line.split("|")[1].strip() + " " + line.split("|")[2].strip(): line for line in text.splitlines()
+            if line.startswith("| ppo.py") or line.startswith("| dqn.py")}
+    assert "**FAIL**" in rows["ppo.py CartPole-v1"] and "unreachable-ppo" in rows["ppo.py CartPole-v1"]
+    assert "reference budget 100,000 steps, ours 512" in rows["ppo.py CartPole-v1"]
+    assert "**PASS**" in rows["dqn.py CartPole-v1"] and "2.0 ± 1.0 [easy-dqn]" in rows["dqn.py CartPole-v1"]
+    assert "reference budget" not in rows["dqn.py CartPole-v1"]
+    assert "## Failed runs" in text and "ppo__Acrobot-v1__1" in text and "no-such-flag" in text
+    assert "## Missing scripts" in text and "not_written_yet.py" in text
+    assert "Verdict rule: FAIL when" in text
+
+    # the scores are each run's final evaluation, aggregated as stats says
+    stem = reports[0].stem
+    results = json.loads((tmp / "reports" / stem / "results.json").read_text())
+    cell = next(c for c in results["cells"] if c["script"] == "dqn.py")
+    for seed in (1, 2):
+        evals = [r for r in read_rows(runs / f"dqn__CartPole-v1__{seed}") if r["name"] == "eval/episodic_return"]
+        assert cell["scores"][str(seed)] == pytest.approx(np.mean([r["value"] for r in evals]))
+    x = np.array(list(cell["scores"].values()))
+    assert cell["summary"]["mean"] == pytest.approx(x.mean()) and cell["summary"]["std"] == pytest.approx(x.std())
+    for script in ("ppo", "dqn"):
+        png = tmp / "reports" / stem / f"{script}__CartPole-v1__{512 if script == 'ppo' else 600}.png"
+        assert png.is_file() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert f"({stem}/{png.name})" in text
+
+
+def test_resume_redoes_only_unfinished_runs(suite_run):
+    tmp, argv, _ = suite_run
+    runs = tmp / "runs"
+    kept = {d.name: (d / "metrics.csv").stat().st_mtime_ns for d in runs.iterdir() if run_finished(d)}
+    # make dqn seed 2 half-done: drop its final evaluation, as if it had been killed before it
+    half = runs / "dqn__CartPole-v1__2" / "metrics.csv"
+    lines = half.read_text().splitlines()
+    half.write_text("\n".join(ln for ln in lines if ",eval/episodic_return," not in ln) + "\n")
+    assert not run_finished(half.parent)
+    crashed_log = (runs / "ppo__Acrobot-v1__1" / "output.log").stat().st_mtime_ns
+
+    assert bench.main(argv) == 1
+    assert run_finished(half.parent)
+    redone = read_rows(half.parent)
+    assert sum(r["name"] == "eval/episodic_return" for r in redone) == 2
+    assert [r["name"] for r in redone].count("charts/train_seconds") == 1, "redone from the start, not appended to"
+    for name, mtime in kept.items():
+        if name != "dqn__CartPole-v1__2":
+            assert (runs / name / "metrics.csv").stat().st_mtime_ns == mtime, f"{name} was redone"
+    assert (runs / "ppo__Acrobot-v1__1" / "output.log").stat().st_mtime_ns != crashed_log, "crashed run not retried"
+
+
+def test_ray_backend(suite_run, tmp_path):
+    pytest.importorskip("ray")
+    tmp, _, _ = suite_run
+    specs, _ = bench.plan(bench.load_suites(tmp / "suites.toml")["t"], seeds=1)
+    specs = [s for s in specs if s.script in ("ppo.py",)]  # the ppo smoke run and the crashing one
+    assert len(specs) == 2
+    outcomes = bench.run_all(specs, tmp_path, jobs=1, backend="ray", progress=False)
+    ok = next(o for o in outcomes if o.spec.env_id == "CartPole-v1")
+    bad = next(o for o in outcomes if o.spec.env_id == "Acrobot-v1")
+    assert ok.status == "ok" and bad.status == "failed" and "no-such-flag" in bad.error
+    # CPU runs are deterministic: the Ray run scores exactly as the same run made by the local backend
+    assert score(read_metrics(ok.run_dir), "final_eval") == score(read_metrics(tmp / "runs" / ok.spec.name),
+                                                                  "final_eval")
+
+
+def test_missing_scripts_are_reported_not_run(tmp_path, capsys):
+    (tmp_path / "s.toml").write_text('[p]\nseeds = 1\n[[p.run]]\nscript = "qmix_smac_lite_x.py"\nenv_id = "3m"\n'
+                                     'total_timesteps = 10\nscore = "final_eval"\n')
+    assert bench.main(["--suite", "p", "--suites-file", str(tmp_path / "s.toml"), "--out", str(tmp_path)]) == 0
+    err = capsys.readouterr().err
+    assert "missing scripts" in err and "qmix_smac_lite_x.py" in err and "nothing to run" in err
+    specs, missing = bench.plan(bench.load_suites()["marl"])
+    assert all(s.script not in missing for s in specs) and specs + missing  # the planned suites parse
+
+
+def test_every_suite_entry_is_well_formed():
+    suites = bench.load_suites()
+    assert {"smoke", "classic", "continuous", "atari", "marl"} <= set(suites)
+    refs = load_references()
+    for suite in suites.values():
+        for r in suite.runs:
+            assert r["score"] in ("last100_train", "final_eval", "max_eval")
+            if r.get("reference"):
+                assert any(x.id == r["reference"] for x in refs)
+    # every classic cell has a reference to be judged against
+    for r in suites["classic"].runs:
+        assert find_reference(r["script"], r["env_id"], r["score"], r["total_timesteps"]) is not None
+
+
+def test_run_finished_tells_final_from_intermediate_eval(tmp_path):
+    def make(rows, **args):
+        d = tmp_path / str(len(list(tmp_path.iterdir())))
+        d.mkdir()
+        (d / "config.json").write_text(json.dumps({"args": {"num_envs": 1, "eval_episodes": 2,
+                                                            "total_timesteps": 1000, **args}}))
+        (d / "metrics.csv").write_text("global_step,wall_time,name,value\n" + "".join(
+            f"{s},0.0,{n},1.0\n" for s, n in rows))
+        return d
+    ev = "eval/episodic_return"
+    assert run_finished(make([(500, "train/episodic_return"), (1000, "charts/train_seconds"), (1000, ev), (1000, ev)]))
+    assert not run_finished(make([(1000, ev)]))  # killed in the middle of the final evaluation
+    assert not run_finished(make([(500, ev), (500, ev)]))  # an evaluation during training (--eval-every)
+    # ppo-like: 8 x 32 = 256 steps per iteration, 1000 steps end at 768
+    assert run_finished(make([(768, ev), (768, ev)], num_envs=8, num_steps=32))
+    assert not run_finished(make([(512, ev), (512, ev)], num_envs=8, num_steps=32))
+    assert not run_finished(tmp_path / "nothing")
+
+
+def test_iqm_and_stratified_bootstrap():
+    x = np.array([1.0, 2.0, 3.0, 4.0, 100.0, -50.0, 5.0, 6.0])
+    assert stats.iqm(x) == pytest.approx(np.sort(x)[2:6].mean())  # the middle 50% of 8 scores
+    low, high = stats.iqm_ci(x)
+    assert low < stats.iqm(x) < high
+    assert stats.iqm_ci([7.0, 7.0, 7.0]) == (7.0, 7.0)
+    # stratified: resampling within each task keeps every bootstrap sample's task sizes, so two tasks far apart
+    # give IQMs between them; an unstratified resampling could draw all scores from one task
+    a, b = np.zeros(4), np.full(4, 10.0)
+    low, high = stats.iqm_ci(a, b)
+    assert 0.0 < low <= 5.0 <= high < 10.0
+    s = stats.summarize([10.0, 12.0, 11.0])
+    assert (s.n, s.mean) == (3, pytest.approx(11.0)) and s.ci_low <= s.iqm <= s.ci_high
+
+
+def test_verdict_rule():
+    s = stats.summarize([100.0, 101.0, 102.0])
+    assert stats.verdict(s, 100.0, 1.0) == "PASS"
+    assert stats.verdict(s, 500.0, 5.0) == "FAIL"
+    assert stats.verdict(s, 106.0, 1.0) == "PASS"  # within 5% of the reference mean
+    assert stats.verdict(s, 108.0, 1.0) == "FAIL"
+    assert stats.verdict(s, None, None) == "n/a"
+    assert stats.tolerance(-200.0, 0.0) == pytest.approx(10.0)
+
+
+def test_find_reference_prefers_same_budget():
+    refs = [Reference("a", "x.py", "E-v1", 500, "final_eval", "s", 3, mean=1.0),
+            Reference("b", "x.py", "E-v1", 100, "final_eval", "s", 3, mean=2.0),
+            Reference("c", "x.py", "E-v1", 100, "last100_train", "s", 3, mean=3.0),
+            Reference("d", "x.py", "E-v1", 100, "final_eval", "s", 3, threshold=1.0)]
+    assert find_reference("x.py", "E-v1", "final_eval", 100, refs).id == "b"
+    assert find_reference("x.py", "E-v1", "final_eval", 400, refs).id == "a"
+    assert find_reference("x.py", "E-v1", "max_eval", 100, refs) is None
+
+
+def test_speed_maps_our_defaults_onto_sb3():
+    from benchmark.runs import load_script
+    a = load_script("ppo.py").Args()
+    n_envs, kw = speed.ppo_same(a)
+    assert n_envs == a.num_envs and kw["n_steps"] == a.num_steps and kw["n_epochs"] == a.update_epochs
+    assert kw["batch_size"] == a.num_envs * a.num_steps // a.num_minibatches and kw["gae_lambda"] == a.gae_lambda
+    d = load_script("dqn.py").Args()
+    n_envs, kw = speed.dqn_same(d)
+    assert (n_envs, kw["batch_size"], kw["train_freq"], kw["gradient_steps"]) == (d.num_envs, d.batch_size,
+                                                                                 d.train_frequency, 1)
+    assert kw["target_update_interval"] == d.target_network_frequency and kw["buffer_size"] == d.buffer_size
+    assert len(kw["policy_kwargs"]["net_arch"]) >= 1
+    sched = speed._sb3_kwargs({"learning_rate": {"linear": 1e-3}})["learning_rate"]
+    assert sched(1.0) == pytest.approx(1e-3) and sched(0.5) == pytest.approx(5e-4)
+
+
+def test_speed_time_to_threshold_plumbing(tmp_path):
+    """Both sides stop at the first evaluation reaching the threshold and report its training seconds."""
+    entry = speed.Entry("t", "ppo.py", "CartPole-v1", "PPO", speed.ppo_same, sps_steps=512, best_sb3=(4, {
+        "n_steps": 32, "batch_size": 128, "n_epochs": 1}), sb3_budget=2048, goal="sb3", threshold=0.0,
+        eval_every=256, eval_episodes=2, ours_flags=["--total-timesteps", "400000", "--num-envs", "4", "--update-epochs", "1"])
+    ours = speed.ours_time_to_threshold(entry, 1, tmp_path)
+    assert ours["reached"] is not None and ours["reached"][0] <= 512 and ours["reached"][1] > 0
+    assert ours["last_step"] < 400_000, "our run was not stopped at the threshold"  # ~1 min unstopped
+    sb3 = speed.run_sb3({"algo": "PPO", "env_id": "CartPole-v1", "n_envs": 4, "kwargs": entry.best_sb3[1],
+                         "seed": 1, "steps": 2048, "threshold": 0.0, "eval_every": 256, "eval_episodes": 2})
+    assert sb3["reached"][0] <= 512 and sb3["steps"] < 2048 and sb3["seconds"] > 0
+    assert speed._first_reach([{"name": "charts/train_seconds", "global_step": 5, "value": 1.5},
+                               {"name": "eval/episodic_return", "global_step": 5, "value": 480.0}], 475, 2) is None
+    assert "missed" in speed._goal_verdict("half_sb3_median", [3.0, 1.0], [4.0, 4.0])
+    assert "**met**" in speed._goal_verdict("sb3", [3.0, 1.0], [4.0, 2.0])
+    assert "seed 2 never reached" in speed._goal_verdict("sb3", [3.0, None], [4.0, 2.0])
+
+
+def test_learning_curve_smooths_interpolates_and_averages(tmp_path):
+    from benchmark.report import learning_curve
+
+    def run(name, rows):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "metrics.csv").write_text("global_step,wall_time,name,value\n" + "".join(
+            f"{s},0.0,train/episodic_return,{v}\n" for s, v in rows))
+        return d
+    a = run("a", [(0, 0.0), (100, 10.0), (200, 20.0)])
+    b = run("b", [(50, 30.0), (150, 30.0), (300, 30.0)])
+    grid, mean, std, n = learning_curve([a, b], points=3, window=1)
+    assert n == 2 and list(grid) == [50.0, 125.0, 200.0]  # from the latest first step to the earliest last one
+    assert np.allclose(mean, [(5.0 + 30) / 2, (12.5 + 30) / 2, (20.0 + 30) / 2])
+    assert np.allclose(std, [12.5, 8.75, 5.0])
+    grid, mean, _, _ = learning_curve([a], points=3, window=2)  # trailing mean over 2 episodes: 0, 5, 15
+    assert np.allclose(mean, [0.0, 5.0, 15.0])
