@@ -56,7 +56,8 @@ class Args:
     end_e: float = 0.05  # final exploration epsilon
     exploration_fraction: float = 0.1  # fraction of total_timesteps over which epsilon goes from start_e to end_e
     learning_starts: int = 1_000  # env steps before learning starts
-    train_frequency: int = 1  # env steps between gradient updates
+    train_frequency: int = 1  # vector-env steps between training phases
+    gradient_steps: int = 1  # gradient updates per training phase (SB3's gradient_steps)
 
 
 def fail(msg: str):
@@ -76,8 +77,8 @@ def check_args(args: Args):
         fail(f"dqn.py needs discrete actions but {args.env_id} has {act_space}; use sac_continuous.py or td3_continuous.py")
     if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) != 1:
         fail(f"dqn.py needs flat vector observations but {args.env_id} has {obs_space}; use dqn_atari.py for images")
-    if min(args.num_envs, args.batch_size, args.train_frequency, args.target_network_frequency) < 1 or args.eval_episodes < 0:
-        fail("--num-envs, --batch-size, --train-frequency, --target-network-frequency must be >= 1, --eval-episodes >= 0")
+    if min(args.num_envs, args.batch_size, args.train_frequency, args.gradient_steps, args.target_network_frequency) < 1 or args.eval_episodes < 0:
+        fail("--num-envs, --batch-size, --train-frequency, --gradient-steps, --target-network-frequency must be >= 1, --eval-episodes >= 0")
     if not (0.0 <= args.end_e <= args.start_e <= 1.0 and 0.0 < args.exploration_fraction <= 1.0 and 0.0 < args.tau <= 1.0):
         fail("need 0 <= --end-e <= --start-e <= 1, 0 < --exploration-fraction <= 1 and 0 < --tau <= 1")
     if args.batch_size > args.buffer_size or args.learning_starts < args.batch_size:
@@ -116,26 +117,28 @@ def td_target(target_q_next, rewards, terminated, gamma):
 
 
 class ReplayBuffer:
-    """Fixed-size ring buffer of tensors on the training device; state_dict() makes it checkpointable."""
+    """Fixed-size ring buffer in numpy (cheaper per step than tensor indexing on the CPU); a sampled minibatch is
+    moved to the training device in one go. state_dict() makes it checkpointable."""
 
-    def __init__(self, size, obs_dim, device):
-        self.size, self.pos, self.full = size, 0, False
-        self.obs = torch.zeros((size, obs_dim), device=device)
-        self.next_obs = torch.zeros((size, obs_dim), device=device)
-        self.actions = torch.zeros(size, dtype=torch.long, device=device)
-        self.rewards = torch.zeros(size, device=device)
-        self.terminated = torch.zeros(size, device=device)
+    def __init__(self, size, obs_dim, rng):
+        self.size, self.pos, self.full, self.rng = size, 0, False, rng
+        self.obs = np.zeros((size, obs_dim), dtype=np.float32)
+        self.next_obs = np.zeros((size, obs_dim), dtype=np.float32)
+        self.actions = np.zeros(size, dtype=np.int64)
+        self.rewards = np.zeros(size, dtype=np.float32)
+        self.terminated = np.zeros(size, dtype=np.float32)
 
     def add(self, obs, next_obs, actions, rewards, terminated):
-        idx = (self.pos + torch.arange(obs.shape[0])) % self.size
+        idx = (self.pos + np.arange(len(obs))) % self.size
         self.obs[idx], self.next_obs[idx], self.actions[idx] = obs, next_obs, actions
         self.rewards[idx], self.terminated[idx] = rewards, terminated
-        self.full = self.full or self.pos + obs.shape[0] >= self.size
-        self.pos = (self.pos + obs.shape[0]) % self.size
+        self.full = self.full or self.pos + len(obs) >= self.size
+        self.pos = (self.pos + len(obs)) % self.size
 
-    def sample(self, batch_size):
-        idx = torch.randint(0, self.size if self.full else self.pos, (batch_size,), device=self.obs.device)
-        return self.obs[idx], self.next_obs[idx], self.actions[idx], self.rewards[idx], self.terminated[idx]
+    def sample(self, batch_size, device):
+        idx = self.rng.integers(0, self.size if self.full else self.pos, batch_size)
+        return tuple(torch.as_tensor(x[idx], device=device)
+                     for x in (self.obs, self.next_obs, self.actions, self.rewards, self.terminated))
 
     def state_dict(self):
         return {k: getattr(self, k) for k in ("pos", "full", "obs", "next_obs", "actions", "rewards", "terminated")}
@@ -228,16 +231,18 @@ def main(args: Args):
     optimizer = torch.optim.Adam(q_network.parameters(), lr=args.learning_rate, fused=True)
     target_network = QNetwork(obs_dim, n_actions).to(device)
     target_network.load_state_dict(q_network.state_dict())
-    rb = ReplayBuffer(args.buffer_size, obs_dim, device)
+    rng = np.random.default_rng(args.seed)  # exploration and replay sampling
+    rb = ReplayBuffer(args.buffer_size, obs_dim, rng)
+    target_params, q_params = list(target_network.parameters()), list(q_network.parameters())
     num_iterations = args.total_timesteps // args.num_envs  # one iteration = one step of every env
     start_iteration = 0
     if args.resume:
         try:
             for obj, key in ((q_network, "q_network"), (target_network, "target_network"), (optimizer, "optimizer"), (rb, "rb")):
                 obj.load_state_dict(ckpt[key])
+            rng.bit_generator.state = ckpt["rng"]  # the only RNG used after seeding: envs are seeded on reset
         except Exception as e:
             fail(f"{ckpt_path} does not fit this network ({type(e).__name__}); delete it or start anew")
-        torch.set_rng_state(ckpt["torch_rng"])  # the only RNG used after seeding: envs are seeded on reset
         start_iteration = ckpt["iteration"]
     logger = RunLogger(args, run_dir)
 
@@ -245,31 +250,29 @@ def main(args: Args):
         torch.save({"args": asdict(args), "iteration": iteration, "global_step": iteration * args.num_envs,
                     "q_network": q_network.state_dict(),
                     "target_network": target_network.state_dict(), "optimizer": optimizer.state_dict(),
-                    "rb": rb.state_dict(), "torch_rng": torch.get_rng_state()},
+                    "rb": rb.state_dict(), "rng": rng.bit_generator.state},
                    run_dir / "checkpoint.tmp")
         os.replace(run_dir / "checkpoint.tmp", run_dir / "checkpoint.pt")  # never leave a half-written file
 
     global_step = start_iteration * args.num_envs
     obs, _ = envs.reset(seed=args.seed + global_step)  # a resumed run starts fresh episodes
-    obs = torch.as_tensor(obs, dtype=torch.float32, device=device)
     bar = tqdm(total=num_iterations * args.num_envs, initial=global_step, unit="step", mininterval=1.0)
     last_return, iteration, start_time, eval_seconds = float("nan"), start_iteration, time.time(), 0.0
     try:
         for iteration in range(start_iteration, num_iterations):
             epsilon = linear_schedule(args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps, global_step)
-            with torch.no_grad():
-                greedy = q_network(obs).argmax(dim=1)
-            explore = torch.rand(args.num_envs, device=device) < epsilon
-            actions = torch.where(explore, torch.randint(0, n_actions, (args.num_envs,), device=device), greedy)
-            next_obs_np, rewards, terminated, truncated, infos = envs.step(actions.cpu().numpy())
-            real_next_obs = next_obs_np.copy()
+            actions = rng.integers(0, n_actions, args.num_envs)
+            exploit = rng.random(args.num_envs) >= epsilon
+            if exploit.any():  # the network is only asked where it acts
+                with torch.no_grad():
+                    greedy = q_network(torch.as_tensor(obs, dtype=torch.float32, device=device)).argmax(dim=1).cpu().numpy()
+                actions = np.where(exploit, greedy, actions)
+            next_obs, rewards, terminated, truncated, infos = envs.step(actions)
+            real_next_obs = next_obs.copy()
             if "_final_obs" in infos:  # same-step autoreset: store the true last observation, not the reset one
                 for i in np.flatnonzero(infos["_final_obs"]):
                     real_next_obs[i] = infos["final_obs"][i]
-            next_obs = torch.as_tensor(next_obs_np, dtype=torch.float32, device=device)
-            rb.add(obs, torch.as_tensor(real_next_obs, dtype=torch.float32, device=device), actions,
-                   torch.as_tensor(rewards, dtype=torch.float32, device=device),
-                   torch.as_tensor(terminated, dtype=torch.float32, device=device))
+            rb.add(obs, real_next_obs, actions, rewards, terminated)
             obs = next_obs
             global_step += args.num_envs
             if "_episode" in infos:  # every finished episode of every sub-env
@@ -282,23 +285,24 @@ def main(args: Args):
                 if iteration % args.train_frequency == 0:
                     if args.anneal_lr:
                         optimizer.param_groups[0]["lr"] = args.learning_rate * (1.0 - iteration / num_iterations)
-                    b_obs, b_next_obs, b_actions, b_rewards, b_terminated = rb.sample(args.batch_size)
-                    with torch.no_grad():
-                        target = td_target(target_network(b_next_obs), b_rewards, b_terminated, args.gamma)
-                    q_pred = q_network(b_obs).gather(1, b_actions.unsqueeze(1)).squeeze(1)
-                    loss = F.mse_loss(q_pred, target)
-                    optimizer.zero_grad()
-                    loss.backward()
-                    optimizer.step()
-                    if iteration % (100 * args.train_frequency) == 0:  # every 100 updates
+                    for _ in range(args.gradient_steps):
+                        b_obs, b_next_obs, b_actions, b_rewards, b_terminated = rb.sample(args.batch_size, device)
+                        with torch.no_grad():
+                            target = td_target(target_network(b_next_obs), b_rewards, b_terminated, args.gamma)
+                        q_pred = q_network(b_obs).gather(1, b_actions.unsqueeze(1)).squeeze(1)
+                        loss = F.mse_loss(q_pred, target)
+                        optimizer.zero_grad()
+                        loss.backward()
+                        optimizer.step()
+                    if (iteration // args.train_frequency) % max(1, 100 // args.gradient_steps) == 0:  # every ~100 updates
                         sps = int((global_step - start_iteration * args.num_envs) / (time.time() - start_time - eval_seconds))
                         logger.log(global_step, {"losses/td_loss": loss.item(), "losses/q_values": q_pred.mean().item(),
                                                  "charts/epsilon": epsilon, "charts/sps": sps,
                                                  "charts/learning_rate": optimizer.param_groups[0]["lr"]})
                         bar.set_postfix(sps=sps, ret=f"{last_return:.1f}", refresh=False)
                 if iteration % max(1, args.target_network_frequency // args.num_envs) == 0:
-                    for tp, p in zip(target_network.parameters(), q_network.parameters()):
-                        tp.data.lerp_(p.data, args.tau)
+                    with torch.no_grad():  # target <- tau * online + (1 - tau) * target, all tensors in one call
+                        torch._foreach_lerp_(target_params, q_params, args.tau)
             bar.update(args.num_envs)
             if args.eval_every and iteration + 1 < num_iterations and global_step % args.eval_every < args.num_envs:
                 train_seconds = time.time() - start_time - eval_seconds  # evaluation time is not training time

@@ -54,7 +54,7 @@ def ppo_same(a) -> tuple[int, dict]:
 
 
 def dqn_same(a) -> tuple[int, dict]:
-    """dqn.py's Args -> (n_envs, SB3 DQN kwargs) with the same hyperparameters (one gradient step every
+    """dqn.py's Args -> (n_envs, SB3 DQN kwargs) with the same hyperparameters (gradient_steps updates every
     train_frequency vector steps, target update every target_network_frequency env steps, as ours)."""
     import torch.nn as nn
     net = load_script("dqn.py").QNetwork(4, 2)  # the network as the script builds it now
@@ -63,7 +63,7 @@ def dqn_same(a) -> tuple[int, dict]:
     return a.num_envs, dict(
         learning_rate={"linear": a.learning_rate} if a.anneal_lr else a.learning_rate, buffer_size=a.buffer_size,
         learning_starts=a.learning_starts, batch_size=a.batch_size, tau=a.tau, gamma=a.gamma,
-        train_freq=a.train_frequency, gradient_steps=1, target_update_interval=a.target_network_frequency,
+        train_freq=a.train_frequency, gradient_steps=a.gradient_steps, target_update_interval=a.target_network_frequency,
         exploration_fraction=a.exploration_fraction, exploration_initial_eps=a.start_e,
         exploration_final_eps=a.end_e, policy_kwargs={"net_arch": sizes, "activation_fn": activation})
 
