@@ -49,8 +49,9 @@ def test_track_offline_wandb(tmp_path):
 def test_ctrl_c_keeps_metrics_and_resume_continues(smoke_script, tmp_path):
     run_dir = tmp_path / "run"
     flags = SMOKE[smoke_script] + ["--total-timesteps", "30000", "--checkpoint-every", "1000000"]
+    # SIG_DFL: a shell that starts CI in the background leaves SIGINT ignored, and Python would keep ignoring it
     proc = subprocess.Popen(script_command(smoke_script, flags, run_dir), env=run_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 60
     while time.time() < deadline:  # wait until training has logged losses, then press Ctrl-C
         if (run_dir / "metrics.csv").exists() and "losses/" in (run_dir / "metrics.csv").read_text():
