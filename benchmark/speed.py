@@ -100,8 +100,9 @@ ENTRIES = [
                             exploration_fraction=0.16, exploration_final_eps=0.04,
                             policy_kwargs={"net_arch": [256, 256]})),
           sb3_budget=50_000, goal="half_sb3_median",
-          # our CartPole settings for speed to 475 (as rl-zoo's are SB3's): 8-22k steps on seeds 1-10, but the final
+          # our CartPole settings for speed to 475 (as rl-zoo's are SB3's): 8-25k steps on seeds 1-10, but the final
           # evaluation at 100k is less stable than with the defaults (one seed in ten at 462), so not the defaults
+          # (benchmark/reports/cartpole-sweeps-cpu-2026-11-22.md)
           ours_flags=["--learning-rate", "2.3e-3", "--batch-size", "128", "--train-frequency", "32",
                       "--gradient-steps", "8", "--tau", "1.0", "--target-network-frequency", "10",
                       "--exploration-fraction", "0.08", "--end-e", "0.04"],
