@@ -8,7 +8,8 @@ benchmark/references.toml): one update per step, soft target updates (tau 0.005,
 the learning rate annealed linearly to zero; with hard target copies every 100-500 steps, 1-in-3 seeds ended
 with a greedy policy that drifts off the track (evaluation 220-430) although training returns were high.
 Fastest to a 5-episode greedy evaluation of 475 that we found (8-25k steps on seeds 1-10, 2-8 s here; the
-defaults need 6-41k steps) but with a less stable final evaluation at 100k (one seed in ten at 462), so not the default:
+defaults need 6-41k steps), not the default because its final evaluation at 100k is less stable (one seed in
+ten at 462):
 `--learning-rate 2.3e-3 --batch-size 128 --train-frequency 32 --gradient-steps 8 --tau 1.0
 --target-network-frequency 10 --exploration-fraction 0.08 --end-e 0.04` (benchmark/speed.py uses it).
 

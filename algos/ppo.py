@@ -6,7 +6,8 @@ orthogonal init, GAE, clipped surrogate, advantage normalisation, global gradien
 This variant: vector env with same-step autoreset; time-limit truncation is bootstrapped with V(final_obs);
 defaults are rl-zoo's CartPole-v1 settings (8 envs x 32 steps, 20 epochs, lr and clip annealed) but a learning
 rate of 2e-3 (rl-zoo: 1e-3), which first reached a 5-episode greedy evaluation of 475 after 4-14k steps on seeds
-1-8 (1e-3: 10-25k; benchmark/reports/cartpole-sweeps-cpu-2026-11-22.md). Rollouts are kept in numpy and actions sampled there: torch's per-op overhead dominates here.
+1-8 (1e-3: 10-25k; benchmark/reports/cartpole-sweeps-cpu-2026-11-22.md). Rollouts are kept in numpy and
+actions sampled there: on a CPU, torch's per-op overhead dominates networks this small.
 
 Run:    python algos/ppo.py --env-id CartPole-v1 --seed 1
 Result: CartPole-v1, 100k steps, final 10-episode greedy evaluation 500 on seeds 1-3 (see
