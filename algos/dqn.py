@@ -82,8 +82,10 @@ def check_args(args: Args):
         fail(f"dqn.py needs discrete actions but {args.env_id} has {act_space}; use sac_continuous.py or td3_continuous.py")
     if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) != 1:
         fail(f"dqn.py needs flat vector observations but {args.env_id} has {obs_space}; use dqn_atari.py for images")
-    if min(args.num_envs, args.batch_size, args.train_frequency, args.gradient_steps, args.target_network_frequency) < 1 or args.eval_episodes < 0:
-        fail("--num-envs, --batch-size, --train-frequency, --gradient-steps, --target-network-frequency must be >= 1, --eval-episodes >= 0")
+    counts = (args.num_envs, args.batch_size, args.train_frequency, args.gradient_steps, args.target_network_frequency)
+    if min(counts) < 1 or args.eval_episodes < 0:
+        fail("--num-envs, --batch-size, --train-frequency, --gradient-steps, --target-network-frequency must be >= 1, "
+             "--eval-episodes >= 0")
     if not (0.0 <= args.end_e <= args.start_e <= 1.0 and 0.0 < args.exploration_fraction <= 1.0 and 0.0 < args.tau <= 1.0):
         fail("need 0 <= --end-e <= --start-e <= 1, 0 < --exploration-fraction <= 1 and 0 < --tau <= 1")
     if args.batch_size > args.buffer_size or args.learning_starts < args.batch_size:
