@@ -12,6 +12,9 @@ defaults need 6-41k steps), not the default because its final evaluation at 100k
 ten at 462):
 `--learning-rate 2.3e-3 --batch-size 128 --train-frequency 32 --gradient-steps 8 --tau 1.0
 --target-network-frequency 10 --exploration-fraction 0.08 --end-e 0.04` (benchmark/speed.py uses it).
+Speed: on a CPU, torch's per-op overhead, not arithmetic, dominates networks this small, so the script saves ops:
+the replay buffer is one numpy array of packed rows (a minibatch is one index and one copy), and the weights of
+each network live in one flat tensor (one Adam op, one op for the soft target update; see flat_parameters).
 
 Run:    python algos/dqn.py --env-id CartPole-v1 --seed 1
 Result: CartPole-v1, 100k steps, final 10-episode greedy evaluation >= 475 on seeds 1-3 (see
@@ -104,13 +107,30 @@ def make_env(env_id, idx, capture_video, run_dir):
 
 
 class QNetwork(nn.Module):
+    """obs -> 120 -> 84 -> one Q-value per action, ReLU (CleanRL's network)."""
+
     def __init__(self, obs_dim: int, n_actions: int):
         super().__init__()
-        self.network = nn.Sequential(nn.Linear(obs_dim, 120), nn.ReLU(), nn.Linear(120, 84), nn.ReLU(),
-                                     nn.Linear(84, n_actions))
+        self.fc1, self.fc2, self.fc3 = nn.Linear(obs_dim, 120), nn.Linear(120, 84), nn.Linear(84, n_actions)
 
-    def forward(self, x):
-        return self.network(x)
+    def forward(self, x):  # plain calls rather than an nn.Sequential of six modules: each module call costs µs
+        return self.fc3(F.relu(self.fc2(F.relu(self.fc1(x)))))
+
+
+def flat_parameters(module: nn.Module):
+    """Make the parameters of `module` views into one flat tensor, and their gradients views into a second one; return
+    the first as a Parameter whose .grad is the second. Adam, zeroing the gradients and the target update are then
+    one op each instead of one per tensor (an op costs 5-10 µs on a CPU; an update about 0.5 ms). Backward still
+    fills each parameter's .grad, in place; zero them with flat.grad.zero_(), never optimizer.zero_grad()."""
+    params = list(module.parameters())
+    flat = torch.cat([p.detach().reshape(-1) for p in params])
+    grad, offset = torch.zeros_like(flat), 0
+    for p in params:
+        p.data, p.grad = flat[offset:offset + p.numel()].view_as(p), grad[offset:offset + p.numel()].view_as(p)
+        offset += p.numel()
+    flat = nn.Parameter(flat)
+    flat.grad = grad
+    return flat
 
 
 def linear_schedule(start_e: float, end_e: float, duration: int, t: int):
@@ -124,31 +144,28 @@ def td_target(target_q_next, rewards, terminated, gamma):
 
 
 class ReplayBuffer:
-    """Fixed-size ring buffer in numpy (cheaper per step than tensor indexing on the CPU); a sampled minibatch is
-    moved to the training device in one go. state_dict() makes it checkpointable."""
+    """Fixed-size ring buffer in numpy. A transition is one float32 row [obs, next_obs, action, reward, terminated], so
+    that a minibatch is one fancy index and one copy to the device: on a CPU the number of ops, not bytes, sets the
+    cost. state_dict() makes it checkpointable."""
 
     def __init__(self, size, obs_dim, rng):
-        self.size, self.pos, self.full, self.rng = size, 0, False, rng
-        self.obs = np.zeros((size, obs_dim), dtype=np.float32)
-        self.next_obs = np.zeros((size, obs_dim), dtype=np.float32)
-        self.actions = np.zeros(size, dtype=np.int64)
-        self.rewards = np.zeros(size, dtype=np.float32)
-        self.terminated = np.zeros(size, dtype=np.float32)
+        self.size, self.pos, self.full, self.rng, self.obs_dim = size, 0, False, rng, obs_dim
+        self.rows = np.zeros((size, 2 * obs_dim + 3), dtype=np.float32)
 
     def add(self, obs, next_obs, actions, rewards, terminated):
         idx = (self.pos + np.arange(len(obs))) % self.size
-        self.obs[idx], self.next_obs[idx], self.actions[idx] = obs, next_obs, actions
-        self.rewards[idx], self.terminated[idx] = rewards, terminated
+        self.rows[idx] = np.concatenate([obs, next_obs, np.stack([actions, rewards, terminated], axis=1)], axis=1)
         self.full = self.full or self.pos + len(obs) >= self.size
         self.pos = (self.pos + len(obs)) % self.size
 
     def sample(self, batch_size, device):
+        """(obs, next_obs, actions, rewards, terminated) of a uniform minibatch, as tensors on `device`."""
         idx = self.rng.integers(0, self.size if self.full else self.pos, batch_size)
-        return tuple(torch.as_tensor(x[idx], device=device)
-                     for x in (self.obs, self.next_obs, self.actions, self.rewards, self.terminated))
+        b, d = torch.as_tensor(self.rows[idx], device=device), self.obs_dim
+        return b[:, :d], b[:, d:2 * d], b[:, 2 * d].long(), b[:, 2 * d + 1], b[:, 2 * d + 2]
 
     def state_dict(self):
-        return {k: getattr(self, k) for k in ("pos", "full", "obs", "next_obs", "actions", "rewards", "terminated")}
+        return {k: getattr(self, k) for k in ("pos", "full", "rows")}
 
     def load_state_dict(self, state):
         for k, v in state.items():
@@ -232,15 +249,14 @@ def main(args: Args):
 
     envs = gym.vector.SyncVectorEnv([make_env(args.env_id, i, args.capture_video, run_dir) for i in range(args.num_envs)],
                                     autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
-    envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)
     obs_dim, n_actions = envs.single_observation_space.shape[0], int(envs.single_action_space.n)
     q_network = QNetwork(obs_dim, n_actions).to(device)
-    optimizer = torch.optim.Adam(q_network.parameters(), lr=args.learning_rate, fused=True)
     target_network = QNetwork(obs_dim, n_actions).to(device)
     target_network.load_state_dict(q_network.state_dict())
+    flat, target_flat = flat_parameters(q_network), flat_parameters(target_network).detach()  # the weights as views
+    optimizer = torch.optim.Adam([flat], lr=args.learning_rate, fused=True)
     rng = np.random.default_rng(args.seed)  # exploration and replay sampling
     rb = ReplayBuffer(args.buffer_size, obs_dim, rng)
-    target_params, q_params = list(target_network.parameters()), list(q_network.parameters())
     num_iterations = args.total_timesteps // args.num_envs  # one iteration = one step of every env
     start_iteration = 0
     if args.resume:
@@ -263,6 +279,7 @@ def main(args: Args):
 
     global_step = start_iteration * args.num_envs
     obs, _ = envs.reset(seed=args.seed + global_step)  # a resumed run starts fresh episodes
+    episode_return, episode_length = np.zeros(args.num_envs), np.zeros(args.num_envs, dtype=np.int64)
     bar = tqdm(total=num_iterations * args.num_envs, initial=global_step, unit="step", mininterval=1.0)
     last_return, iteration, start_time, eval_seconds = float("nan"), start_iteration, time.time(), 0.0
     try:
@@ -282,11 +299,13 @@ def main(args: Args):
             rb.add(obs, real_next_obs, actions, rewards, terminated)
             obs = next_obs
             global_step += args.num_envs
-            if "_episode" in infos:  # every finished episode of every sub-env
-                for i in np.flatnonzero(infos["_episode"]):
-                    last_return = float(infos["episode"]["r"][i])
-                    logger.log(global_step, {"train/episodic_return": last_return,
-                                             "train/episodic_length": int(infos["episode"]["l"][i])})
+            episode_return += rewards
+            episode_length += 1
+            for i in np.flatnonzero(terminated | truncated):  # every finished episode of every sub-env
+                last_return = float(episode_return[i])
+                logger.log(global_step, {"train/episodic_return": last_return,
+                                         "train/episodic_length": int(episode_length[i])})
+                episode_return[i], episode_length[i] = 0.0, 0
 
             if global_step > args.learning_starts:
                 if iteration % args.train_frequency == 0:
@@ -298,7 +317,7 @@ def main(args: Args):
                             target = td_target(target_network(b_next_obs), b_rewards, b_terminated, args.gamma)
                         q_pred = q_network(b_obs).gather(1, b_actions.unsqueeze(1)).squeeze(1)
                         loss = F.mse_loss(q_pred, target)
-                        optimizer.zero_grad()
+                        flat.grad.zero_()
                         loss.backward()
                         optimizer.step()
                     if (iteration // args.train_frequency) % max(1, 100 // args.gradient_steps) == 0:  # every ~100 updates
@@ -308,8 +327,8 @@ def main(args: Args):
                                                  "charts/learning_rate": optimizer.param_groups[0]["lr"]})
                         bar.set_postfix(sps=sps, ret=f"{last_return:.1f}", refresh=False)
                 if iteration % max(1, args.target_network_frequency // args.num_envs) == 0:
-                    with torch.no_grad():  # target <- tau * online + (1 - tau) * target, all tensors in one call
-                        torch._foreach_lerp_(target_params, q_params, args.tau)
+                    with torch.no_grad():  # target <- tau * online + (1 - tau) * target, all weights in one op
+                        target_flat.lerp_(flat, args.tau)
             bar.update(args.num_envs)
             if args.eval_every and iteration + 1 < num_iterations and global_step % args.eval_every < args.num_envs:
                 train_seconds = time.time() - start_time - eval_seconds  # evaluation time is not training time

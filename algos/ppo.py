@@ -6,8 +6,10 @@ orthogonal init, GAE, clipped surrogate, advantage normalisation, global gradien
 This variant: vector env with same-step autoreset; time-limit truncation is bootstrapped with V(final_obs);
 defaults are rl-zoo's CartPole-v1 settings (8 envs x 32 steps, 20 epochs, lr and clip annealed) but a learning
 rate of 2e-3 (rl-zoo: 1e-3), which first reached a 5-episode greedy evaluation of 475 after 4-14k steps on seeds
-1-8 (1e-3: 10-25k; benchmark/reports/cartpole-sweeps-cpu-2026-11-22.md). Rollouts are kept in numpy and
-actions sampled there: on a CPU, torch's per-op overhead dominates networks this small.
+1-8 (1e-3: 10-25k; benchmark/reports/cartpole-sweeps-cpu-2026-11-22.md).
+Speed: on a CPU, torch's per-op overhead, not arithmetic, dominates networks this small, so the script saves ops:
+rollouts stay in numpy and actions are sampled there, actor and critic run their hidden layers as one batched
+matmul each, and all weights live in one flat tensor (one Adam op, one gradient norm; see flat_parameters).
 
 Run:    python algos/ppo.py --env-id CartPole-v1 --seed 1
 Result: CartPole-v1, 100k steps, final 10-episode greedy evaluation 500 on seeds 1-3 (see
@@ -102,30 +104,57 @@ def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
 
 
 class Agent(nn.Module):
-    def __init__(self, obs_dim: int, n_actions: int):
+    """Separate actor and critic MLPs, obs -> 64 -> 64 (tanh) -> logits / value, as in SB3 and CleanRL. Their two
+    hidden layers are stored stacked, [0] critic and [1] actor, so that each layer of both networks is one batched
+    matmul: on a CPU, networks this small cost per op, not per FLOP. Weights are (in, out) for baddbmm."""
+
+    def __init__(self, obs_dim: int, n_actions: int, hidden: int = 64):
         super().__init__()
-        self.critic = nn.Sequential(layer_init(nn.Linear(obs_dim, 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)),
-                                    nn.Tanh(), layer_init(nn.Linear(64, 1), std=1.0))
-        self.actor = nn.Sequential(layer_init(nn.Linear(obs_dim, 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)),
-                                   nn.Tanh(), layer_init(nn.Linear(64, n_actions), std=0.01))
+        self.w1, self.w2 = (nn.Parameter(torch.empty(2, n_in, hidden)) for n_in in (obs_dim, hidden))
+        self.b1, self.b2 = (nn.Parameter(torch.zeros(2, 1, hidden)) for _ in range(2))
+        for w in (self.w1, self.w2):
+            for net in range(2):
+                nn.init.orthogonal_(w.data[net].T, np.sqrt(2))  # as layer_init on an nn.Linear(n_in, hidden)
+        self.critic_head = layer_init(nn.Linear(hidden, 1), std=1.0)
+        self.actor_head = layer_init(nn.Linear(hidden, n_actions), std=0.01)
 
-    def get_value(self, x):
-        return self.critic(x).squeeze(-1)
+    def forward(self, x):
+        """Logits and values of a batch of observations (batch, obs_dim)."""
+        h = torch.tanh(torch.baddbmm(self.b1, x.expand(2, -1, -1), self.w1))
+        h = torch.tanh(torch.baddbmm(self.b2, h, self.w2))
+        return self.actor_head(h[1]), self.critic_head(h[0]).squeeze(-1)
 
-    def get_action(self, x, rng):
-        """Sample actions and their log-probabilities as numpy arrays, for the envs. The rollout needs only the
-        actor (values are computed for the whole batch after it); sampling by inverse CDF in numpy costs a
-        third of torch.multinomial's per-call overhead on a handful of envs."""
-        logp_all = torch.log_softmax(self.actor(x), dim=-1).cpu().numpy()
+    def get_action_and_value(self, x, rng):
+        """Sample actions; return them, their log-probabilities and the values as numpy arrays, for the rollout.
+        Sampling by inverse CDF in numpy costs a third of torch.multinomial's per-call overhead on a few envs."""
+        logits, value = self(x)
+        logp_all = torch.log_softmax(logits, dim=-1).cpu().numpy()
         action = (np.exp(logp_all).cumsum(1) < rng.random((len(logp_all), 1))).sum(1)
         action = np.minimum(action, logp_all.shape[1] - 1)  # the cumsum may end a rounding error below 1
-        return action, logp_all[np.arange(len(action)), action]
+        return action, logp_all[np.arange(len(action)), action], value.cpu().numpy()
 
     def evaluate_actions(self, x, action, with_entropy):
         """Log-probability and (if asked) entropy of the given actions, and the value (the update)."""
-        logp_all = torch.log_softmax(self.actor(x), dim=-1)
+        logits, value = self(x)
+        logp_all = torch.log_softmax(logits, dim=-1)
         entropy = -(logp_all.exp() * logp_all).sum(-1) if with_entropy else None
-        return logp_all.gather(-1, action.unsqueeze(-1)).squeeze(-1), entropy, self.get_value(x)
+        return logp_all.gather(-1, action.unsqueeze(-1)).squeeze(-1), entropy, value
+
+
+def flat_parameters(module: nn.Module):
+    """Make the parameters of `module` views into one flat tensor, and their gradients views into a second one; return
+    the first as a Parameter whose .grad is the second. Adam, the gradient norm and zeroing the gradients are then one
+    op each instead of one per tensor (an op costs 5-10 µs on a CPU; the whole update about 1 ms). Backward still
+    fills each parameter's .grad, in place; zero them with flat.grad.zero_(), never optimizer.zero_grad()."""
+    params = list(module.parameters())
+    flat = torch.cat([p.detach().reshape(-1) for p in params])
+    grad, offset = torch.zeros_like(flat), 0
+    for p in params:
+        p.data, p.grad = flat[offset:offset + p.numel()].view_as(p), grad[offset:offset + p.numel()].view_as(p)
+        offset += p.numel()
+    flat = nn.Parameter(flat)
+    flat.grad = grad
+    return flat
 
 
 def compute_gae(rewards, values, dones, next_value, gamma, gae_lambda):
@@ -159,7 +188,9 @@ def ppo_loss(agent, obs, actions, old_logprobs, advantages, returns, clip_coef, 
     ratio = logratio.exp()
     pg_loss = -torch.min(advantages * ratio, advantages * ratio.clamp(1 - clip_coef, 1 + clip_coef)).mean()
     v_loss = 0.5 * F.mse_loss(value, returns)
-    loss = pg_loss + vf_coef * v_loss - (ent_coef * entropy.mean() if ent_coef else 0.0)
+    loss = pg_loss + vf_coef * v_loss
+    if ent_coef:
+        loss = loss - ent_coef * entropy.mean()
     if not with_stats:
         return loss, None
     with torch.no_grad():  # "approx_kl" of Schulman's blog, k3 estimator
@@ -176,7 +207,7 @@ def evaluate(agent, env_id, episodes, seed, device="cpu"):
         obs, _ = env.reset(seed=seed + ep)
         done, total = False, 0.0
         while not done:
-            logits = agent.actor(torch.as_tensor(obs, dtype=torch.float32, device=device))
+            logits, _ = agent(torch.as_tensor(obs, dtype=torch.float32, device=device)[None])
             obs, reward, terminated, truncated, _ = env.step(int(logits.argmax()))
             total, done = total + float(reward), terminated or truncated
         returns.append(total)
@@ -245,9 +276,9 @@ def main(args: Args):
 
     envs = gym.vector.SyncVectorEnv([make_env(args.env_id, i, args.capture_video, run_dir) for i in range(args.num_envs)],
                                     autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
-    envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)
     agent = Agent(envs.single_observation_space.shape[0], envs.single_action_space.n).to(device)
-    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
+    flat = flat_parameters(agent)  # agent's parameters and gradients as views into `flat` and `flat.grad`
+    optimizer = torch.optim.Adam([flat], lr=args.learning_rate, eps=1e-5, fused=True)
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = args.total_timesteps // batch_size
@@ -266,7 +297,7 @@ def main(args: Args):
 
     @torch.no_grad()
     def value_fn(obs_np):
-        return agent.get_value(torch.as_tensor(obs_np, dtype=torch.float32, device=device)).cpu().numpy()
+        return agent(torch.as_tensor(obs_np, dtype=torch.float32, device=device))[1].cpu().numpy()
 
     def save_checkpoint(iteration):
         torch.save({"args": asdict(args), "iteration": iteration, "global_step": iteration * batch_size,
@@ -277,10 +308,11 @@ def main(args: Args):
 
     # the rollout is kept in numpy (what the envs return) and moved to the device once per iteration
     obs_buf = np.zeros((args.num_steps, args.num_envs) + envs.single_observation_space.shape, dtype=np.float32)
-    rewards, dones, logprobs = (np.zeros((args.num_steps, args.num_envs), dtype=np.float32) for _ in range(3))
+    rewards, dones, logprobs, values = (np.zeros((args.num_steps, args.num_envs), dtype=np.float32) for _ in range(4))
     actions = np.zeros((args.num_steps, args.num_envs), dtype=np.int64)
     global_step = (start_iteration - 1) * batch_size
     next_obs, _ = envs.reset(seed=args.seed + global_step)  # a resumed run starts fresh episodes
+    episode_return, episode_length = np.zeros(args.num_envs), np.zeros(args.num_envs, dtype=np.int64)
     bar = tqdm(total=num_iterations * batch_size, initial=global_step, unit="step", mininterval=1.0)
     last_return, iteration, start_time, eval_seconds = float("nan"), start_iteration - 1, time.time(), 0.0
     try:
@@ -291,22 +323,23 @@ def main(args: Args):
             for step in range(args.num_steps):
                 obs_buf[step] = next_obs
                 with torch.no_grad():
-                    actions[step], logprobs[step] = agent.get_action(torch.as_tensor(obs_buf[step], device=device), rng)
+                    actions[step], logprobs[step], values[step] = agent.get_action_and_value(
+                        torch.as_tensor(obs_buf[step], device=device), rng)
                 next_obs, reward, terminated, truncated, infos = envs.step(actions[step])
+                done = terminated | truncated
+                episode_return += reward
+                episode_length += 1
                 if truncated.any():
                     reward = bootstrap_time_limits(reward, terminated, truncated, infos, value_fn, args.gamma)
-                rewards[step], dones[step] = reward, terminated | truncated
+                rewards[step], dones[step] = reward, done
                 global_step += args.num_envs
-                if "_episode" in infos:  # every finished episode of every sub-env
-                    for i in np.flatnonzero(infos["_episode"]):
-                        last_return = float(infos["episode"]["r"][i])
-                        logger.log(global_step, {"train/episodic_return": last_return,
-                                                 "train/episodic_length": int(infos["episode"]["l"][i])})
+                for i in np.flatnonzero(done):  # every finished episode of every sub-env
+                    last_return = float(episode_return[i])
+                    logger.log(global_step, {"train/episodic_return": last_return,
+                                             "train/episodic_length": int(episode_length[i])})
+                    episode_return[i], episode_length[i] = 0.0, 0
 
-            # V(s_t) of the whole rollout and of the next observation in one call (the weights did not change)
-            values = value_fn(np.concatenate([obs_buf.reshape(batch_size, -1), next_obs]))
-            next_value, values = values[batch_size:], values[:batch_size].reshape(args.num_steps, args.num_envs)
-            advantages, returns = compute_gae(rewards, values, dones, next_value, args.gamma, args.gae_lambda)
+            advantages, returns = compute_gae(rewards, values, dones, value_fn(next_obs), args.gamma, args.gae_lambda)
             b_obs = torch.as_tensor(obs_buf, device=device).reshape((batch_size,) + envs.single_observation_space.shape)
             b_actions, b_logprobs, b_advantages, b_returns, b_values = (
                 torch.as_tensor(x, device=device).reshape(-1) for x in (actions, logprobs, advantages, returns, values))
@@ -316,12 +349,14 @@ def main(args: Args):
                     mb = perm[start:start + minibatch_size] if perm is not None else slice(None)  # one: whole batch
                     mb_adv = b_advantages[mb]
                     mb_adv = (mb_adv - mb_adv.mean()) / (mb_adv.std() + 1e-8)
-                    last = start + minibatch_size == batch_size
+                    # statistics of the epoch's last minibatch: every epoch for target_kl, else the last epoch's
+                    last = start + minibatch_size == batch_size and (
+                        args.target_kl is not None or epoch == args.update_epochs - 1)
                     loss, stats = ppo_loss(agent, b_obs[mb], b_actions[mb], b_logprobs[mb], mb_adv, b_returns[mb],
                                            clip_coef, args.ent_coef, args.vf_coef, with_stats=last)
-                    optimizer.zero_grad()
+                    flat.grad.zero_()
                     loss.backward()
-                    nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+                    flat.grad.mul_(torch.clamp(args.max_grad_norm / (flat.grad.norm() + 1e-6), max=1.0))  # clip_grad_norm_
                     optimizer.step()
                 if args.target_kl is not None and stats[3] > args.target_kl:
                     break

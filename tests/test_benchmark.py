@@ -5,6 +5,7 @@ import os
 
 import numpy as np
 import pytest
+import torch
 
 from benchmark import run as bench
 from benchmark import speed, stats
@@ -218,7 +219,14 @@ def test_speed_maps_our_defaults_onto_sb3():
     assert (n_envs, kw["batch_size"], kw["train_freq"], kw["gradient_steps"]) == (d.num_envs, d.batch_size,
                                                                                  d.train_frequency, 1)
     assert kw["target_update_interval"] == d.target_network_frequency and kw["buffer_size"] == d.buffer_size
-    assert len(kw["policy_kwargs"]["net_arch"]) >= 1
+    # the network SB3 is given computes what dqn.py's does: its Linear layers with the stated activation between
+    net = load_script("dqn.py").QNetwork(4, 2)
+    layers = [m for m in net.modules() if isinstance(m, torch.nn.Linear)]
+    assert [m.out_features for m in layers[:-1]] == kw["policy_kwargs"]["net_arch"]
+    x = h = torch.randn(16, 4)
+    for layer in layers[:-1]:
+        h = getattr(torch.nn, kw["policy_kwargs"]["activation_fn"])()(layer(h))
+    assert torch.allclose(net(x), layers[-1](h))
     sched = speed._sb3_kwargs({"learning_rate": {"linear": 1e-3}})["learning_rate"]
     assert sched(1.0) == pytest.approx(1e-3) and sched(0.5) == pytest.approx(5e-4)
 
