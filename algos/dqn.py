@@ -140,7 +140,7 @@ def linear_schedule(start_e: float, end_e: float, duration: int, t: int):
 def td_target(target_q_next, rewards, terminated, gamma):
     """One-step Q-learning target r + gamma * max_a' Q_target(s', a') (Nature DQN, Algorithm 1); only
     termination stops the bootstrap: a time-limit truncation still has a future."""
-    return rewards + gamma * target_q_next.max(dim=1).values * (1.0 - terminated)
+    return torch.addcmul(rewards, target_q_next.amax(dim=1), 1.0 - terminated, value=gamma)  # 3 ops, not 5
 
 
 class ReplayBuffer:

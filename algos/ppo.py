@@ -8,8 +8,9 @@ defaults are rl-zoo's CartPole-v1 settings (8 envs x 32 steps, 20 epochs, lr and
 rate of 2e-3 (rl-zoo: 1e-3), which first reached a 5-episode greedy evaluation of 475 after 4-14k steps on seeds
 1-8 (1e-3: 10-25k; benchmark/reports/cartpole-sweeps-cpu-2026-11-22.md).
 Speed: on a CPU, torch's per-op overhead, not arithmetic, dominates networks this small, so the script saves ops:
-rollouts stay in numpy and actions are sampled there, actor and critic run their hidden layers as one batched
-matmul each, and all weights live in one flat tensor (one Adam op, one gradient norm; see flat_parameters).
+rollouts stay in numpy and actions are sampled there (from the actor alone), the update runs each hidden layer of
+actor and critic together as one batched matmul, and all weights live in one flat tensor (one Adam op, one
+gradient norm; see flat_parameters).
 
 Run:    python algos/ppo.py --env-id CartPole-v1 --seed 1
 Result: CartPole-v1, 100k steps, final 10-episode greedy evaluation 500 on seeds 1-3 (see
@@ -124,14 +125,18 @@ class Agent(nn.Module):
         h = torch.tanh(torch.baddbmm(self.b2, h, self.w2))
         return self.actor_head(h[1]), self.critic_head(h[0]).squeeze(-1)
 
-    def get_action_and_value(self, x, rng):
-        """Sample actions; return them, their log-probabilities and the values as numpy arrays, for the rollout.
-        Sampling by inverse CDF in numpy costs a third of torch.multinomial's per-call overhead on a few envs."""
-        logits, value = self(x)
-        logp_all = torch.log_softmax(logits, dim=-1).cpu().numpy()
+    def actor(self, x):
+        """Logits only, from the actor's halves of the stacked layers as plain matmuls (faster on a few rows)."""
+        h = torch.tanh(torch.addmm(self.b1[1], x, self.w1[1]))
+        return self.actor_head(torch.tanh(torch.addmm(self.b2[1], h, self.w2[1])))
+
+    def get_action(self, x, rng):
+        """Sample actions; return them and their log-probabilities as numpy arrays, for the rollout. Sampling by
+        inverse CDF in numpy costs a third of torch.multinomial's per-call overhead on a few envs."""
+        logp_all = torch.log_softmax(self.actor(x), dim=-1).cpu().numpy()
         action = (np.exp(logp_all).cumsum(1) < rng.random((len(logp_all), 1))).sum(1)
         action = np.minimum(action, logp_all.shape[1] - 1)  # the cumsum may end a rounding error below 1
-        return action, logp_all[np.arange(len(action)), action], value.cpu().numpy()
+        return action, logp_all[np.arange(len(action)), action]
 
     def evaluate_actions(self, x, action, with_entropy):
         """Log-probability and (if asked) entropy of the given actions, and the value (the update)."""
@@ -207,7 +212,7 @@ def evaluate(agent, env_id, episodes, seed, device="cpu"):
         obs, _ = env.reset(seed=seed + ep)
         done, total = False, 0.0
         while not done:
-            logits, _ = agent(torch.as_tensor(obs, dtype=torch.float32, device=device)[None])
+            logits = agent.actor(torch.as_tensor(obs, dtype=torch.float32, device=device)[None])
             obs, reward, terminated, truncated, _ = env.step(int(logits.argmax()))
             total, done = total + float(reward), terminated or truncated
         returns.append(total)
@@ -308,7 +313,7 @@ def main(args: Args):
 
     # the rollout is kept in numpy (what the envs return) and moved to the device once per iteration
     obs_buf = np.zeros((args.num_steps, args.num_envs) + envs.single_observation_space.shape, dtype=np.float32)
-    rewards, dones, logprobs, values = (np.zeros((args.num_steps, args.num_envs), dtype=np.float32) for _ in range(4))
+    rewards, dones, logprobs = (np.zeros((args.num_steps, args.num_envs), dtype=np.float32) for _ in range(3))
     actions = np.zeros((args.num_steps, args.num_envs), dtype=np.int64)
     global_step = (start_iteration - 1) * batch_size
     next_obs, _ = envs.reset(seed=args.seed + global_step)  # a resumed run starts fresh episodes
@@ -323,8 +328,7 @@ def main(args: Args):
             for step in range(args.num_steps):
                 obs_buf[step] = next_obs
                 with torch.no_grad():
-                    actions[step], logprobs[step], values[step] = agent.get_action_and_value(
-                        torch.as_tensor(obs_buf[step], device=device), rng)
+                    actions[step], logprobs[step] = agent.get_action(torch.as_tensor(obs_buf[step], device=device), rng)
                 next_obs, reward, terminated, truncated, infos = envs.step(actions[step])
                 done = terminated | truncated
                 episode_return += reward
@@ -339,16 +343,22 @@ def main(args: Args):
                                              "train/episodic_length": int(episode_length[i])})
                     episode_return[i], episode_length[i] = 0.0, 0
 
-            advantages, returns = compute_gae(rewards, values, dones, value_fn(next_obs), args.gamma, args.gae_lambda)
+            # V(s_t) of the whole rollout and of the next observation in one call (the weights did not change)
+            values = value_fn(np.concatenate([obs_buf.reshape(batch_size, -1), next_obs]))
+            next_value, values = values[batch_size:], values[:batch_size].reshape(args.num_steps, args.num_envs)
+            advantages, returns = compute_gae(rewards, values, dones, next_value, args.gamma, args.gae_lambda)
             b_obs = torch.as_tensor(obs_buf, device=device).reshape((batch_size,) + envs.single_observation_space.shape)
             b_actions, b_logprobs, b_advantages, b_returns, b_values = (
                 torch.as_tensor(x, device=device).reshape(-1) for x in (actions, logprobs, advantages, returns, values))
+            if args.num_minibatches == 1:  # the one minibatch is the whole batch: normalise its advantages once
+                b_advantages = (b_advantages - b_advantages.mean()) / (b_advantages.std() + 1e-8)
             for epoch in range(args.update_epochs):
                 perm = torch.randperm(batch_size, device=device) if args.num_minibatches > 1 else None
                 for start in range(0, batch_size, minibatch_size):
                     mb = perm[start:start + minibatch_size] if perm is not None else slice(None)  # one: whole batch
                     mb_adv = b_advantages[mb]
-                    mb_adv = (mb_adv - mb_adv.mean()) / (mb_adv.std() + 1e-8)
+                    if args.num_minibatches > 1:  # advantages normalised per minibatch (SB3, CleanRL)
+                        mb_adv = (mb_adv - mb_adv.mean()) / (mb_adv.std() + 1e-8)
                     # statistics of the epoch's last minibatch: every epoch for target_kl, else the last epoch's
                     last = start + minibatch_size == batch_size and (
                         args.target_kl is not None or epoch == args.update_epochs - 1)
