@@ -6,7 +6,7 @@ orthogonal init, GAE, clipped surrogate, advantage normalisation, global gradien
 This variant: vector env with same-step autoreset; time-limit truncation is bootstrapped with V(final_obs);
 defaults are rl-zoo's CartPole-v1 settings (8 envs x 32 steps, 20 epochs, lr and clip annealed) but a learning
 rate of 2e-3 (rl-zoo: 1e-3), which first reached a 5-episode greedy evaluation of 475 after 4-14k steps on seeds
-1-8 (1e-3: 10-25k; benchmark/reports/cartpole-sweeps-cpu-2026-11-22.md).
+1-8 at 9e93936 (1e-3: 10-25k; benchmark/reports/cartpole-sweeps-cpu-2026-11-22.md); 6-21k on seeds 1-10 at d3aab41.
 Speed: on a CPU, torch's per-op overhead, not arithmetic, dominates networks this small, so the script saves ops:
 rollouts stay in numpy and actions are sampled there (from the actor alone), the update runs each hidden layer of
 actor and critic together as one batched matmul, and all weights live in one flat tensor (one Adam op, one
