@@ -13,8 +13,9 @@ ten at 462):
 `--learning-rate 2.3e-3 --batch-size 128 --train-frequency 32 --gradient-steps 8 --tau 1.0
 --target-network-frequency 10 --exploration-fraction 0.08 --end-e 0.04` (benchmark/speed.py uses it).
 Speed: on a CPU, torch's per-op overhead, not arithmetic, dominates networks this small, so the script saves ops:
-the replay buffer is one numpy array of packed rows (a minibatch is one index and one copy), and the weights of
-each network live in one flat tensor (one Adam op, one op for the soft target update; see flat_parameters).
+the replay buffer is one numpy array of packed rows (a minibatch is one index and one copy), each layer is one addmm,
+the weights of each network live in one flat tensor (one op for the soft target update; see flat_parameters), and
+Adam is written out on that tensor (7 ops; torch.optim.Adam's step costs ~10x its kernel in Python here).
 
 Run:    python algos/dqn.py --env-id CartPole-v1 --seed 1
 Result: CartPole-v1, 100k steps, final 10-episode greedy evaluation >= 475 on seeds 1-3 (see
@@ -106,21 +107,34 @@ def make_env(env_id, idx, capture_video, run_dir):
     return thunk
 
 
+def linear_parameters(n_in: int, n_out: int):
+    """Weight (stored (in, out), for torch.addmm) and bias of a linear layer, drawn as nn.Linear draws its own:
+    uniform in +-1/sqrt(n_in)."""
+    bound = n_in ** -0.5
+    return nn.Parameter(torch.empty(n_in, n_out).uniform_(-bound, bound)), nn.Parameter(torch.empty(n_out).uniform_(-bound, bound))
+
+
 class QNetwork(nn.Module):
-    """obs -> 120 -> 84 -> one Q-value per action, ReLU (CleanRL's network)."""
+    """obs -> 120 -> 84 -> one Q-value per action, ReLU (CleanRL's network). Each layer is one torch.addmm on an (in, out)
+    weight: nn.Linear's (out, in) weight costs a transpose op per layer and a node per layer in every backward."""
 
     def __init__(self, obs_dim: int, n_actions: int):
         super().__init__()
-        self.fc1, self.fc2, self.fc3 = nn.Linear(obs_dim, 120), nn.Linear(120, 84), nn.Linear(84, n_actions)
+        self.w1, self.b1 = linear_parameters(obs_dim, 120)
+        self.w2, self.b2 = linear_parameters(120, 84)
+        self.w3, self.b3 = linear_parameters(84, n_actions)
 
-    def forward(self, x):  # plain calls rather than an nn.Sequential of six modules: each module call costs µs
-        return self.fc3(F.relu(self.fc2(F.relu(self.fc1(x)))))
+    def forward(self, x):
+        """Q-values (batch, n_actions) of observations (batch, obs_dim)."""
+        x = torch.relu(torch.addmm(self.b1, x, self.w1))
+        x = torch.relu(torch.addmm(self.b2, x, self.w2))
+        return torch.addmm(self.b3, x, self.w3)
 
 
 def flat_parameters(module: nn.Module):
     """Make the parameters of `module` views into one flat tensor, and their gradients views into a second one; return
-    the first as a Parameter whose .grad is the second. Adam, zeroing the gradients and the target update are then
-    one op each instead of one per tensor (an op costs 5-10 µs on a CPU; an update about 0.5 ms). Backward still
+    the first as a Parameter whose .grad is the second. Adam, zeroing the gradients and the target update then run
+    on one tensor instead of one per parameter (an op costs 5-10 µs on a CPU; an update about 0.5 ms). Backward still
     fills each parameter's .grad, in place; zero them with flat.grad.zero_(), never optimizer.zero_grad()."""
     params = list(module.parameters())
     flat = torch.cat([p.detach().reshape(-1) for p in params])
@@ -133,6 +147,34 @@ def flat_parameters(module: nn.Module):
     return flat
 
 
+class Adam:
+    """Adam (Kingma & Ba 2015) on one flat parameter tensor, computing what torch.optim.Adam computes with the same
+    arguments (tests/test_flat_parameters.py checks it step by step). torch.optim.Adam's step() spends about 100 µs in
+    Python around a 10 µs kernel here, once per gradient step; this one is 7 ops. Any torch.optim optimizer can take
+    its place: torch.optim.X([flat], ...), with its param_groups[0]["lr"] for the annealing."""
+
+    def __init__(self, param, lr: float, betas=(0.9, 0.999), eps: float = 1e-8):
+        self.param, self.lr, self.betas, self.eps, self.t = param, lr, betas, eps, 0
+        self.data = param.detach()  # the weights, updated in place without autograd
+        self.m, self.v = torch.zeros_like(self.data), torch.zeros_like(self.data)
+
+    def step(self):
+        (b1, b2), grad = self.betas, self.param.grad
+        self.t += 1
+        self.m.lerp_(grad, 1 - b1)  # first moment
+        self.v.mul_(b2).addcmul_(grad, grad, value=1 - b2)  # second moment
+        denom = self.v.sqrt().div_((1 - b2 ** self.t) ** 0.5).add_(self.eps)  # bias-corrected, as torch.optim
+        self.data.addcdiv_(self.m, denom, value=-self.lr / (1 - b1 ** self.t))
+
+    def state_dict(self):
+        return {"t": self.t, "lr": self.lr, "m": self.m, "v": self.v}
+
+    def load_state_dict(self, state):
+        self.t, self.lr = state["t"], state["lr"]
+        self.m.copy_(state["m"])
+        self.v.copy_(state["v"])
+
+
 def linear_schedule(start_e: float, end_e: float, duration: int, t: int):
     return max(end_e, start_e + (end_e - start_e) * t / duration)
 
@@ -140,7 +182,7 @@ def linear_schedule(start_e: float, end_e: float, duration: int, t: int):
 def td_target(target_q_next, rewards, terminated, gamma):
     """One-step Q-learning target r + gamma * max_a' Q_target(s', a') (Nature DQN, Algorithm 1); only
     termination stops the bootstrap: a time-limit truncation still has a future."""
-    return torch.addcmul(rewards, target_q_next.amax(dim=1), 1.0 - terminated, value=gamma)  # 3 ops, not 5
+    return torch.addcmul(rewards, target_q_next.amax(dim=1, keepdim=True), 1.0 - terminated, value=gamma)  # 3 ops, not 5
 
 
 class ReplayBuffer:
@@ -159,10 +201,11 @@ class ReplayBuffer:
         self.pos = (self.pos + len(obs)) % self.size
 
     def sample(self, batch_size, device):
-        """(obs, next_obs, actions, rewards, terminated) of a uniform minibatch, as tensors on `device`."""
+        """(obs, next_obs, actions, rewards, terminated) of a uniform minibatch, as tensors on `device`; the last three
+        are columns (batch, 1), the shape Q(s).gather(1, actions) has."""
         idx = self.rng.integers(0, self.size if self.full else self.pos, batch_size)
         b, d = torch.as_tensor(self.rows[idx], device=device), self.obs_dim
-        return b[:, :d], b[:, d:2 * d], b[:, 2 * d].long(), b[:, 2 * d + 1], b[:, 2 * d + 2]
+        return b[:, :d], b[:, d:2 * d], b[:, 2 * d:2 * d + 1].long(), b[:, 2 * d + 1:2 * d + 2], b[:, 2 * d + 2:]
 
     def state_dict(self):
         return {k: getattr(self, k) for k in ("pos", "full", "rows")}
@@ -180,7 +223,7 @@ def evaluate(q_network, env_id, episodes, seed, device="cpu"):
         obs, _ = env.reset(seed=seed + ep)
         done, total = False, 0.0
         while not done:
-            q_values = q_network(torch.as_tensor(obs, dtype=torch.float32, device=device))
+            q_values = q_network(torch.as_tensor(obs, dtype=torch.float32, device=device)[None])
             obs, reward, terminated, truncated, _ = env.step(int(q_values.argmax()))
             total, done = total + float(reward), terminated or truncated
         returns.append(total)
@@ -254,7 +297,7 @@ def main(args: Args):
     target_network = QNetwork(obs_dim, n_actions).to(device)
     target_network.load_state_dict(q_network.state_dict())
     flat, target_flat = flat_parameters(q_network), flat_parameters(target_network).detach()  # the weights as views
-    optimizer = torch.optim.Adam([flat], lr=args.learning_rate, fused=True)
+    optimizer = Adam(flat, lr=args.learning_rate)
     rng = np.random.default_rng(args.seed)  # exploration and replay sampling
     rb = ReplayBuffer(args.buffer_size, obs_dim, rng)
     num_iterations = args.total_timesteps // args.num_envs  # one iteration = one step of every env
@@ -310,12 +353,12 @@ def main(args: Args):
             if global_step > args.learning_starts:
                 if iteration % args.train_frequency == 0:
                     if args.anneal_lr:
-                        optimizer.param_groups[0]["lr"] = args.learning_rate * (1.0 - iteration / num_iterations)
+                        optimizer.lr = args.learning_rate * (1.0 - iteration / num_iterations)
                     for _ in range(args.gradient_steps):
                         b_obs, b_next_obs, b_actions, b_rewards, b_terminated = rb.sample(args.batch_size, device)
                         with torch.no_grad():
                             target = td_target(target_network(b_next_obs), b_rewards, b_terminated, args.gamma)
-                        q_pred = q_network(b_obs).gather(1, b_actions.unsqueeze(1)).squeeze(1)
+                        q_pred = q_network(b_obs).gather(1, b_actions)
                         loss = F.mse_loss(q_pred, target)
                         flat.grad.zero_()
                         loss.backward()
@@ -324,7 +367,7 @@ def main(args: Args):
                         sps = int((global_step - start_iteration * args.num_envs) / (time.time() - start_time - eval_seconds))
                         logger.log(global_step, {"losses/td_loss": loss.item(), "losses/q_values": q_pred.mean().item(),
                                                  "charts/epsilon": epsilon, "charts/sps": sps,
-                                                 "charts/learning_rate": optimizer.param_groups[0]["lr"]})
+                                                 "charts/learning_rate": optimizer.lr})
                         bar.set_postfix(sps=sps, ret=f"{last_return:.1f}", refresh=False)
                 if iteration % max(1, args.target_network_frequency // args.num_envs) == 0:
                     with torch.no_grad():  # target <- tau * online + (1 - tau) * target, all weights in one op

@@ -9,8 +9,9 @@ rate of 2e-3 (rl-zoo: 1e-3), which first reached a 5-episode greedy evaluation o
 1-8 at 9e93936 (1e-3: 10-25k; benchmark/reports/cartpole-sweeps-cpu-2026-11-22.md); 6-21k on seeds 1-10 at d3aab41.
 Speed: on a CPU, torch's per-op overhead, not arithmetic, dominates networks this small, so the script saves ops:
 rollouts stay in numpy and actions are sampled there (from the actor alone), the update runs each hidden layer of
-actor and critic together as one batched matmul, and all weights live in one flat tensor (one Adam op, one
-gradient norm; see flat_parameters).
+actor and critic together as one batched matmul, all weights live in one flat tensor (one gradient norm, one zeroing;
+see flat_parameters), and Adam is written out on that tensor (7 ops; torch.optim.Adam's step costs ~10x its kernel
+in Python here).
 
 Run:    python algos/ppo.py --env-id CartPole-v1 --seed 1
 Result: CartPole-v1, 100k steps, final 10-episode greedy evaluation 500 on seeds 1-3 (see
@@ -148,8 +149,8 @@ class Agent(nn.Module):
 
 def flat_parameters(module: nn.Module):
     """Make the parameters of `module` views into one flat tensor, and their gradients views into a second one; return
-    the first as a Parameter whose .grad is the second. Adam, the gradient norm and zeroing the gradients are then one
-    op each instead of one per tensor (an op costs 5-10 µs on a CPU; the whole update about 1 ms). Backward still
+    the first as a Parameter whose .grad is the second. Adam, the gradient norm and zeroing the gradients then run on
+    one tensor instead of one per parameter (an op costs 5-10 µs on a CPU; the whole update about 1 ms). Backward still
     fills each parameter's .grad, in place; zero them with flat.grad.zero_(), never optimizer.zero_grad()."""
     params = list(module.parameters())
     flat = torch.cat([p.detach().reshape(-1) for p in params])
@@ -160,6 +161,34 @@ def flat_parameters(module: nn.Module):
     flat = nn.Parameter(flat)
     flat.grad = grad
     return flat
+
+
+class Adam:
+    """Adam (Kingma & Ba 2015) on one flat parameter tensor, computing what torch.optim.Adam computes with the same
+    arguments (tests/test_flat_parameters.py checks it step by step). torch.optim.Adam's step() spends about 100 µs in
+    Python around a 10 µs kernel here, 20 times per rollout here; this one is 7 ops. Any torch.optim optimizer can take
+    its place: torch.optim.X([flat], ...), with its param_groups[0]["lr"] for the annealing."""
+
+    def __init__(self, param, lr: float, betas=(0.9, 0.999), eps: float = 1e-8):
+        self.param, self.lr, self.betas, self.eps, self.t = param, lr, betas, eps, 0
+        self.data = param.detach()  # the weights, updated in place without autograd
+        self.m, self.v = torch.zeros_like(self.data), torch.zeros_like(self.data)
+
+    def step(self):
+        (b1, b2), grad = self.betas, self.param.grad
+        self.t += 1
+        self.m.lerp_(grad, 1 - b1)  # first moment
+        self.v.mul_(b2).addcmul_(grad, grad, value=1 - b2)  # second moment
+        denom = self.v.sqrt().div_((1 - b2 ** self.t) ** 0.5).add_(self.eps)  # bias-corrected, as torch.optim
+        self.data.addcdiv_(self.m, denom, value=-self.lr / (1 - b1 ** self.t))
+
+    def state_dict(self):
+        return {"t": self.t, "lr": self.lr, "m": self.m, "v": self.v}
+
+    def load_state_dict(self, state):
+        self.t, self.lr = state["t"], state["lr"]
+        self.m.copy_(state["m"])
+        self.v.copy_(state["v"])
 
 
 def compute_gae(rewards, values, dones, next_value, gamma, gae_lambda):
@@ -283,7 +312,7 @@ def main(args: Args):
                                     autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     agent = Agent(envs.single_observation_space.shape[0], envs.single_action_space.n).to(device)
     flat = flat_parameters(agent)  # agent's parameters and gradients as views into `flat` and `flat.grad`
-    optimizer = torch.optim.Adam([flat], lr=args.learning_rate, eps=1e-5, fused=True)
+    optimizer = Adam(flat, lr=args.learning_rate, eps=1e-5)
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = args.total_timesteps // batch_size
@@ -323,7 +352,7 @@ def main(args: Args):
     try:
         for iteration in range(start_iteration, num_iterations + 1):
             frac = 1.0 - (iteration - 1.0) / num_iterations if args.anneal_lr else 1.0
-            optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+            optimizer.lr = frac * args.learning_rate
             clip_coef = frac * args.clip_coef
             for step in range(args.num_steps):
                 obs_buf[step] = next_obs
@@ -375,7 +404,7 @@ def main(args: Args):
             var_y = b_returns.var()
             explained_var = float("nan") if var_y == 0 else float(1 - (b_returns - b_values).var() / var_y)
             sps = int((global_step - (start_iteration - 1) * batch_size) / (time.time() - start_time - eval_seconds))
-            logger.log(global_step, {"charts/learning_rate": optimizer.param_groups[0]["lr"], "charts/sps": sps,
+            logger.log(global_step, {"charts/learning_rate": optimizer.lr, "charts/sps": sps,
                                      "losses/policy_loss": stats[0], "losses/value_loss": stats[1],
                                      "losses/entropy": stats[2], "losses/approx_kl": stats[3],
                                      "losses/clipfrac": stats[4], "losses/explained_variance": explained_var})

@@ -56,10 +56,9 @@ def ppo_same(a) -> tuple[int, dict]:
 def dqn_same(a) -> tuple[int, dict]:
     """dqn.py's Args -> (n_envs, SB3 DQN kwargs) with the same hyperparameters (gradient_steps updates every
     train_frequency vector steps, target update every target_network_frequency env steps, as ours)."""
-    import torch.nn as nn
-    net = load_script("dqn.py").QNetwork(4, 2)  # the network as the script builds it now
-    sizes = [m.out_features for m in net.modules() if isinstance(m, nn.Linear)][:-1]
-    activation = "ReLU"  # QNetwork.forward calls F.relu; tests/test_benchmark.py checks that this mapping holds
+    net = load_script("dqn.py").QNetwork(4, 2)  # the network as the script builds it now: weights (in, out)
+    sizes = [w.shape[1] for w in (net.w1, net.w2)]
+    activation = "ReLU"  # QNetwork.forward calls torch.relu; tests/test_benchmark.py checks that this mapping holds
     return a.num_envs, dict(
         learning_rate={"linear": a.learning_rate} if a.anneal_lr else a.learning_rate, buffer_size=a.buffer_size,
         learning_starts=a.learning_starts, batch_size=a.batch_size, tau=a.tau, gamma=a.gamma,

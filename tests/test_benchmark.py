@@ -221,8 +221,12 @@ def test_speed_maps_our_defaults_onto_sb3():
     assert kw["target_update_interval"] == d.target_network_frequency and kw["buffer_size"] == d.buffer_size
     # the network SB3 is given computes what dqn.py's does: its Linear layers with the stated activation between
     net = load_script("dqn.py").QNetwork(4, 2)
-    layers = [m for m in net.modules() if isinstance(m, torch.nn.Linear)]
+    layers = []
+    for w, b in ((net.w1, net.b1), (net.w2, net.b2), (net.w3, net.b3)):  # as SB3 builds them: nn.Linear
+        layers.append(torch.nn.Linear(*w.shape))
+        layers[-1].load_state_dict({"weight": w.detach().T, "bias": b.detach()})
     assert [m.out_features for m in layers[:-1]] == kw["policy_kwargs"]["net_arch"]
+    assert sum(p.numel() for p in net.parameters()) == sum(p.numel() for m in layers for p in m.parameters())
     x = h = torch.randn(16, 4)
     for layer in layers[:-1]:
         h = getattr(torch.nn, kw["policy_kwargs"]["activation_fn"])()(layer(h))

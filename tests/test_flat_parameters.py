@@ -39,3 +39,26 @@ def test_flat_parameters_train_like_the_parameters(script, cls):
     fresh_flat = module.flat_parameters(fresh)
     fresh.load_state_dict(net.state_dict())
     assert torch.equal(fresh_flat, flat)
+
+
+@pytest.mark.parametrize("script,eps", [("ppo.py", 1e-5), ("dqn.py", 1e-8)])
+def test_adam_steps_like_torch_optim_adam(script, eps):
+    """The scripts' Adam on the flat tensor takes the steps torch.optim.Adam takes, through a change of learning rate
+    (the annealing) and a checkpoint round trip."""
+    module = load_script(script)
+    torch.manual_seed(0)
+    ours, ref = torch.nn.Parameter(torch.randn(300)), torch.nn.Parameter(torch.randn(300))
+    ref.data.copy_(ours.data)
+    opt, ref_opt = module.Adam(ours, lr=1e-2, eps=eps), torch.optim.Adam([ref], lr=1e-2, eps=eps)
+    for i in range(50):
+        grad = torch.randn(300) * (i + 1)
+        ours.grad, ref.grad = grad.clone(), grad.clone()
+        if i == 20:
+            opt.lr = ref_opt.param_groups[0]["lr"] = 3e-3
+        if i == 30:  # resume from a checkpoint into a fresh optimizer
+            opt = module.Adam(ours, lr=1.0, eps=eps)
+            opt.load_state_dict(copy.deepcopy(state))
+        opt.step()
+        ref_opt.step()
+        state = opt.state_dict()
+        assert torch.allclose(ours, ref, atol=1e-6, rtol=0), i
