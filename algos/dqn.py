@@ -4,12 +4,13 @@ Paper: Mnih et al. 2015, "Human-level control through deep reinforcement learnin
 replay, a target network, epsilon-greedy exploration annealed linearly. As CleanRL's dqn.py and SB3's DQN.
 This variant: vector env with same-step autoreset; the replay buffer stores the true final observation and
 only termination (not time-limit truncation) cuts the bootstrap. Defaults chosen on CartPole-v1 (runs in
-benchmark/references.toml): one update per step, soft target updates (tau 0.005, Lillicrap et al. 2016) and
-the learning rate annealed linearly to zero; with hard target copies every 100-500 steps, 1-in-3 seeds ended
-with a greedy policy that drifts off the track (evaluation 220-430) although training returns were high.
-Fastest to a 5-episode greedy evaluation of 475 that we found (8-25k steps on seeds 1-10, 2-8 s here; the
-defaults need 6-41k steps), not the default because its final evaluation at 100k is less stable (one seed in
-ten at 462):
+benchmark/references.toml and benchmark/reports/dqn-cartpole-cpu-2026-11-23.md): one update per step, soft target
+updates (tau 0.005, Lillicrap et al. 2016) and a learning rate of 5e-4 annealed linearly to zero. With 1e-3 the
+policy was solved after 40-50k steps and then often forgot (training returns fell to 250-350): 5 of 20 seeds ended
+below 475 at 100k; with 5e-4 it is solved after 40-70k steps and forgets less: 2 of 20 below. With hard target
+copies every 100-500 steps, 1-in-3 seeds ended with a greedy policy that drifts off the track (evaluation 220-430).
+Fastest to a 5-episode greedy evaluation of 475 that we found (8-25k steps on seeds 1-10 with 9e93936's code, 2-8 s
+here), not the default because its final evaluation at 100k is less stable (one seed in ten at 462):
 `--learning-rate 2.3e-3 --batch-size 128 --train-frequency 32 --gradient-steps 8 --tau 1.0
 --target-network-frequency 10 --exploration-fraction 0.08 --end-e 0.04` (benchmark/speed.py uses it).
 Speed: on a CPU, torch's per-op overhead, not arithmetic, dominates networks this small, so the script saves ops:
@@ -54,7 +55,7 @@ class Args:
     run_dir: str | None = None  # where the run is written (default runs/<env>__dqn__<seed>__<time>)
     resume: str | None = None  # a run directory whose checkpoint.pt to continue from (its saved arguments are used)
     checkpoint_every: int = 50_000  # save <run_dir>/checkpoint.pt every this many steps (and on Ctrl-C)
-    learning_rate: float = 1e-3  # Adam learning rate
+    learning_rate: float = 5e-4  # Adam learning rate
     anneal_lr: bool = True  # anneal the learning rate linearly to 0
     buffer_size: int = 100_000  # replay buffer capacity (transitions)
     gamma: float = 0.99  # discount factor
@@ -108,15 +109,15 @@ def make_env(env_id, idx, capture_video, run_dir):
 
 
 def linear_parameters(n_in: int, n_out: int):
-    """Weight (stored (in, out), for torch.addmm) and bias of a linear layer, drawn as nn.Linear draws its own:
-    uniform in +-1/sqrt(n_in)."""
-    bound = n_in ** -0.5
-    return nn.Parameter(torch.empty(n_in, n_out).uniform_(-bound, bound)), nn.Parameter(torch.empty(n_out).uniform_(-bound, bound))
+    """Weight and bias of a linear layer, drawn exactly as nn.Linear(n_in, n_out) draws its own (the same random
+    numbers), the weight stored transposed, (in, out), for torch.addmm."""
+    layer = nn.Linear(n_in, n_out)
+    return nn.Parameter(layer.weight.detach().T.contiguous()), nn.Parameter(layer.bias.detach().clone())
 
 
 class QNetwork(nn.Module):
-    """obs -> 120 -> 84 -> one Q-value per action, ReLU (CleanRL's network). Each layer is one torch.addmm on an (in, out)
-    weight: nn.Linear's (out, in) weight costs a transpose op per layer and a node per layer in every backward."""
+    """obs -> 120 -> 84 -> one Q-value per action, ReLU (CleanRL's network). Each layer is one torch.addmm on an
+    (in, out) weight: nn.Linear's (out, in) weight costs a transpose op per layer and a node per layer in backward."""
 
     def __init__(self, obs_dim: int, n_actions: int):
         super().__init__()

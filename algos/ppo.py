@@ -166,7 +166,7 @@ def flat_parameters(module: nn.Module):
 class Adam:
     """Adam (Kingma & Ba 2015) on one flat parameter tensor, computing what torch.optim.Adam computes with the same
     arguments (tests/test_flat_parameters.py checks it step by step). torch.optim.Adam's step() spends about 100 µs in
-    Python around a 10 µs kernel here, 20 times per rollout here; this one is 7 ops. Any torch.optim optimizer can take
+    Python around a 10 µs kernel, 20 times per rollout here; this one is 7 ops. Any torch.optim optimizer can take
     its place: torch.optim.X([flat], ...), with its param_groups[0]["lr"] for the annealing."""
 
     def __init__(self, param, lr: float, betas=(0.9, 0.999), eps: float = 1e-8):
