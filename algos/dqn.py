@@ -10,7 +10,8 @@ policy was solved after 40-50k steps and then often forgot (training returns fel
 below 475 at 100k; with 5e-4 it is solved after 40-70k steps and forgets less: 2 of 20 below. With hard target
 copies every 100-500 steps, 1-in-3 seeds ended with a greedy policy that drifts off the track (evaluation 220-430).
 Fastest to a 5-episode greedy evaluation of 475 that we found (8-25k steps on seeds 1-10 with 9e93936's code, 2-8 s
-here), not the default because its final evaluation at 100k is less stable (one seed in ten at 462):
+here; 11-34k steps on seeds 1-5 at 69ddbab, benchmark/reports/speed-cpu-2026-11-23.md), not the default because its
+final evaluation at 100k is less stable (one seed in ten at 462):
 `--learning-rate 2.3e-3 --batch-size 128 --train-frequency 32 --gradient-steps 8 --tau 1.0
 --target-network-frequency 10 --exploration-fraction 0.08 --end-e 0.04` (benchmark/speed.py uses it).
 Speed: on a CPU, torch's per-op overhead, not arithmetic, dominates networks this small, so the script saves ops:
