@@ -1,7 +1,9 @@
-"""flat_parameters (ppo.py, dqn.py) puts weights and gradients into one flat tensor each: training through the flat
-tensor must give the same gradients and the same Adam steps as training the network's own parameters."""
+"""The scripts' fast paths compute what plain torch computes. flat_parameters (ppo.py, dqn.py) puts weights and
+gradients into one flat tensor each: training through the flat tensor must give the same gradients and the same Adam
+steps as training the network's own parameters. ppo.py acts in numpy and computes tanh from a sigmoid."""
 import copy
 
+import numpy as np
 import pytest
 import torch
 
@@ -62,3 +64,31 @@ def test_adam_steps_like_torch_optim_adam(script, eps):
         ref_opt.step()
         state = opt.state_dict()
         assert torch.allclose(ours, ref, atol=1e-6, rtol=0), i
+
+
+def test_ppo_numpy_actor_samples_what_the_torch_actor_gives():
+    """The rollout's numpy actor (get_action) and the update's torch one (evaluate_actions) give the same
+    log-probabilities, or the first epoch's probability ratio is not 1; and the actions follow those probabilities."""
+    module = load_script("ppo.py")
+    torch.manual_seed(0)
+    agent = module.Agent(4, 3)
+    module.flat_parameters(agent)
+    with torch.no_grad():
+        agent.actor_head.weight.mul_(1000)  # far from uniform (here 0.13, 0.33, 0.54), so that a wrong sampler shows
+    obs = np.random.default_rng(0).standard_normal((64, 4)).astype(np.float32)
+    actions, logp = module.get_action(agent.numpy_actor(), obs, np.random.default_rng(1))
+    ref, _, _ = agent.evaluate_actions(torch.as_tensor(obs), torch.as_tensor(actions), with_entropy=False)
+    np.testing.assert_allclose(logp, ref.detach().numpy(), atol=1e-5)
+    one = np.repeat(obs[:1], 20_000, axis=0)
+    actions, _ = module.get_action(agent.numpy_actor(), one, np.random.default_rng(2))
+    probs = torch.softmax(agent.actor(torch.as_tensor(obs[:1])), -1)[0].detach().numpy()
+    np.testing.assert_allclose(np.bincount(actions, minlength=3) / len(actions), probs, atol=0.015)
+
+
+def test_ppo_tanh_is_tanh():
+    module = load_script("ppo.py")
+    x = torch.linspace(-30, 30, 100_001, requires_grad=True)
+    ours, ref = module.tanh(x), torch.tanh(x)
+    assert torch.allclose(ours, ref, atol=1e-6, rtol=0)
+    (g,), (g_ref,) = torch.autograd.grad(ours.sum(), x), torch.autograd.grad(ref.sum(), x)
+    assert torch.allclose(g, g_ref, atol=1e-6, rtol=0)
