@@ -78,6 +78,11 @@ def load_references(path: Path = REFERENCES) -> list[Reference]:
             raise ValueError(f"{e.id}: unknown score method {e.score!r}")
         if e.is_gate and (e.evidence not in ids or not isinstance(e.seeds, list)):
             raise ValueError(f"{e.id}: a gate needs a list of seeds and an evidence entry that exists")
+        n_seeds = len(e.seeds) if isinstance(e.seeds, list) else e.seeds
+        if e.values and len(e.values) != n_seeds:
+            raise ValueError(f"{e.id}: {len(e.values)} values for {n_seeds} seeds; give one value per seed")
+        if e.values and e.mean is not None and abs(e.mean - np.mean(e.values)) > 0.01:
+            raise ValueError(f"{e.id}: mean {e.mean} is not the mean of its values ({np.mean(e.values):.2f})")
     return entries
 
 

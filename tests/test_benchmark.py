@@ -154,6 +154,16 @@ def test_every_suite_entry_is_well_formed():
         assert find_reference(r["script"], r["env_id"], r["score"], r["total_timesteps"]) is not None
 
 
+def test_references_file_rejects_values_that_do_not_fit_the_seeds(tmp_path):
+    entry = ('[[reference]]\nid = "x"\nscript = "ppo.py"\nenv_id = "CartPole-v1"\ntotal_timesteps = 1000\n'
+             'score = "final_eval"\nsource = "test"\n')
+    for bad, why in (("seeds = [1, 2]\nvalues = [1.0]\n", "1 values for 2 seeds"),
+                     ("seeds = [1, 2]\nvalues = [1.0, 3.0]\nmean = 1.0\n", "not the mean")):
+        (tmp_path / "r.toml").write_text(entry + bad)
+        with pytest.raises(ValueError, match=why):
+            load_references(tmp_path / "r.toml")
+
+
 def test_run_finished_tells_final_from_intermediate_eval(tmp_path):
     def make(rows, **args):
         d = tmp_path / str(len(list(tmp_path.iterdir())))
@@ -249,6 +259,9 @@ def test_speed_time_to_threshold_plumbing(tmp_path):
     assert speed._first_reach([{"name": "charts/train_seconds", "global_step": 5, "value": 1.5},
                                {"name": "eval/episodic_return", "global_step": 5, "value": 480.0}], 475, 2) is None
     assert "missed" in speed._goal_verdict("half_sb3_median", [3.0, 1.0], [4.0, 4.0])
+    assert speed._sps_verdict((2.1, 2.4, 3.0)) == "met"
+    assert speed._sps_verdict((1.8, 2.1, 2.5)).startswith("met at the median")
+    assert speed._sps_verdict((1.5, 1.8, 2.0)).startswith("missed")
     assert "**met**" in speed._goal_verdict("sb3", [3.0, 1.0], [4.0, 2.0])
     assert "seed 2 never reached" in speed._goal_verdict("sb3", [3.0, None], [4.0, 2.0])
 
