@@ -21,6 +21,7 @@ import json
 import operator
 import os
 import platform
+import shlex
 import statistics
 import subprocess
 import sys
@@ -300,12 +301,13 @@ def _reach_cell(reached, budget_note):
     return f"{reached[1]:.1f} s ({reached[0]:,} steps)" if reached else f"not reached ({budget_note})"
 
 
-def render(results: list[dict], date: str, repeats: int, seeds: int, load=(float('nan'),) * 2) -> str:
+def render(results: list[dict], date: str, repeats: int, seeds: int, load=(float('nan'),) * 2,
+           command: str = "python benchmark/speed.py") -> str:
     import torch
     import stable_baselines3
     import gymnasium
     lines = [f"# Speed: our scripts against Stable-Baselines3, CPU, {date}", "",
-             "Regenerate with `python benchmark/speed.py` (one command; about 10-20 minutes).", "",
+             f"Regenerate with `{command}` (one command; about 10-20 minutes with the defaults).", "",
              f"- machine: {platform.platform()}, {os.cpu_count()} CPU cores **shared with other work that may have "
              "been running during the measurement** (two other engineers use the same 2 cores), so absolute numbers "
              "are noisy; our runs and SB3's are interleaved (A B A B ...) so that both see the same load.",
@@ -414,6 +416,7 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=3, help="SPS measurements per side")
     p.add_argument("--seeds", type=int, default=5, help="time-to-threshold seeds per side")
     p.add_argument("--report-dir", type=Path, default=REPORTS)
+    p.add_argument("--name", default="speed", help="the report is <report-dir>/<name>-cpu-<date>.md (and .json)")
     p.add_argument("--sb3-worker", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.sb3_worker:
@@ -431,9 +434,10 @@ def main(argv=None) -> int:
         results = [measure(e, a.repeats, a.seeds, Path(tmp), log=lambda m: print(m, file=sys.stderr, flush=True))
                    for e in ENTRIES if e.name in a.entries]
     a.report_dir.mkdir(parents=True, exist_ok=True)
-    (a.report_dir / f"speed-cpu-{date}.json").write_text(json.dumps(results, indent=1))
-    path = a.report_dir / f"speed-cpu-{date}.md"
-    path.write_text(render(results, date, a.repeats, a.seeds, (load_start, os.getloadavg()[0])))
+    (a.report_dir / f"{a.name}-cpu-{date}.json").write_text(json.dumps(results, indent=1))
+    path = a.report_dir / f"{a.name}-cpu-{date}.md"
+    command = " ".join(["python benchmark/speed.py", *map(shlex.quote, sys.argv[1:] if argv is None else argv)])
+    path.write_text(render(results, date, a.repeats, a.seeds, (load_start, os.getloadavg()[0]), command))
     print(f"report: {path}", file=sys.stderr)
     return 0
 
