@@ -1,29 +1,16 @@
 """DQN on classic control (CartPole-v1 by default).
 
-Paper: Mnih et al. 2015, "Human-level control through deep reinforcement learning" (Nature 518): experience
-replay, a target network, epsilon-greedy exploration annealed linearly. As CleanRL's dqn.py and SB3's DQN.
-This variant: vector env with same-step autoreset; the replay buffer stores the true final observation and
-only termination (not time-limit truncation) cuts the bootstrap. Defaults chosen on CartPole-v1 (runs in
-benchmark/references.toml and benchmark/reports/dqn-cartpole-cpu-2026-11-23.md): one update per step, soft target
-updates (tau 0.005, Lillicrap et al. 2016) and a learning rate of 5e-4 annealed linearly to zero. With 1e-3 the
-policy was solved after 40-50k steps and then often forgot (training returns fell to 250-350): 5 of 20 seeds ended
-below 475 at 100k; with 5e-4 it is solved after 40-70k steps and forgets less: 2 of 20 below. With hard target
-copies every 100-500 steps, 1-in-3 seeds ended with a greedy policy that drifts off the track (evaluation 220-430).
-Fastest to a 5-episode greedy evaluation of 475 that we found (8-25k steps on seeds 1-10 with 9e93936's code, 2-8 s
-here; 11-34k steps on seeds 1-5 at 69ddbab, benchmark/reports/speed-cpu-2026-11-23.md), not the default because its
-final evaluation at 100k is less stable (one seed in ten at 462):
-`--learning-rate 2.3e-3 --batch-size 128 --train-frequency 32 --gradient-steps 8 --tau 1.0
---target-network-frequency 10 --exploration-fraction 0.08 --end-e 0.04` (benchmark/speed.py uses it).
-Speed: on a CPU, torch's per-op overhead, not arithmetic, dominates networks this small, so the script saves ops:
-the replay buffer is one numpy array of packed rows (a minibatch is one index and one copy), each layer is one addmm,
-the weights of each network live in one flat tensor (one op for the soft target update; see flat_parameters), and
-Adam is written out on that tensor (7 ops; torch.optim.Adam's step costs ~10x its kernel in Python here).
+Mnih et al. 2015, "Human-level control through deep reinforcement learning" (Nature 518): experience replay, a
+target network, epsilon-greedy exploration annealed linearly; the network and loss of CleanRL's dqn.py. Same-step
+autoreset vector env; the replay buffer stores the true final observation and only termination (not a time limit)
+cuts the bootstrap. Defaults chosen on CartPole-v1 (seeds apart from the gate's and the benchmark's; see
+benchmark/references.toml): a few large updates every few steps (train every 32 steps, 8 gradient steps), the target
+network copied every 10 steps, epsilon annealed over 8% of the run, the learning rate annealed linearly to zero.
 
 Run:    python algos/dqn.py --env-id CartPole-v1 --seed 1
-Result: CartPole-v1, 100k steps, final 10-episode greedy evaluation >= 475 on seeds 1-3 (see
-        benchmark/references.toml, gate "dqn-CartPole-v1-cpu").
+Result: CartPole-v1 (benchmark/references.toml, "ours-dqn-*").
 """
-import csv, difflib, json, os, random, subprocess, sys, time
+import csv, difflib, json, os, random, subprocess, sys, tempfile, time, tomllib, warnings
 from dataclasses import asdict, dataclass
 from importlib.metadata import version
 from pathlib import Path
@@ -41,61 +28,193 @@ from tqdm import tqdm
 @dataclass
 class Args:
     env_id: str = "CartPole-v1"  # Gymnasium id of a discrete-action env with a flat observation vector
-    seed: int = 1  # seed of torch, numpy, random and the envs
-    total_timesteps: int = 100_000  # total environment steps over all envs
+    total_timesteps: int = 100_000  # environment steps over all envs
     num_envs: int = 1  # parallel environments (one synchronous vector env)
-    cuda: bool = False  # use CUDA if available (small MLPs are faster on the CPU)
+    # ---- shared: args ----
+    seed: int = 1  # seed of torch, numpy, random and the envs
+    cuda: bool = False  # use CUDA if available (networks this small are faster on the CPU)
     torch_deterministic: bool = True  # torch.backends.cudnn.deterministic and one CPU thread
     track: bool = False  # log to Weights & Biases (works offline with WANDB_MODE=offline)
     wandb_project_name: str = "canonrl"  # wandb project
     wandb_entity: str | None = None  # wandb entity (team)
     capture_video: bool = False  # record videos of the first env to <run_dir>/videos
     save_model: bool = False  # save <run_dir>/model.pt at the end
-    eval_episodes: int = 10  # greedy evaluation episodes at the end (logged as eval/episodic_return)
-    eval_every: int = 0  # also evaluate every this many steps (0: only at the end); logs charts/train_seconds beside it
-    run_dir: str | None = None  # where the run is written (default runs/<env>__dqn__<seed>__<time>)
-    resume: str | None = None  # a run directory whose checkpoint.pt to continue from (its saved arguments are used)
-    checkpoint_every: int = 50_000  # save <run_dir>/checkpoint.pt every this many steps (and on Ctrl-C)
-    learning_rate: float = 5e-4  # Adam learning rate
+    eval_episodes: int = 10  # greedy evaluation episodes at the end (and at each --eval-every)
+    eval_every: int = 0  # also evaluate every this many steps (0: only at the end); logs charts/train_seconds too
+    run_dir: str | None = None  # where the run is written (default runs/<env>__<script>__<seed>__<time>); must be new
+    resume: str | None = None  # continue the run in this directory (its flags; --total-timesteps may extend it)
+    checkpoint_every: int = 50_000  # save <run_dir>/checkpoint.pt every this many steps (and at the end and on Ctrl-C)
+    # ---- end shared: args ----
+    learning_rate: float = 2.3e-3  # Adam learning rate
     anneal_lr: bool = True  # anneal the learning rate linearly to 0
     buffer_size: int = 100_000  # replay buffer capacity (transitions)
     gamma: float = 0.99  # discount factor
-    tau: float = 0.005  # target network update rate (1.0 = hard copy)
-    target_network_frequency: int = 1  # env steps between target network updates
-    batch_size: int = 64  # replay minibatch size
+    tau: float = 1.0  # target network update rate (1.0: a hard copy)
+    target_network_frequency: int = 10  # env steps between target network updates
+    batch_size: int = 128  # replay minibatch size
     start_e: float = 1.0  # initial exploration epsilon
-    end_e: float = 0.05  # final exploration epsilon
-    exploration_fraction: float = 0.1  # fraction of total_timesteps over which epsilon goes from start_e to end_e
+    end_e: float = 0.04  # final exploration epsilon
+    exploration_fraction: float = 0.08  # fraction of total_timesteps over which epsilon goes from start_e to end_e
     learning_starts: int = 1_000  # env steps before learning starts
-    train_frequency: int = 1  # vector-env steps between training phases
-    gradient_steps: int = 1  # gradient updates per training phase (SB3's gradient_steps)
+    train_frequency: int = 32  # vector-env steps between training phases
+    gradient_steps: int = 8  # gradient updates per training phase
 
 
-def fail(msg: str):
-    """Bad input: one line on stderr, exit status 2, before anything is written."""
-    print(f"error: {msg}", file=sys.stderr)
+# ---- shared: helpers ----
+SCRIPT, ALGOS = Path(__file__).name, Path(__file__).resolve().parent
+
+
+def fail(msg: str, *scripts: str):
+    """Bad input: one line on stderr, exit status 2. It suggests those of `scripts` that exist beside this one."""
+    found = [s for s in scripts if (ALGOS / s).is_file()]
+    print(f"error: {msg}" + (f"; use {' or '.join(found)}" if found else ""), file=sys.stderr)
     sys.exit(2)
 
 
+def env_spaces(env_id: str):
+    """(observation space, action space) of env_id, or a one-line error. The env is made in a temporary directory
+    with stderr muted: MuJoCo prints warnings and leaves MUJOCO_LOG.TXT behind, which must not precede an error."""
+    if env_id not in gym.registry:
+        close = difflib.get_close_matches(env_id, list(gym.registry), n=1)
+        fail(f"unknown env id '{env_id}'" + (f"; did you mean '{close[0]}'?" if close else ""))
+    cwd, stderr_fd = os.getcwd(), os.dup(2)
+    with tempfile.TemporaryDirectory() as tmp, open(os.devnull, "w") as null, warnings.catch_warnings(action="ignore"):
+        os.chdir(tmp), os.dup2(null.fileno(), 2)
+        try:
+            with gym.make(env_id) as env:
+                return env.observation_space, env.action_space
+        except Exception as e:
+            error = f"cannot make env '{env_id}': {type(e).__name__}: {(str(e).strip() or ' ').splitlines()[0]}"
+        finally:
+            os.dup2(stderr_fd, 2), os.close(stderr_fd), os.chdir(cwd)
+    fail(error)
+
+
+def check_ranges(args, rules: dict):
+    """Fail on the first flag outside its range; a rule is a condition on x, the flag's value (e.g. "0 <= x <= 1")."""
+    rules = {"total_timesteps": "x >= 1", "eval_episodes": "x >= 0", "eval_every": "x >= 0",
+             "checkpoint_every": "x >= 1", **rules}
+    for name, rule in rules.items():
+        if (x := getattr(args, name)) is not None and not eval(rule, {"x": x}):  # the rules are literals of this file
+            fail(f"--{name.replace('_', '-')} {x} is out of range: it must satisfy {rule}")
+
+
+def start_run(args, check_args):
+    """Resume (--resume DIR: the run's saved flags; --total-timesteps may extend it), check the flags, choose the run
+    directory (a new run never writes into one that holds files), seed everything. Returns (args, checkpoint, dir)."""
+    ckpt = None
+    if args.resume:
+        path = Path(args.resume) / "checkpoint.pt"
+        if not path.is_file():
+            fail(f"no checkpoint at {path}; pass the run directory of an earlier {SCRIPT} run")
+        try:
+            ckpt = torch.load(path, weights_only=False)
+            saved = Args(**ckpt["args"])
+        except Exception as e:
+            fail(f"{path} is corrupt or not a {SCRIPT} checkpoint ({type(e).__name__}); delete it or start anew")
+        given = [k for k, v in asdict(args).items() if v != getattr(Args(), k) and k not in ("resume", "run_dir")]
+        if "total_timesteps" in given:
+            if args.total_timesteps < ckpt["global_step"]:
+                fail(f"--total-timesteps {args.total_timesteps} is below the {ckpt['global_step']} steps already done")
+            print(f"resume: --total-timesteps {args.total_timesteps} (was {saved.total_timesteps})", file=sys.stderr)
+            saved.total_timesteps = args.total_timesteps
+        if ignored := [f"--{k.replace('_', '-')}" for k in given if k != "total_timesteps"]:
+            print(f"resume: the run's saved flags are kept; ignored: {' '.join(ignored)}", file=sys.stderr)
+        args = saved
+        args.resume = args.run_dir = str(path.parent)
+    check_args(args)
+    name = f"{args.env_id.replace('/', '-')}__{SCRIPT[:-3]}__{args.seed}__{time.time():.0f}"
+    run_dir = Path(args.run_dir or f"runs/{name}")
+    if ckpt is None and run_dir.is_dir() and any(run_dir.iterdir()):
+        fail(f"--run-dir {run_dir} is not empty; continue that run with --resume {run_dir} or choose a new --run-dir")
+    random.seed(args.seed), np.random.seed(args.seed), torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    torch.set_num_threads(1 if args.torch_deterministic else torch.get_num_threads())  # 1: fastest for small nets
+    return args, ckpt, run_dir
+
+
+class RunLogger:
+    """What a run shows and leaves behind: config.json, metrics.csv (global_step, wall_time, name, value; append-only),
+    TensorBoard events, a wandb run with --track, the progress bar. Resuming drops the rows logged after the checkpoint
+    (those steps are redone): no step is logged twice. The training clock stops during evaluations."""
+
+    def __init__(self, args, run_dir: Path, total: int, step: int, resuming: bool):
+        run_dir.mkdir(parents=True, exist_ok=True)
+        metrics, header = run_dir / "metrics.csv", "global_step,wall_time,name,value\n"
+        if resuming:
+            lines = metrics.read_text().splitlines(keepends=True)[1:] if metrics.is_file() else []
+            (run_dir / "metrics.tmp").write_text(header + "".join(ln for ln in lines if int(ln.split(",")[0]) <= step))
+            os.replace(run_dir / "metrics.tmp", metrics)
+        else:
+            git = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ALGOS)
+            config = {"script": SCRIPT, "args": asdict(args), "git_commit": git.stdout.strip() or None,
+                      "versions": {p: version(p) for p in ("torch", "gymnasium", "numpy")}}
+            (run_dir / "config.json").write_text(json.dumps(config, indent=2))
+            metrics.write_text(header)
+        self.file = open(metrics, "a", newline="")
+        self.csv, self.tb = csv.writer(self.file), SummaryWriter(str(run_dir))
+        if args.track:
+            import wandb
+            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=asdict(args),
+                       name=run_dir.name, dir=str(run_dir), sync_tensorboard=True, id=run_dir.name, resume="allow")
+        self.bar = tqdm(total=total, initial=step, unit="step", mininterval=1.0)
+        self.first_step, self.start, self.eval_seconds, self.last_return = step, time.time(), 0.0, float("nan")
+
+    def log(self, step: int, metrics: dict):
+        for name, value in metrics.items():
+            self.csv.writerow([step, f"{time.time():.3f}", name, repr(float(value))])
+            self.tb.add_scalar(name, value, step)
+        self.file.flush()
+
+    def progress(self, step: int):
+        """Log charts/sps (environment steps per training second) and update the progress bar."""
+        sps = int((step - self.first_step) / max(time.time() - self.start - self.eval_seconds, 1e-9))
+        self.log(step, {"charts/sps": sps})
+        self.bar.update(step - self.bar.n)
+        self.bar.set_postfix(sps=sps, ret=f"{self.last_return:.1f}", refresh=False)
+
+    def evaluate(self, step: int, run_episodes) -> list:
+        """Log charts/train_seconds, then one eval/episodic_return row per episode of run_episodes()."""
+        self.log(step, {"charts/train_seconds": time.time() - self.start - self.eval_seconds})
+        start, returns = time.time(), run_episodes()
+        self.eval_seconds += time.time() - start
+        for value in returns:
+            self.log(step, {"eval/episodic_return": value})
+        return returns
+
+    def close(self, run_dir: Path, args, returns: list):
+        """Close the files; the last lines say the evaluation, where the run is and the script's reference."""
+        self.bar.close(), self.file.close(), self.tb.close()
+        if returns:
+            print(f"eval/episodic_return: {np.mean(returns):.2f} +- {np.std(returns):.2f} over {len(returns)} episodes")
+        print(f"run saved in {run_dir}" + (" (model.pt, checkpoint.pt)" if args.save_model else " (checkpoint.pt)"))
+        path = ALGOS.parent / "benchmark" / "references.toml"  # our multi-seed runs of each script, if present
+        refs = [r for r in tomllib.loads(path.read_text())["reference"] if (r["script"], r["env_id"], r["score"]) ==
+                (SCRIPT, args.env_id, "final_eval") and "values" in r] if path.is_file() else []
+        for r in sorted(refs, key=lambda r: abs(r["total_timesteps"] - args.total_timesteps))[:1]:
+            print(f"reference {r['id']} ({r['total_timesteps']:,} steps, final evaluation, {len(r['values'])} seeds): "
+                  f"{np.mean(r['values']):.2f} +- {np.std(r['values']):.2f}, lowest seed {min(r['values']):.2f}")
+        if not refs:
+            print(f"no reference for {SCRIPT} on {args.env_id} to compare with")
+# ---- end shared: helpers ----
+
+
 def check_args(args: Args):
-    if args.env_id not in gym.registry:
-        close = difflib.get_close_matches(args.env_id, list(gym.registry), n=1)
-        fail(f"unknown env id '{args.env_id}'" + (f"; did you mean '{close[0]}'?" if close else ""))
-    env = gym.make(args.env_id)
-    obs_space, act_space = env.observation_space, env.action_space
-    env.close()
+    obs_space, act_space = env_spaces(args.env_id)
     if not isinstance(act_space, gym.spaces.Discrete):
-        fail(f"dqn.py needs discrete actions but {args.env_id} has {act_space}; use sac_continuous.py or td3_continuous.py")
+        fail(f"{SCRIPT} needs discrete actions but {args.env_id} has {act_space}", "sac_continuous.py",
+             "td3_continuous.py")
     if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) != 1:
-        fail(f"dqn.py needs flat vector observations but {args.env_id} has {obs_space}; use dqn_atari.py for images")
-    counts = (args.num_envs, args.batch_size, args.train_frequency, args.gradient_steps, args.target_network_frequency)
-    if min(counts) < 1 or args.eval_episodes < 0:
-        fail("--num-envs, --batch-size, --train-frequency, --gradient-steps, --target-network-frequency must be >= 1, "
-             "--eval-episodes >= 0")
-    if not (0.0 <= args.end_e <= args.start_e <= 1.0 and 0.0 < args.exploration_fraction <= 1.0 and 0.0 < args.tau <= 1.0):
-        fail("need 0 <= --end-e <= --start-e <= 1, 0 < --exploration-fraction <= 1 and 0 < --tau <= 1")
-    if args.batch_size > args.buffer_size or args.learning_starts < args.batch_size:
-        fail(f"need --batch-size ({args.batch_size}) <= --learning-starts ({args.learning_starts}) and <= --buffer-size")
+        fail(f"{SCRIPT} needs flat vector observations but {args.env_id} has {obs_space}", "dqn_atari.py")
+    check_ranges(args, {"num_envs": "x >= 1", "batch_size": "x >= 1", "train_frequency": "x >= 1",
+                        "gradient_steps": "x >= 1", "target_network_frequency": "x >= 1", "learning_rate": "x > 0",
+                        "gamma": "0 <= x <= 1", "tau": "0 < x <= 1", "start_e": "0 <= x <= 1", "end_e": "0 <= x <= 1",
+                        "exploration_fraction": "0 < x <= 1", "learning_starts": "x >= 0", "buffer_size": "x >= 1"})
+    if args.end_e > args.start_e:
+        fail(f"--end-e {args.end_e} is above --start-e {args.start_e}: epsilon is annealed down")
+    if args.batch_size > min(args.buffer_size, max(args.learning_starts, 1)):
+        fail(f"--batch-size {args.batch_size} must not exceed --learning-starts ({args.learning_starts}) or "
+             f"--buffer-size ({args.buffer_size}): the first minibatch is drawn when learning starts")
     if args.total_timesteps <= args.learning_starts:
         fail(f"--total-timesteps {args.total_timesteps} must exceed --learning-starts {args.learning_starts}")
 
@@ -103,118 +222,63 @@ def check_args(args: Args):
 def make_env(env_id, idx, capture_video, run_dir):
     def thunk():
         if capture_video and idx == 0:
-            env = gym.make(env_id, render_mode="rgb_array")
-            return gym.wrappers.RecordVideo(env, f"{run_dir}/videos")
+            return gym.wrappers.RecordVideo(gym.make(env_id, render_mode="rgb_array"), f"{run_dir}/videos")
         return gym.make(env_id)
     return thunk
 
 
-def linear_parameters(n_in: int, n_out: int):
-    """Weight and bias of a linear layer, drawn exactly as nn.Linear(n_in, n_out) draws its own (the same random
-    numbers), the weight stored transposed, (in, out), for torch.addmm."""
-    layer = nn.Linear(n_in, n_out)
-    return nn.Parameter(layer.weight.detach().T.contiguous()), nn.Parameter(layer.bias.detach().clone())
-
-
 class QNetwork(nn.Module):
-    """obs -> 120 -> 84 -> one Q-value per action, ReLU (CleanRL's network). Each layer is one torch.addmm on an
-    (in, out) weight: nn.Linear's (out, in) weight costs a transpose op per layer and a node per layer in backward."""
+    """obs -> 120 -> 84 -> one Q-value per action, ReLU (CleanRL's network); nn.Linear's default init."""
 
     def __init__(self, obs_dim: int, n_actions: int):
         super().__init__()
-        self.w1, self.b1 = linear_parameters(obs_dim, 120)
-        self.w2, self.b2 = linear_parameters(120, 84)
-        self.w3, self.b3 = linear_parameters(84, n_actions)
+        self.network = nn.Sequential(
+            nn.Linear(obs_dim, 120), nn.ReLU(),
+            nn.Linear(120, 84), nn.ReLU(),
+            nn.Linear(84, n_actions),
+        )
 
     def forward(self, x):
-        """Q-values (batch, n_actions) of observations (batch, obs_dim)."""
-        x = torch.relu(torch.addmm(self.b1, x, self.w1))
-        x = torch.relu(torch.addmm(self.b2, x, self.w2))
-        return torch.addmm(self.b3, x, self.w3)
+        return self.network(x)
 
 
-def flat_parameters(module: nn.Module):
-    """Make the parameters of `module` views into one flat tensor, and their gradients views into a second one; return
-    the first as a Parameter whose .grad is the second. Adam, zeroing the gradients and the target update then run
-    on one tensor instead of one per parameter (an op costs 5-10 µs on a CPU; an update about 0.5 ms). Backward still
-    fills each parameter's .grad, in place; zero them with flat.grad.zero_(), never optimizer.zero_grad()."""
-    params = list(module.parameters())
-    flat = torch.cat([p.detach().reshape(-1) for p in params])
-    grad, offset = torch.zeros_like(flat), 0
-    for p in params:
-        p.data, p.grad = flat[offset:offset + p.numel()].view_as(p), grad[offset:offset + p.numel()].view_as(p)
-        offset += p.numel()
-    flat = nn.Parameter(flat)
-    flat.grad = grad
-    return flat
+class ReplayBuffer:
+    """A ring buffer of preallocated numpy arrays. next_obs is the true next observation (the last one of an episode
+    cut by a time limit), so that only `terminated` stops the bootstrap. Checkpointable through state_dict()."""
+    FIELDS = ("obs", "next_obs", "actions", "rewards", "terminated")
 
+    def __init__(self, size: int, obs_dim: int, rng: np.random.Generator):
+        self.obs, self.next_obs = np.zeros((size, obs_dim), np.float32), np.zeros((size, obs_dim), np.float32)
+        self.actions, self.rewards, self.terminated = (np.zeros(size, t) for t in (np.int64, np.float32, np.float32))
+        self.size, self.pos, self.full, self.rng = size, 0, False, rng
 
-class Adam:
-    """Adam (Kingma & Ba 2015) on one flat parameter tensor, computing what torch.optim.Adam computes with the same
-    arguments (tests/test_flat_parameters.py checks it step by step). torch.optim.Adam's step() spends about 100 µs in
-    Python around a 10 µs kernel here, once per gradient step; this one is 7 ops. Any torch.optim optimizer can take
-    its place: torch.optim.X([flat], ...), with its param_groups[0]["lr"] for the annealing."""
+    def add(self, obs, next_obs, actions, rewards, terminated):
+        idx = (self.pos + np.arange(len(obs))) % self.size
+        for name, value in zip(self.FIELDS, (obs, next_obs, actions, rewards, terminated)):
+            getattr(self, name)[idx] = value
+        self.full, self.pos = self.full or self.pos + len(obs) >= self.size, (self.pos + len(obs)) % self.size
 
-    def __init__(self, param, lr: float, betas=(0.9, 0.999), eps: float = 1e-8):
-        self.param, self.lr, self.betas, self.eps, self.t = param, lr, betas, eps, 0
-        self.data = param.detach()  # the weights, updated in place without autograd
-        self.m, self.v = torch.zeros_like(self.data), torch.zeros_like(self.data)
-
-    def step(self):
-        (b1, b2), grad = self.betas, self.param.grad
-        self.t += 1
-        self.m.lerp_(grad, 1 - b1)  # first moment
-        self.v.mul_(b2).addcmul_(grad, grad, value=1 - b2)  # second moment
-        denom = self.v.sqrt().div_((1 - b2 ** self.t) ** 0.5).add_(self.eps)  # bias-corrected, as torch.optim
-        self.data.addcdiv_(self.m, denom, value=-self.lr / (1 - b1 ** self.t))
+    def sample(self, batch_size: int, device):
+        """A uniform minibatch (obs, next_obs, actions, rewards, terminated) as tensors on `device`."""
+        idx = self.rng.integers(0, self.size if self.full else self.pos, batch_size)
+        return [torch.as_tensor(getattr(self, name)[idx], device=device) for name in self.FIELDS]
 
     def state_dict(self):
-        return {"t": self.t, "lr": self.lr, "m": self.m, "v": self.v}
+        return {name: getattr(self, name) for name in (*self.FIELDS, "pos", "full")}
 
     def load_state_dict(self, state):
-        self.t, self.lr = state["t"], state["lr"]
-        self.m.copy_(state["m"])
-        self.v.copy_(state["v"])
+        for name, value in state.items():
+            setattr(self, name, value)
 
 
-def linear_schedule(start_e: float, end_e: float, duration: int, t: int):
+def linear_schedule(start_e: float, end_e: float, duration: float, t: int):
     return max(end_e, start_e + (end_e - start_e) * t / duration)
 
 
 def td_target(target_q_next, rewards, terminated, gamma):
-    """One-step Q-learning target r + gamma * max_a' Q_target(s', a') (Nature DQN, Algorithm 1); only
-    termination stops the bootstrap: a time-limit truncation still has a future."""
-    return torch.addcmul(rewards, target_q_next.amax(dim=1, keepdim=True), 1.0 - terminated, value=gamma)  # 3 ops, not 5
-
-
-class ReplayBuffer:
-    """Fixed-size ring buffer in numpy. A transition is one float32 row [obs, next_obs, action, reward, terminated], so
-    that a minibatch is one fancy index and one copy to the device: on a CPU the number of ops, not bytes, sets the
-    cost. state_dict() makes it checkpointable."""
-
-    def __init__(self, size, obs_dim, rng):
-        self.size, self.pos, self.full, self.rng, self.obs_dim = size, 0, False, rng, obs_dim
-        self.rows = np.zeros((size, 2 * obs_dim + 3), dtype=np.float32)
-
-    def add(self, obs, next_obs, actions, rewards, terminated):
-        idx = (self.pos + np.arange(len(obs))) % self.size
-        self.rows[idx] = np.concatenate([obs, next_obs, np.stack([actions, rewards, terminated], axis=1)], axis=1)
-        self.full = self.full or self.pos + len(obs) >= self.size
-        self.pos = (self.pos + len(obs)) % self.size
-
-    def sample(self, batch_size, device):
-        """(obs, next_obs, actions, rewards, terminated) of a uniform minibatch, as tensors on `device`; the last three
-        are columns (batch, 1), the shape Q(s).gather(1, actions) has."""
-        idx = self.rng.integers(0, self.size if self.full else self.pos, batch_size)
-        b, d = torch.as_tensor(self.rows[idx], device=device), self.obs_dim
-        return b[:, :d], b[:, d:2 * d], b[:, 2 * d:2 * d + 1].long(), b[:, 2 * d + 1:2 * d + 2], b[:, 2 * d + 2:]
-
-    def state_dict(self):
-        return {k: getattr(self, k) for k in ("pos", "full", "rows")}
-
-    def load_state_dict(self, state):
-        for k, v in state.items():
-            setattr(self, k, v)
+    """One-step Q-learning target r + gamma * max_a' Q_target(s', a') (Nature DQN, Algorithm 1); only termination
+    stops the bootstrap: a time-limit truncation still has a future."""
+    return rewards + gamma * target_q_next.max(dim=1).values * (1.0 - terminated)
 
 
 @torch.no_grad()
@@ -222,8 +286,7 @@ def evaluate(q_network, env_id, episodes, seed, device="cpu"):
     """Greedy (argmax Q) episodes on a fresh env; returns the list of episodic returns."""
     env, returns = gym.make(env_id), []
     for ep in range(episodes):
-        obs, _ = env.reset(seed=seed + ep)
-        done, total = False, 0.0
+        (obs, _), done, total = env.reset(seed=seed + ep), False, 0.0
         while not done:
             q_values = q_network(torch.as_tensor(obs, dtype=torch.float32, device=device)[None])
             obs, reward, terminated, truncated, _ = env.step(int(q_values.argmax()))
@@ -233,175 +296,101 @@ def evaluate(q_network, env_id, episodes, seed, device="cpu"):
     return returns
 
 
-class RunLogger:
-    """The run contract (DESIGN §3): config.json, append-only metrics.csv, TensorBoard, optional wandb."""
-
-    def __init__(self, args: Args, run_dir: Path):
-        run_dir.mkdir(parents=True, exist_ok=True)
-        if not (run_dir / "config.json").exists():
-            commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                                    cwd=Path(__file__).parent).stdout.strip() or None
-            pkgs = {p: version(p) for p in ("torch", "gymnasium", "numpy")}
-            config = {"script": Path(__file__).name, "args": asdict(args), "git_commit": commit, "versions": pkgs}
-            (run_dir / "config.json").write_text(json.dumps(config, indent=2))
-        new = not (run_dir / "metrics.csv").exists()
-        self.file = open(run_dir / "metrics.csv", "a", newline="")
-        self.csv = csv.writer(self.file)
-        if new:
-            self.csv.writerow(["global_step", "wall_time", "name", "value"])
-        if args.track:
-            import wandb
-            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=asdict(args),
-                       name=run_dir.name, dir=str(run_dir), sync_tensorboard=True, id=run_dir.name, resume="allow")
-        self.tb = SummaryWriter(str(run_dir))
-
-    def log(self, step: int, metrics: dict):
-        now = time.time()
-        for name, value in metrics.items():
-            self.csv.writerow([step, f"{now:.3f}", name, repr(float(value))])
-            self.tb.add_scalar(name, value, step)
-        self.file.flush()
-
-    def log_many(self, step: int, name: str, values: list):
-        for value in values:
-            self.log(step, {name: value})
-
-    def close(self):
-        self.file.close()
-        self.tb.close()
-
-
 def main(args: Args):
-    if args.resume:
-        ckpt_path = Path(args.resume) / "checkpoint.pt"
-        if not ckpt_path.is_file():
-            fail(f"no checkpoint at {ckpt_path}; pass the run directory of an earlier dqn.py run")
-        try:
-            ckpt = torch.load(ckpt_path, weights_only=False)
-            args = Args(**ckpt["args"])
-        except Exception as e:
-            fail(f"{ckpt_path} is corrupt or not a dqn.py checkpoint ({type(e).__name__}); delete it or start anew")
-        args.run_dir = args.resume = str(Path(ckpt_path).parent)
-    check_args(args)
-    run_dir = Path(args.run_dir or f"runs/{args.env_id}__dqn__{args.seed}__{int(time.time())}")
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
-    if args.torch_deterministic:
-        torch.set_num_threads(1)
+    args, ckpt, run_dir = start_run(args, check_args)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-
-    envs = gym.vector.SyncVectorEnv([make_env(args.env_id, i, args.capture_video, run_dir) for i in range(args.num_envs)],
-                                    autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    envs = gym.vector.SyncVectorEnv(  # same-step autoreset: a finished episode's last observation is in infos
+        [make_env(args.env_id, i, args.capture_video, run_dir) for i in range(args.num_envs)],
+        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     obs_dim, n_actions = envs.single_observation_space.shape[0], int(envs.single_action_space.n)
     q_network = QNetwork(obs_dim, n_actions).to(device)
     target_network = QNetwork(obs_dim, n_actions).to(device)
     target_network.load_state_dict(q_network.state_dict())
-    flat, target_flat = flat_parameters(q_network), flat_parameters(target_network).detach()  # the weights as views
-    optimizer = Adam(flat, lr=args.learning_rate)
+    optimizer = torch.optim.Adam(q_network.parameters(), lr=args.learning_rate, fused=True)  # fused: 4x faster step
     rng = np.random.default_rng(args.seed)  # exploration and replay sampling
     rb = ReplayBuffer(args.buffer_size, obs_dim, rng)
     num_iterations = args.total_timesteps // args.num_envs  # one iteration = one step of every env
-    start_iteration = 0
-    if args.resume:
+    iteration, eval_seed = 0, args.seed + 100_000  # evaluation episodes are seeded apart from training
+    run_eval = lambda: evaluate(q_network, args.env_id, args.eval_episodes, eval_seed, device)  # noqa: E731
+    if ckpt is not None:
         try:
-            for obj, key in ((q_network, "q_network"), (target_network, "target_network"), (optimizer, "optimizer"), (rb, "rb")):
+            for key, obj in (("q_network", q_network), ("target_network", target_network), ("optimizer", optimizer),
+                             ("rb", rb)):
                 obj.load_state_dict(ckpt[key])
-            rng.bit_generator.state = ckpt["rng"]  # the only RNG used after seeding: envs are seeded on reset
         except Exception as e:
-            fail(f"{ckpt_path} does not fit this network ({type(e).__name__}); delete it or start anew")
-        start_iteration = ckpt["iteration"]
-    logger = RunLogger(args, run_dir)
+            fail(f"{run_dir / 'checkpoint.pt'} does not fit this network ({type(e).__name__}); delete it or start anew")
+        rng.bit_generator.state = ckpt["rng"]  # the only RNG used after seeding: envs are seeded on reset
+        iteration = ckpt["iteration"]
+    global_step = iteration * args.num_envs
+    logger = RunLogger(args, run_dir, num_iterations * args.num_envs, global_step, resuming=ckpt is not None)
 
-    def save_checkpoint(iteration):
+    def checkpoint(iteration):  # write, then rename: a crash never leaves a half-written checkpoint.pt
         torch.save({"args": asdict(args), "iteration": iteration, "global_step": iteration * args.num_envs,
-                    "q_network": q_network.state_dict(),
-                    "target_network": target_network.state_dict(), "optimizer": optimizer.state_dict(),
-                    "rb": rb.state_dict(), "rng": rng.bit_generator.state},
+                    "q_network": q_network.state_dict(), "target_network": target_network.state_dict(),
+                    "optimizer": optimizer.state_dict(), "rb": rb.state_dict(), "rng": rng.bit_generator.state},
                    run_dir / "checkpoint.tmp")
-        os.replace(run_dir / "checkpoint.tmp", run_dir / "checkpoint.pt")  # never leave a half-written file
+        os.replace(run_dir / "checkpoint.tmp", run_dir / "checkpoint.pt")
 
-    global_step = start_iteration * args.num_envs
     obs, _ = envs.reset(seed=args.seed + global_step)  # a resumed run starts fresh episodes
     episode_return, episode_length = np.zeros(args.num_envs), np.zeros(args.num_envs, dtype=np.int64)
-    bar = tqdm(total=num_iterations * args.num_envs, initial=global_step, unit="step", mininterval=1.0)
-    last_return, iteration, start_time, eval_seconds = float("nan"), start_iteration, time.time(), 0.0
     try:
-        for iteration in range(start_iteration, num_iterations):
-            epsilon = linear_schedule(args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps, global_step)
+        for iteration in range(iteration, num_iterations):
+            epsilon = linear_schedule(args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps,
+                                      global_step)
             actions = rng.integers(0, n_actions, args.num_envs)
-            exploit = rng.random(args.num_envs) >= epsilon
-            if exploit.any():  # the network is only asked where it acts
+            if (exploit := rng.random(args.num_envs) >= epsilon).any():  # the network is asked only where it acts
                 with torch.no_grad():
-                    greedy = q_network(torch.as_tensor(obs, dtype=torch.float32, device=device)).argmax(dim=1).cpu().numpy()
-                actions = np.where(exploit, greedy, actions)
+                    q_values = q_network(torch.as_tensor(obs, dtype=torch.float32, device=device))
+                actions = np.where(exploit, q_values.argmax(dim=1).cpu().numpy(), actions)
             next_obs, rewards, terminated, truncated, infos = envs.step(actions)
-            real_next_obs = next_obs.copy()
-            if "_final_obs" in infos:  # same-step autoreset: store the true last observation, not the reset one
-                for i in np.flatnonzero(infos["_final_obs"]):
-                    real_next_obs[i] = infos["final_obs"][i]
+            real_next_obs = next_obs.copy()  # same-step autoreset: store the true last observation, not the reset one
+            for i in np.flatnonzero(infos.get("_final_obs", [])):
+                real_next_obs[i] = infos["final_obs"][i]
             rb.add(obs, real_next_obs, actions, rewards, terminated)
             obs = next_obs
+            episode_return, episode_length = episode_return + rewards, episode_length + 1
             global_step += args.num_envs
-            episode_return += rewards
-            episode_length += 1
             for i in np.flatnonzero(terminated | truncated):  # every finished episode of every sub-env
-                last_return = float(episode_return[i])
-                logger.log(global_step, {"train/episodic_return": last_return,
-                                         "train/episodic_length": int(episode_length[i])})
+                logger.last_return = episode_return[i]
+                logger.log(global_step, {"train/episodic_return": episode_return[i],
+                                         "train/episodic_length": episode_length[i]})
                 episode_return[i], episode_length[i] = 0.0, 0
 
-            if global_step > args.learning_starts:
-                if iteration % args.train_frequency == 0:
-                    if args.anneal_lr:
-                        optimizer.lr = args.learning_rate * (1.0 - iteration / num_iterations)
-                    for _ in range(args.gradient_steps):
-                        b_obs, b_next_obs, b_actions, b_rewards, b_terminated = rb.sample(args.batch_size, device)
-                        with torch.no_grad():
-                            target = td_target(target_network(b_next_obs), b_rewards, b_terminated, args.gamma)
-                        q_pred = q_network(b_obs).gather(1, b_actions)
-                        loss = F.mse_loss(q_pred, target)
-                        flat.grad.zero_()
-                        loss.backward()
-                        optimizer.step()
-                    if (iteration // args.train_frequency) % max(1, 100 // args.gradient_steps) == 0:  # every ~100 updates
-                        sps = int((global_step - start_iteration * args.num_envs) / (time.time() - start_time - eval_seconds))
-                        logger.log(global_step, {"losses/td_loss": loss.item(), "losses/q_values": q_pred.mean().item(),
-                                                 "charts/epsilon": epsilon, "charts/sps": sps,
-                                                 "charts/learning_rate": optimizer.lr})
-                        bar.set_postfix(sps=sps, ret=f"{last_return:.1f}", refresh=False)
-                if iteration % max(1, args.target_network_frequency // args.num_envs) == 0:
-                    with torch.no_grad():  # target <- tau * online + (1 - tau) * target, all weights in one op
-                        target_flat.lerp_(flat, args.tau)
-            bar.update(args.num_envs)
+            if global_step > args.learning_starts and iteration % args.train_frequency == 0:
+                if args.anneal_lr:
+                    optimizer.param_groups[0]["lr"] = args.learning_rate * (1.0 - iteration / num_iterations)
+                for _ in range(args.gradient_steps):
+                    b_obs, b_next_obs, b_actions, b_rewards, b_terminated = rb.sample(args.batch_size, device)
+                    with torch.no_grad():
+                        target = td_target(target_network(b_next_obs), b_rewards, b_terminated, args.gamma)
+                    q_pred = q_network(b_obs).gather(1, b_actions[:, None]).squeeze(1)
+                    loss = F.mse_loss(q_pred, target)
+                    optimizer.zero_grad()
+                    loss.backward()
+                    optimizer.step()
+                if (iteration // args.train_frequency) % max(1, 100 // args.gradient_steps) == 0:  # every ~100 updates
+                    logger.log(global_step, {"losses/td_loss": loss, "losses/q_values": q_pred.mean(), "charts/epsilon":
+                                             epsilon, "charts/learning_rate": optimizer.param_groups[0]["lr"]})
+                    logger.progress(global_step)
+            if global_step > args.learning_starts and global_step % args.target_network_frequency < args.num_envs:
+                with torch.no_grad():  # target <- tau * online + (1 - tau) * target (tau = 1: a copy)
+                    for target_param, param in zip(target_network.parameters(), q_network.parameters()):
+                        target_param.lerp_(param, args.tau)
             if args.eval_every and iteration + 1 < num_iterations and global_step % args.eval_every < args.num_envs:
-                train_seconds = time.time() - start_time - eval_seconds  # evaluation time is not training time
-                returns = evaluate(q_network, args.env_id, args.eval_episodes, seed=args.seed + 100_000, device=device)
-                eval_seconds = time.time() - start_time - train_seconds
-                logger.log(global_step, {"charts/train_seconds": train_seconds})
-                logger.log_many(global_step, "eval/episodic_return", returns)
+                logger.evaluate(global_step, run_eval)
             if (iteration + 1) % max(1, args.checkpoint_every // args.num_envs) == 0:
-                save_checkpoint(iteration + 1)
+                checkpoint(iteration + 1)
     except KeyboardInterrupt:
-        save_checkpoint(iteration)  # the interrupted step is redone; the buffer holds every step before it
-        logger.close()
+        checkpoint(iteration)  # the interrupted step is redone; the buffer holds every step before it
         print(f"\ninterrupted: metrics kept, resume with --resume {run_dir}", file=sys.stderr)
         sys.exit(130)
-    bar.close()
     envs.close()
-    save_checkpoint(num_iterations)
-
-    logger.log(global_step, {"charts/train_seconds": time.time() - start_time - eval_seconds})
-    eval_returns = evaluate(q_network, args.env_id, args.eval_episodes, seed=args.seed + 100_000, device=device)
-    logger.log_many(global_step, "eval/episodic_return", eval_returns)
-    if eval_returns:
-        print(f"eval/episodic_return: {np.mean(eval_returns):.2f} +- {np.std(eval_returns):.2f} "
-              f"over {len(eval_returns)} episodes")
+    checkpoint(num_iterations)
+    eval_returns = logger.evaluate(global_step, run_eval)
     if args.save_model:
         torch.save({"q_network": q_network.state_dict(), "args": asdict(args), "eval_returns": eval_returns,
                     "obs_dim": obs_dim, "n_actions": n_actions}, run_dir / "model.pt")
-    logger.close()
+    logger.close(run_dir, args, eval_returns)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,13 @@ def _max_eval(metrics):
     return max(m for _, m in _eval_means(metrics))
 
 
-SCORERS = {"last100_train": _last100_train, "final_eval": _final_eval, "max_eval": _max_eval}
+def _auc_eval(metrics):
+    """Mean over all evaluations (every --eval-every steps and the final one) of the mean evaluation return: the area
+    under the evaluation curve divided by its length. A run that learns later scores lower even if it ends as well."""
+    return float(np.mean([m for _, m in _eval_means(metrics)]))
+
+
+SCORERS = {"last100_train": _last100_train, "final_eval": _final_eval, "max_eval": _max_eval, "auc_eval": _auc_eval}
 
 
 def score(metrics: dict, method: str) -> float:
@@ -55,8 +61,11 @@ class Reference:
     flags: list[str] = field(default_factory=list)  # extra flags the run used
     note: str = ""  # env version differences and the like
     threshold: float | None = None  # set for CI gates: every listed seed must reach it
-    cpu_seconds: float | None = None  # what one gate run costs here
+    cpu_seconds: float | None = None  # what one gate run costs here (its test's timeout is a multiple of it)
     evidence: str | None = None  # the reference id of the multi-seed runs the threshold was set from
+    auc_values: list[float] | None = None  # per-seed auc_eval scores of the same runs as `values` (evidence entries)
+    auc_margin: float | None = None  # gates: fail below the lowest auc_values of the evidence minus this margin
+    auc_threshold: float | None = None  # derived by load_references: min(evidence.auc_values) - auc_margin
 
     @property
     def is_gate(self) -> bool:
@@ -83,6 +92,19 @@ def load_references(path: Path = REFERENCES) -> list[Reference]:
             raise ValueError(f"{e.id}: {len(e.values)} values for {n_seeds} seeds; give one value per seed")
         if e.values and e.mean is not None and abs(e.mean - np.mean(e.values)) > 0.01:
             raise ValueError(f"{e.id}: mean {e.mean} is not the mean of its values ({np.mean(e.values):.2f})")
+        if e.auc_values and len(e.auc_values) != n_seeds:
+            raise ValueError(f"{e.id}: {len(e.auc_values)} auc_values for {n_seeds} seeds; give one value per seed")
+    by_id = {e.id: e for e in entries}
+    for e in entries:
+        if e.auc_margin is None:
+            continue
+        ev = by_id.get(e.evidence)
+        if not e.is_gate or ev is None or not ev.auc_values:
+            raise ValueError(f"{e.id}: auc_margin needs a gate whose evidence entry has auc_values")
+        if list(ev.flags) != list(e.flags) or ev.total_timesteps != e.total_timesteps:
+            raise ValueError(f"{e.id}: the gate must run as its evidence ran (same flags and budget) for the curves to "
+                             f"compare; evidence {ev.id} has {ev.flags} at {ev.total_timesteps}")
+        e.auc_threshold = min(ev.auc_values) - e.auc_margin
     return entries
 
 

@@ -30,10 +30,11 @@ def script_command(script: str, flags: list[str], run_dir: Path | str | None) ->
 
 
 def run_script(script: str, flags: list[str], run_dir: Path | str | None = None, timeout: float | None = None,
-               **env) -> subprocess.CompletedProcess:
-    """Run `python algos/<script> <flags> --run-dir <run_dir>`; stdout and stderr are captured as text."""
+               cwd: Path | str = ROOT, **env) -> subprocess.CompletedProcess:
+    """Run `python algos/<script> <flags> --run-dir <run_dir>` in `cwd` with the extra environment variables `env`;
+    stdout and stderr are captured as text."""
     return subprocess.run(script_command(script, flags, run_dir), capture_output=True, text=True, timeout=timeout,
-                          cwd=ROOT, env=run_env(**env))
+                          cwd=cwd, env=run_env(**env))
 
 
 def read_rows(run_dir: Path | str) -> list[dict]:

@@ -1,7 +1,7 @@
 """cli tier: --help for every script, the shared flags, and bad input -> one line, exit 2, nothing written."""
 import pytest
 
-from benchmark.runs import run_script
+from benchmark.runs import ALGOS, run_script
 from conftest import SCRIPTS, SMOKE
 
 SHARED_FLAGS = ["--env-id", "--seed", "--total-timesteps", "--cuda", "--no-cuda", "--torch-deterministic", "--track",
@@ -33,11 +33,37 @@ def assert_clean_error(out, run_dir, *expected):
 @pytest.mark.parametrize("script", sorted(SMOKE))
 @pytest.mark.parametrize("flags,expected", [
     (["--env-id", "CartPol-v1"], ["CartPol-v1", "did you mean 'CartPole-v1'"]),
-    (["--env-id", "Pendulum-v1"], ["discrete", "_continuous.py"]),
+    (["--env-id", "Pendulum-v1"], ["discrete"]),
     (["--env-id", "CartPole-v1", "--eval-episodes", "-1"], ["--eval-episodes"]),
+    (["--learning-rate", "-1"], ["--learning-rate -1.0", "x > 0"]),
+    (["--learning-rate", "0"], ["--learning-rate 0.0"]),
+    (["--gamma", "1.5"], ["--gamma 1.5"]),
+    (["--total-timesteps", "0"], ["--total-timesteps"]),
+    (["--checkpoint-every", "0"], ["--checkpoint-every"]),
 ])
 def test_bad_input(script, flags, expected, tmp_path):
     assert_clean_error(run_script(script, flags, tmp_path / "run"), tmp_path / "run", *expected)
+
+
+@pytest.mark.parametrize("script", sorted(SMOKE))
+def test_wrong_action_space_names_only_scripts_that_exist(script, tmp_path):
+    """A MuJoCo env: one error line (no MuJoCo or deprecation warning before it), nothing left in the working
+    directory (MuJoCo writes MUJOCO_LOG.TXT there), and any script the error suggests exists."""
+    out = run_script(script, ["--env-id", "Hopper-v4"], tmp_path / "run", cwd=tmp_path)
+    assert_clean_error(out, tmp_path / "run", "discrete", "Hopper-v4")
+    assert list(tmp_path.iterdir()) == [], "the env check left files in the working directory"
+    for word in out.stderr.replace(";", " ").split():
+        if word.endswith(".py"):
+            assert (ALGOS / word).is_file(), f"the error names {word}, which does not exist"
+
+
+@pytest.mark.parametrize("script", sorted(SMOKE))
+def test_new_run_refuses_a_directory_that_holds_a_run(script, tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "metrics.csv").write_text("global_step,wall_time,name,value\n1,0,train/x,1\n")
+    assert_clean_error(run_script(script, ["--total-timesteps", "2048"], run_dir), tmp_path / "nothing", "--resume")
+    assert (run_dir / "metrics.csv").read_text().endswith("1,0,train/x,1\n") and len(list(run_dir.iterdir())) == 1
 
 
 def test_ppo_minibatches_must_divide_batch(tmp_path):

@@ -52,8 +52,8 @@ def test_dqn_logs_every_episode_and_stores_true_final_obs(tmp_path):
                       buffer_size=100, eval_episodes=0, run_dir=str(tmp_path)))
     assert episodes(tmp_path) == ([3.0] * 8 + [4.0] * 8, [3.0] * 8 + [4.0] * 8)
     rb = torch.load(tmp_path / "checkpoint.pt", weights_only=False)["rb"]
-    n, rows = rb["pos"], torch.as_tensor(rb["rows"][:rb["pos"]])  # rows: [obs (2), next_obs (2), action, reward, terminated]
-    obs, next_obs, terminated = rows[:, 0:2], rows[:, 2:4], rows[:, 6]
+    n = rb["pos"]
+    obs, next_obs, terminated = (torch.as_tensor(rb[k][:n]) for k in ("obs", "next_obs", "terminated"))
     assert n == 56
     # every stored next_obs is the real successor (t+1, same kind), never the reset observation
     assert torch.equal(next_obs[:, 0], obs[:, 0] + 1) and torch.equal(next_obs[:, 1], obs[:, 1])

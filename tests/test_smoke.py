@@ -20,6 +20,8 @@ def test_run_contract_and_saved_model(smoke_script, tmp_path):
     run_dir = tmp_path / "run"
     out = run_script(smoke_script, SMOKE[smoke_script] + ["--save-model", "--seed", "3"], run_dir)
     assert out.returncode == 0, out.stderr[-2000:]
+    assert f"run saved in {run_dir}" in out.stdout, "the last lines say where the run is"
+    assert f"reference ours-{smoke_script[:-3]}-CartPole-v1" in out.stdout, "and compare it with the script's reference"
     config = json.loads((run_dir / "config.json").read_text())
     assert config["script"] == smoke_script and config["args"]["seed"] == 3 and "torch" in config["versions"]
     metrics = read_metrics(run_dir)
@@ -68,7 +70,24 @@ def test_ctrl_c_keeps_metrics_and_resume_continues(smoke_script, tmp_path):
     out = run_script(smoke_script, ["--resume", str(run_dir)])
     assert out.returncode == 0, out.stderr[-2000:]
     after = read_rows(run_dir)
-    assert after[:len(before)] == before, "resuming must append to metrics.csv, not rewrite it"
-    resumed = after[len(before):]
+    kept = [r for r in before if r["global_step"] <= ckpt_step]
+    assert after[:len(kept)] == kept, "resuming keeps every row up to the checkpoint as it was"
+    resumed = after[len(kept):]
     assert resumed and resumed[-1]["name"] == "eval/episodic_return" and resumed[-1]["global_step"] >= 29_000
     assert min(r["global_step"] for r in resumed) > ckpt_step, "a resumed run continues from its checkpoint"
+    steps = [r["global_step"] for r in after]
+    assert steps == sorted(steps), "the redone steps of the interrupted rollout are not logged twice"
+
+
+def test_resume_extends_the_budget_and_keeps_the_other_flags(smoke_script, tmp_path):
+    run_dir = tmp_path / "run"
+    assert run_script(smoke_script, SMOKE[smoke_script], run_dir).returncode == 0
+    first_end = max(r["global_step"] for r in read_rows(run_dir))
+    out = run_script(smoke_script, ["--resume", str(run_dir), "--total-timesteps", "2048", "--learning-rate", "5"])
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "--total-timesteps 2048 (was" in out.stderr and "ignored: --learning-rate" in out.stderr
+    rows = read_rows(run_dir)
+    steps = [r["global_step"] for r in rows]
+    assert steps == sorted(steps) and max(steps) > first_end and max(steps) > 2048 - 256
+    config = torch.load(run_dir / "checkpoint.pt", weights_only=False)["args"]
+    assert config["total_timesteps"] == 2048 and config["learning_rate"] == load_script(smoke_script).Args().learning_rate

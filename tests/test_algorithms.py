@@ -1,0 +1,84 @@
+"""The maths of each script as small functions, checked against cases computed by hand."""
+import numpy as np
+import pytest
+import torch
+
+from benchmark.runs import load_script
+
+ppo, dqn = load_script("ppo.py"), load_script("dqn.py")
+
+
+def test_gae_by_hand():
+    # one env, 3 steps, the episode ends at step 1; gamma 0.9, lambda 0.8, V = 0.5 everywhere, V(next obs) = 2
+    rewards, values, dones = (torch.tensor([[1.0], [1.0], [1.0]]), torch.full((3, 1), 0.5),
+                              torch.tensor([[0.0], [1.0], [0.0]]))
+    adv, ret = ppo.compute_gae(rewards, values, dones, torch.tensor([2.0]), gamma=0.9, gae_lambda=0.8)
+    # t=2: 1 + 0.9*2 - 0.5 = 2.3; t=1 (ends): 1 - 0.5 = 0.5; t=0: 1 + 0.9*0.5 - 0.5 + 0.9*0.8*0.5 = 1.31
+    assert torch.allclose(adv[:, 0], torch.tensor([1.31, 0.5, 2.3]))
+    assert torch.allclose(ret, adv + values)
+
+
+def test_gae_with_lambda_one_is_the_discounted_return():
+    rewards, values = torch.rand(5, 2), torch.rand(5, 2)
+    dones, next_value, gamma = torch.zeros(5, 2), torch.rand(2), 0.97
+    _, ret = ppo.compute_gae(rewards, values, dones, next_value, gamma, gae_lambda=1.0)
+    expected, g = torch.zeros(5, 2), next_value
+    for t in reversed(range(5)):
+        g = rewards[t] + gamma * g
+        expected[t] = g
+    assert torch.allclose(ret, expected, atol=1e-6)
+
+
+def test_ppo_loss_at_the_old_policy_and_clipping():
+    torch.manual_seed(0)
+    agent, obs = ppo.Agent(4, 3), torch.randn(64, 4)
+    with torch.no_grad():
+        actions, logprobs, _, values = agent.get_action_and_value(obs)
+    adv, ret = torch.randn(64), torch.randn(64)
+    loss, stats = ppo.ppo_loss(agent, obs, actions, logprobs, adv, ret, clip_coef=0.2, ent_coef=0.0, vf_coef=0.5)
+    # ratio = 1: the surrogate is -mean(advantage), nothing is clipped, the KL estimate is 0
+    assert stats["policy_loss"] == pytest.approx(-adv.mean().item(), abs=1e-6)
+    assert stats["clipfrac"] == 0 and abs(stats["approx_kl"]) < 1e-6
+    assert loss.item() == pytest.approx(-adv.mean().item() + 0.5 * 0.5 * ((values - ret) ** 2).mean().item(), abs=1e-5)
+    # old log-probs 1 lower: ratio e > 1 + clip; positive advantages are clipped at 1.2, negative ones are not
+    _, stats = ppo.ppo_loss(agent, obs, actions, logprobs - 1, torch.ones(64), ret, 0.2, 0.0, 0.5)
+    assert stats["policy_loss"] == pytest.approx(-1.2, abs=1e-5) and stats["clipfrac"] == 1
+    _, stats = ppo.ppo_loss(agent, obs, actions, logprobs - 1, -torch.ones(64), ret, 0.2, 0.0, 0.5)
+    assert stats["policy_loss"] == pytest.approx(np.e, abs=1e-5)
+
+
+def test_policy_log_probs_are_the_actors_softmax():
+    torch.manual_seed(1)
+    agent, obs = ppo.Agent(4, 3), torch.randn(10, 4)
+    actions, logprob, entropy, value = agent.get_action_and_value(obs)
+    logp_all = torch.log_softmax(agent.actor(obs), dim=-1)
+    assert torch.allclose(logprob, logp_all.gather(1, actions[:, None]).squeeze(1))
+    assert torch.allclose(entropy, -(logp_all.exp() * logp_all).sum(-1))
+    assert torch.allclose(value, agent.critic(obs).squeeze(-1))
+
+
+def test_td_target_by_hand():
+    q_next = torch.tensor([[1.0, 3.0], [5.0, 2.0]])
+    target = dqn.td_target(q_next, torch.tensor([1.0, 1.0]), torch.tensor([0.0, 1.0]), gamma=0.5)
+    assert torch.allclose(target, torch.tensor([1.0 + 0.5 * 3.0, 1.0]))  # a terminated transition has no future
+
+
+def test_epsilon_schedule():
+    assert dqn.linear_schedule(1.0, 0.05, 100, 0) == 1.0
+    assert dqn.linear_schedule(1.0, 0.05, 100, 50) == pytest.approx(0.525)
+    assert dqn.linear_schedule(1.0, 0.05, 100, 100) == pytest.approx(0.05)
+    assert dqn.linear_schedule(1.0, 0.05, 100, 10_000) == 0.05
+
+
+def test_replay_buffer_wraps_around_and_round_trips():
+    rb = dqn.ReplayBuffer(3, 2, np.random.default_rng(0))
+    for i in range(5):  # two envs per add: rows i*2, i*2+1
+        obs = np.array([[2 * i, 0], [2 * i + 1, 0]], dtype=np.float32)
+        rb.add(obs, obs + 1, np.array([0, 1]), np.array([1.0, 2.0]), np.array([0.0, 1.0]))
+    assert rb.full and rb.pos == 1 and sorted(rb.obs[:, 0].tolist()) == [7.0, 8.0, 9.0]  # the last three rows
+    b_obs, b_next_obs, b_actions, b_rewards, b_terminated = rb.sample(50, "cpu")
+    assert set(b_obs[:, 0].tolist()) <= {7.0, 8.0, 9.0} and torch.equal(b_next_obs, b_obs + 1)
+    assert b_actions.dtype == torch.int64 and torch.equal(b_rewards, b_actions.float() + 1)
+    other = dqn.ReplayBuffer(3, 2, np.random.default_rng(0))
+    other.load_state_dict(rb.state_dict())
+    assert other.pos == rb.pos and np.array_equal(other.next_obs, rb.next_obs)

@@ -1,0 +1,48 @@
+"""The blocks every script shares (the shared Args fields, errors, the env check, the run's files, checkpoints,
+progress and evaluation plumbing) are byte-identical in every file of algos/, and one command copies them."""
+import shutil
+import subprocess
+import sys
+
+import shared_blocks
+from shared_blocks import ALGOS, blocks, differences, fix, scripts
+
+REQUIRED = {"args", "helpers"}
+
+
+def test_every_script_holds_the_same_blocks():
+    paths = scripts()
+    for p in paths:
+        assert REQUIRED <= set(blocks(p.read_text())), f"{p.name} lacks a shared block"
+    assert differences(paths) == [], "run `python tests/shared_blocks.py --fix algos/<the script you edited>.py`"
+
+
+def test_a_hand_made_difference_fails_and_fix_repairs_it(tmp_path):
+    for p in scripts():
+        shutil.copy(p, tmp_path / p.name)
+    original = (tmp_path / "dqn.py").read_text()
+    (tmp_path / "dqn.py").write_text(original.replace("exit status 2", "exit status 3", 1))
+    problems = differences(scripts(tmp_path))
+    assert len(problems) == 1 and "'helpers' differs" in problems[0] and {"dqn.py", "ppo.py"} <= set(
+        problems[0].replace("|", " ").replace(",", " ").split())
+    cli = [sys.executable, shared_blocks.__file__, "--algos", str(tmp_path)]
+    assert subprocess.run(cli, capture_output=True).returncode == 1
+    assert fix(tmp_path / "ppo.py", scripts(tmp_path)) == [tmp_path / "dqn.py"]
+    assert (tmp_path / "dqn.py").read_text() == original and differences(scripts(tmp_path)) == []
+    assert subprocess.run(cli, capture_output=True).returncode == 0
+
+
+def test_a_missing_block_is_reported(tmp_path):
+    for p in scripts():
+        shutil.copy(p, tmp_path / p.name)
+    text = (tmp_path / "ppo.py").read_text()
+    start, end = text.index("    # ---- shared: args ----"), text.index("    # ---- end shared: args ----\n")
+    (tmp_path / "ppo.py").write_text(text[:start] + text[end + len("    # ---- end shared: args ----\n"):])
+    assert "ppo.py: lacks shared block 'args'" in differences(scripts(tmp_path))
+
+
+def test_the_blocks_hold_the_shared_flags():
+    args_block = blocks((ALGOS / "ppo.py").read_text())["args"]
+    for field in ("seed", "cuda", "torch_deterministic", "track", "wandb_project_name", "wandb_entity", "capture_video",
+                  "save_model", "eval_episodes", "eval_every", "run_dir", "resume", "checkpoint_every"):
+        assert f"    {field}:" in args_block
