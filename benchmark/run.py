@@ -44,6 +44,7 @@ class RunSpec:
     score: str
     flags: tuple[str, ...] = ()
     reference: str | None = None  # a reference id, or None: the matching one (benchmark.references.find_reference)
+    self_reference: bool = False  # the reference is made from this entry's runs: reported, not judged
 
     @property
     def name(self) -> str:
@@ -85,6 +86,8 @@ def load_suites(path: Path = SUITES) -> dict[str, Suite]:
             missing = {"script", "env_id", "total_timesteps", "score"} - set(r)
             if missing:
                 raise ValueError(f"{path}: a run of suite {name!r} lacks {sorted(missing)}")
+            if r.get("self_reference") and not r.get("reference"):
+                raise ValueError(f"{path}: a run of suite {name!r} has self_reference but no reference")
         suites[name] = Suite(name, s.get("description", ""), int(s.get("seeds", 1)), runs)
     return suites
 
@@ -101,7 +104,7 @@ def plan(suite: Suite, seeds: int | None = None, scripts: list[str] | None = Non
             continue
         for seed in range(1, (seeds or suite.seeds) + 1):
             specs.append(RunSpec(r["script"], r["env_id"], seed, int(r["total_timesteps"]), r["score"],
-                                 tuple(r.get("flags", ())), r.get("reference")))
+                                 tuple(r.get("flags", ())), r.get("reference"), bool(r.get("self_reference"))))
     return specs, missing
 
 
