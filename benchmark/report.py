@@ -1,6 +1,7 @@
-"""The report of a suite run: benchmark/reports/<suite>-<device>-<date>.md, a table of our scores against the
-references (with their sources) and a verdict per cell, plus PNG learning curves and results.json in
-benchmark/reports/<suite>-<device>-<date>/. Written by benchmark/run.py after its runs."""
+"""The report of a suite run: benchmark/reports/<suite>-<device>-<date>-<HHMM>-<commit>.md (benchmark/report_path.py;
+never overwrites an earlier one), a table of our scores against the references (with their sources) and a verdict
+per cell (benchmark/stats.py), plus PNG learning curves and results.json in the folder of the same name. Written
+by benchmark/run.py after its runs."""
 import datetime
 import json
 import platform
@@ -16,6 +17,7 @@ import numpy as np  # noqa: E402
 from benchmark import stats  # noqa: E402
 from benchmark.random_policy import load_random_scores  # noqa: E402
 from benchmark.references import Reference, find_reference, reference_stats, score  # noqa: E402
+from benchmark.report_path import new_report_path  # noqa: E402
 from benchmark.runs import git_commit, read_metrics  # noqa: E402
 
 CURVE = "train/episodic_return"
@@ -133,16 +135,15 @@ def _normalised(v: stats.Verdict) -> str:
 
 
 def write_report(suite, outcomes, missing: list[str], device: str, report_dir: Path, refs: list[Reference],
-                 date: str | None = None, command: str = "") -> Path:
-    date = date or datetime.date.today().isoformat()
-    stem = f"{suite.name}-{device}-{date}"
-    report_dir = Path(report_dir)
-    fig_dir = report_dir / stem
-    fig_dir.mkdir(parents=True, exist_ok=True)
+                 now: datetime.datetime | None = None, command: str = "") -> Path:
+    now = now or datetime.datetime.now()
+    path = new_report_path(report_dir, suite.name, device, now)
+    stem, fig_dir = path.stem, path.with_suffix("")
+    fig_dir.mkdir()
     table, unscorable = cells(outcomes, refs)
     seeds = sorted({o.spec.seed for o in outcomes})
 
-    lines = [f"# Benchmark suite `{suite.name}` on {device}, {date}", "",
+    lines = [f"# Benchmark suite `{suite.name}` on {device}, {now:%Y-%m-%d %H:%M}", "",
              suite.description, "",
              f"- command: `{command}`" if command else "- command: (called from Python)",
              f"- commit: {git_commit()}",
@@ -219,8 +220,8 @@ def write_report(suite, outcomes, missing: list[str], device: str, report_dir: P
                 "summary": vars(c["summary"]) if c["summary"] else None,
                 "reference": c["reference"].id if c["reference"] else None, "verdict": vars(c["verdict"])}
                for c in table]
-    (fig_dir / "results.json").write_text(json.dumps({"suite": suite.name, "device": device, "date": date,
-                                                      "cells": results}, indent=2))
-    path = report_dir / f"{stem}.md"
+    (fig_dir / "results.json").write_text(json.dumps({"suite": suite.name, "device": device,
+                                                      "time": now.isoformat(timespec="minutes"), "cells": results},
+                                                     indent=2))
     path.write_text("\n".join(lines) + "\n")
     return path

@@ -1,4 +1,4 @@
-"""Run an algos/ script as a subprocess and read what it left behind (DESIGN §3)."""
+"""Run an algos/ script as a subprocess and read what it left behind."""
 import csv
 import os
 import subprocess
@@ -98,11 +98,15 @@ def run_finished(run_dir: Path | str) -> bool:
     return evals >= args.get("eval_episodes", 1) and last > args["total_timesteps"] - granularity
 
 
-def git_commit() -> str:
-    """The short commit of this checkout, saying so when tracked files have uncommitted changes."""
+def git_head() -> tuple[str, list[str]]:
+    """The short commit of this checkout ("unknown" outside git) and its tracked files with uncommitted changes."""
     def git(*a):
         return subprocess.run(["git", *a], capture_output=True, text=True, cwd=ROOT).stdout.strip()
-    commit = git("rev-parse", "--short", "HEAD") or "unknown"
     dirty = git("status", "--porcelain", "--untracked-files=no")
-    return commit + (" with uncommitted changes to " + ", ".join(ln.split(maxsplit=1)[1] for ln in dirty.splitlines())
-                     if dirty else "")
+    return git("rev-parse", "--short", "HEAD") or "unknown", [ln.split(maxsplit=1)[1] for ln in dirty.splitlines()]
+
+
+def git_commit() -> str:
+    """The short commit of this checkout, saying so when tracked files have uncommitted changes."""
+    commit, dirty = git_head()
+    return commit + (" with uncommitted changes to " + ", ".join(dirty) if dirty else "")

@@ -1,7 +1,9 @@
 """benchmark/: the suite runner (local and Ray), resume, crashed runs, scoring, aggregation, the report, and the
 plumbing of the speed comparison; all on runs of a few hundred steps."""
+import datetime
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -13,8 +15,9 @@ from benchmark import run as bench
 from benchmark import speed, stats
 from benchmark.random_policy import load_random_scores, random_returns
 from benchmark.references import Reference, find_reference, load_references, score
-from benchmark.report import judge
-from benchmark.runs import read_metrics, read_rows, run_finished
+from benchmark.report import judge, write_report
+from benchmark.report_path import new_report_path
+from benchmark.runs import git_head, read_metrics, read_rows, run_finished
 from conftest import SMOKE
 
 pytestmark = pytest.mark.xdist_group("benchmark")
@@ -295,6 +298,58 @@ def test_random_policy_scores_reproduce():
         x = random_returns(env_id, r.episodes, r.seed)
         assert (round(x.mean(), 2), round(x.std(), 2)) == (pytest.approx(r.random), pytest.approx(r.std)), env_id
         assert r.solved == gym.spec(env_id).reward_threshold
+
+
+def _fake_run(run_dir, score_name, value):
+    """A run directory whose metrics.csv scores `value` by last100_train and final_eval."""
+    run_dir.mkdir(parents=True)
+    (run_dir / "metrics.csv").write_text("global_step,wall_time,name,value\n" + "".join(
+        f"{s},0.0,{score_name},{value}\n" for s in (10, 20)))
+
+
+def test_report_verdicts_and_names(tmp_path):
+    """A report from finished runs: PASS, FAIL, no verdict and self cells; a second report of the same suite in
+    the same minute gets a name of its own and the first is left as it was."""
+    cells = {  # (script, env, budget, score, reference, self_reference): per-seed scores
+        ("ppo.py", "CartPole-v1", 500000, "last100_train", None, False): [500.0, 495, 490, 500, 480],
+        ("ppo.py", "Acrobot-v1", 500000, "last100_train", None, False): [-85.0, -300, -500, -500, -500],
+        ("dqn.py", "CartPole-v1", 500000, "last100_train", None, False): [500.0, 100, 100],
+        ("ppo.py", "CartPole-v1", 100000, "final_eval", "ours-ppo-CartPole-v1-100k", True): [500.0] * 10,
+    }
+    outcomes = []
+    for (script, env, budget, method, ref, self_ref), scores in cells.items():
+        for seed, value in enumerate(scores, 1):
+            spec = bench.RunSpec(script, env, seed, budget, method, (), ref, self_ref)
+            run_dir = tmp_path / "runs" / f"{spec.name}-{budget}"
+            _fake_run(run_dir, "train/episodic_return" if method == "last100_train" else "eval/episodic_return",
+                      value)
+            outcomes.append(bench.Outcome(spec, run_dir, "ok"))
+    suite = bench.Suite("t", "test", 5)
+    now = datetime.datetime(2026, 1, 2, 3, 4)
+    first = write_report(suite, outcomes, [], "cpu", tmp_path / "reports", load_references(), now=now)
+    commit, dirty = git_head()
+    assert first.name == f"t-cpu-2026-01-02-0304-{commit}{'-dirty' if dirty else ''}.md"
+    text = first.read_text()
+    rows = [line for line in text.splitlines() if line.startswith("| ppo.py") or line.startswith("| dqn.py")]
+    verdicts = [re.search(r"\*\*(.+?)\*\*", row).group(1) for row in rows]
+    assert verdicts == ["PASS", "FAIL", "no verdict", "self"], rows
+    assert "the reference is made from these runs" in rows[3] and "3 seeds, 5 needed" in rows[2]
+    results = json.loads((first.with_suffix("") / "results.json").read_text())
+    assert [c["verdict"]["label"] for c in results["cells"]] == verdicts
+
+    second = write_report(suite, outcomes[:5], [], "cpu", tmp_path / "reports", load_references(), now=now)
+    assert second.name == first.stem + "-2.md" and second.with_suffix("").is_dir()
+    assert first.read_text() == text, "the first report was overwritten"
+
+
+def test_report_path_never_reuses_a_name(tmp_path):
+    now = datetime.datetime(2026, 1, 2, 3, 4)
+    a = new_report_path(tmp_path, "speed", "cpu", now)
+    a.write_text("first")
+    b = new_report_path(tmp_path, "speed", "cpu", now)
+    (tmp_path / (a.stem + "-3")).mkdir()  # a curves folder without its report still holds the name
+    c = new_report_path(tmp_path, "speed", "cpu", now)
+    assert (b.name, c.name) == (a.stem + "-2.md", a.stem + "-4.md") and a.read_text() == "first"
 
 
 def test_find_reference_prefers_same_budget():
