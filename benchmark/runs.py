@@ -98,6 +98,20 @@ def run_finished(run_dir: Path | str) -> bool:
     return evals >= args.get("eval_episodes", 1) and last > args["total_timesteps"] - granularity
 
 
+def pack_dir(run_dir: Path | str) -> dict[str, bytes]:
+    """Every file under run_dir as {path relative to it: bytes}: how a run made on another machine comes back."""
+    run_dir = Path(run_dir)
+    return {p.relative_to(run_dir).as_posix(): p.read_bytes() for p in sorted(run_dir.rglob("*")) if p.is_file()}
+
+
+def unpack_dir(run_dir: Path | str, files: dict[str, bytes]) -> None:
+    """Write pack_dir's files under run_dir."""
+    for rel, data in files.items():
+        path = Path(run_dir) / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+
+
 def git_head() -> tuple[str, list[str]]:
     """The short commit of this checkout ("unknown" outside git) and its tracked files with uncommitted changes."""
     def git(*a):

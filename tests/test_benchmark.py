@@ -4,6 +4,13 @@ import datetime
 import json
 import os
 import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -138,6 +145,87 @@ def test_ray_backend(suite_run, tmp_path):
     # CPU runs are deterministic: the Ray run scores exactly as the same run made by the local backend
     assert score(read_metrics(ok.run_dir), "final_eval") == score(read_metrics(tmp / "runs" / ok.spec.name),
                                                                   "final_eval")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def ray_cluster():
+    """A Ray cluster of its own in a separate process (`ray start --head --block`, its own temp dir and ports), as
+    a remote cluster would be. Ended by SIGTERM to that process, which stops the processes it started, then by
+    killing what is left of its session by pid. Not `ray stop`: that stops every Ray process of the user on this
+    machine, other people's clusters and local Rays included."""
+    pytest.importorskip("ray")
+    import psutil
+    tmp = Path(tempfile.mkdtemp(prefix="ray"))  # its own: Ray keeps sockets and logs there, not in the shared default
+    port = _free_port()
+    log = open(tmp / "start.log", "w")
+    cmd = [str(Path(sys.executable).with_name("ray")), "start", "--head", "--block", "--port", str(port),
+           "--node-ip-address", "127.0.0.1", "--num-cpus", "2", "--include-dashboard=false", "--disable-usage-stats",
+           "--temp-dir", str(tmp), "--ray-client-server-port", str(_free_port()), "--dashboard-port",
+           str(_free_port()), "--dashboard-agent-listen-port", str(_free_port())]
+    head = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.time() + 120
+        while "Ray runtime started" not in (tmp / "start.log").read_text():
+            assert head.poll() is None and time.time() < deadline, (tmp / "start.log").read_text()[-3000:]
+            time.sleep(0.5)
+        yield f"127.0.0.1:{port}"
+    finally:
+        head.terminate()
+        try:
+            head.wait(60)
+        except subprocess.TimeoutExpired:
+            head.kill()
+        for proc in psutil.process_iter():
+            try:
+                if os.getsid(proc.pid) == head.pid:  # the session start_new_session made: only what we started
+                    proc.kill()
+            except (OSError, psutil.Error):
+                pass
+        log.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_ray_backend_on_a_separate_cluster(ray_cluster, suite_run, tmp_path):
+    """The smoke suite on a cluster reached by its address: the runs are made in the workers' temporary
+    directories and come back to the driver's run directories, where they score exactly as local runs."""
+    argv = ["--suite", "smoke", "--backend", "ray", "--ray-address", ray_cluster, "--out", str(tmp_path / "runs"),
+            "--report-dir", str(tmp_path / "reports")]
+    assert bench.main(argv) == 0
+    import ray
+    assert not ray.is_initialized(), "the driver stays connected"
+    local = suite_run[0] / "runs"  # the same scripts, flags and seeds run by the local backend
+    for name in ("ppo__CartPole-v1__1", "ppo__CartPole-v1__2", "dqn__CartPole-v1__1", "dqn__CartPole-v1__2"):
+        run_dir = tmp_path / "runs" / name
+        assert run_finished(run_dir) and (run_dir / "output.log").is_file()
+        made_in = json.loads((run_dir / "config.json").read_text())["args"]["run_dir"]
+        assert "canonrl-run-" in made_in and not made_in.startswith(str(tmp_path)), made_in
+        assert score(read_metrics(run_dir), "final_eval") == score(read_metrics(local / name), "final_eval")
+    assert len(list((tmp_path / "reports").glob("smoke-cpu-*.md"))) == 1
+    # resuming needs no cluster: every run is finished on the driver's disk
+    mtimes = {d: (d / "metrics.csv").stat().st_mtime_ns for d in (tmp_path / "runs").iterdir()}
+    assert bench.main(argv) == 0
+    assert all((d / "metrics.csv").stat().st_mtime_ns == t for d, t in mtimes.items())
+    assert len(list((tmp_path / "reports").glob("smoke-cpu-*.md"))) == 2
+
+
+def test_ray_address_that_cannot_be_reached(tmp_path, capsys):
+    pytest.importorskip("ray")
+    argv = ["--suite", "smoke", "--backend", "ray", "--ray-address", f"127.0.0.1:{_free_port()}",
+            "--out", str(tmp_path)]
+    assert bench.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: cannot reach a Ray cluster at 127.0.0.1:"), err
+    assert bench.main(["--suite", "smoke", "--backend", "ray", "--ray-address", "nonsense"]) == 2
+    assert "is not host:port" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench.main(["--suite", "smoke", "--ray-address", "127.0.0.1:1"])  # needs --backend ray
+    assert not list(tmp_path.iterdir())
 
 
 def test_missing_scripts_are_reported_not_run(tmp_path, capsys):
