@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# GPU tier (DESIGN §5): every suite at full budget on CUDA, one command on a GPU machine:
-#   bash benchmark/gpu.sh                       # all suites, 3 seeds, one run per CPU core
-#   SUITES="classic" SEEDS=5 JOBS=8 BACKEND=ray bash benchmark/gpu.sh
-# Writes benchmark/reports/<suite>-cuda-<date>.md (+ curves) per suite; runs go to runs/benchmark/<suite>-cuda/
+# GPU tier: every suite at full budget on CUDA, one command on a GPU machine:
+#   bash benchmark/gpu.sh                       # all suites, 5 seeds (the verdict's minimum), one run per CPU core
+#   SUITES="classic" SEEDS=10 JOBS=8 BACKEND=ray bash benchmark/gpu.sh    # RAY_ADDRESS=host:port: a cluster
+# Writes benchmark/reports/<suite>-cuda-<date>-<HHMM>-<commit>.md (+ curves) per suite; runs go to runs/benchmark/<suite>-cuda/
 # and a second invocation resumes them (finished runs are kept). Suites whose scripts are not written yet say so
 # and are skipped. Exit status 1 if any run crashed (every suite is still run and reported).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 SUITES=${SUITES:-"classic continuous atari marl"}
-SEEDS=${SEEDS:-3}
+SEEDS=${SEEDS:-5}
 JOBS=${JOBS:-$(nproc)}
 BACKEND=${BACKEND:-local}
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 WANDB_MODE=offline

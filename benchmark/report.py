@@ -1,6 +1,7 @@
-"""The report of a suite run: benchmark/reports/<suite>-<device>-<date>.md, a table of our scores against the
-references (with their sources) and a verdict per cell, plus PNG learning curves and results.json in
-benchmark/reports/<suite>-<device>-<date>/. Written by benchmark/run.py after its runs."""
+"""The report of a suite run: benchmark/reports/<suite>-<device>-<date>-<HHMM>-<commit>.md (benchmark/report_path.py;
+never overwrites an earlier one), a table of our scores against the references (with their sources) and a verdict
+per cell (benchmark/stats.py), plus PNG learning curves and results.json in the folder of the same name. Written
+by benchmark/run.py after its runs."""
 import datetime
 import json
 import platform
@@ -14,7 +15,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from benchmark import stats  # noqa: E402
+from benchmark.random_policy import load_random_scores  # noqa: E402
 from benchmark.references import Reference, find_reference, reference_stats, score  # noqa: E402
+from benchmark.report_path import new_report_path  # noqa: E402
 from benchmark.runs import git_commit, read_metrics  # noqa: E402
 
 CURVE = "train/episodic_return"
@@ -79,15 +82,18 @@ def _fmt(x, digits=1):
     return "–" if x is None else f"{x:.{digits}f}"
 
 
-def cells(outcomes, refs: list[Reference]):
-    """Group finished runs by (script, env, budget, score method, flags), score each run, match the reference.
+def cells(outcomes, refs: list[Reference], random_scores: dict | None = None):
+    """Group finished runs by (script, env, budget, score method, flags, reference), score each run, match the
+    reference, judge (stats.verdict; random_scores: benchmark/random_scores.toml by default).
     Returns a list of dicts (one per cell) and the outcomes whose scoring failed as (outcome, error)."""
+    random_scores = load_random_scores() if random_scores is None else random_scores
     groups, unscorable = defaultdict(list), []
     for o in outcomes:
-        key = (o.spec.script, o.spec.env_id, o.spec.total_timesteps, o.spec.score, o.spec.flags, o.spec.reference)
+        key = (o.spec.script, o.spec.env_id, o.spec.total_timesteps, o.spec.score, o.spec.flags, o.spec.reference,
+               o.spec.self_reference)
         groups[key].append(o)
     result = []
-    for (script, env_id, budget, method, flags, ref_id), group in groups.items():
+    for (script, env_id, budget, method, flags, ref_id, self_ref), group in groups.items():
         scores = {}
         for o in group:
             if not o.finished:
@@ -101,25 +107,43 @@ def cells(outcomes, refs: list[Reference]):
         else:
             ref = find_reference(script, env_id, method, budget, refs)
         rm, rs = reference_stats(ref) if ref else (None, None)
-        summary = stats.summarize(list(scores.values())) if scores else None
+        x = list(scores.values())
         result.append({"script": script, "env_id": env_id, "total_timesteps": budget, "score": method,
-                       "flags": list(flags), "scores": scores, "summary": summary, "reference": ref,
-                       "ref_mean": rm, "ref_std": rs, "runs": group,
-                       "verdict": stats.verdict(summary, rm, rs) if summary else "no runs"})
+                       "flags": list(flags), "scores": scores, "summary": stats.summarize(x) if x else None,
+                       "reference": ref, "ref_mean": rm, "ref_std": rs, "runs": group,
+                       "verdict": judge(x, env_id, ref, random_scores, self_ref) if x else
+                       stats.Verdict("no verdict", "no run scored")})
     return result, unscorable
 
 
+def judge(scores: list[float], env_id: str, ref: Reference | None, random_scores: dict,
+          self_reference: bool = False) -> stats.Verdict:
+    """stats.verdict of our per-seed scores on env_id against a reference, with the env's random-policy score."""
+    if ref is None:
+        return stats.verdict(scores, None)
+    mean, std = reference_stats(ref)
+    n_ref = len(ref.seeds) if isinstance(ref.seeds, list) else int(ref.seeds)  # a list of seeds or their number
+    rnd = random_scores.get(env_id)
+    return stats.verdict(scores, mean, std, n_ref, rnd.random if rnd else None, rnd.solved if rnd else None,
+                         self_reference)
+
+
+def _normalised(v: stats.Verdict) -> str:
+    if v.mean is None:
+        return "–"
+    return f"{v.mean:.2f} [{v.low:.2f}, {v.high:.2f}] vs {v.reference:.2f}"
+
+
 def write_report(suite, outcomes, missing: list[str], device: str, report_dir: Path, refs: list[Reference],
-                 date: str | None = None, command: str = "") -> Path:
-    date = date or datetime.date.today().isoformat()
-    stem = f"{suite.name}-{device}-{date}"
-    report_dir = Path(report_dir)
-    fig_dir = report_dir / stem
-    fig_dir.mkdir(parents=True, exist_ok=True)
+                 now: datetime.datetime | None = None, command: str = "") -> Path:
+    now = now or datetime.datetime.now()
+    path = new_report_path(report_dir, suite.name, device, now)
+    stem, fig_dir = path.stem, path.with_suffix("")
+    fig_dir.mkdir()
     table, unscorable = cells(outcomes, refs)
     seeds = sorted({o.spec.seed for o in outcomes})
 
-    lines = [f"# Benchmark suite `{suite.name}` on {device}, {date}", "",
+    lines = [f"# Benchmark suite `{suite.name}` on {device}, {now:%Y-%m-%d %H:%M}", "",
              suite.description, "",
              f"- command: `{command}`" if command else "- command: (called from Python)",
              f"- commit: {git_commit()}",
@@ -128,14 +152,14 @@ def write_report(suite, outcomes, missing: list[str], device: str, report_dir: P
              "",
              "## Scores", "",
              "| script | env | steps | score | seeds | ours mean ± std | ours IQM [95% CI] | reference mean ± std"
-             " | verdict | notes |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             " | normalised mean [95% t-CI] vs reference | verdict | notes |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     sources = {}
     for c in table:
         s, ref = c["summary"], c["reference"]
         ours = f"{s.mean:.1f} ± {s.std:.1f}" if s else "–"
         iqm = f"{s.iqm:.1f} [{s.ci_low:.1f}, {s.ci_high:.1f}]" if s else "–"
-        notes = []
+        notes = [c["verdict"].why] if c["verdict"].why else []
         if c["flags"]:
             notes.append("flags `" + " ".join(c["flags"]) + "`")
         if ref is None:
@@ -151,11 +175,13 @@ def write_report(suite, outcomes, missing: list[str], device: str, report_dir: P
         if n_fail:
             notes.append(f"{n_fail} run(s) crashed")
         lines.append(f"| {c['script']} | {c['env_id']} | {c['total_timesteps']:,} | {c['score']} | "
-                     f"{len(c['scores'])}/{len(c['runs'])} | {ours} | {iqm} | {refcell} | **{c['verdict']}** | "
+                     f"{len(c['scores'])}/{len(c['runs'])} | {ours} | {iqm} | {refcell} | {_normalised(c['verdict'])} | "
+                     f"**{c['verdict'].label}** | "
                      f"{'; '.join(notes)} |")
     lines += ["", f"Verdict rule: {stats.RULE}",
-              f"IQM CI: percentile bootstrap, {stats.RESAMPLES} resamples, stratified by task (here: over seeds "
-              "within the env), as rliable (Agarwal et al. 2021). std over seeds with ddof 0.", ""]
+              f"IQM CI (descriptive, not used by the verdict): percentile bootstrap, {stats.RESAMPLES} resamples, "
+              "stratified by task (here: over seeds within the env), as rliable (Agarwal et al. 2021). std over "
+              "seeds with ddof 0.", ""]
     if sources:
         lines += ["### Reference sources", ""]
         for ref in sources.values():
@@ -192,9 +218,10 @@ def write_report(suite, outcomes, missing: list[str], device: str, report_dir: P
     results = [{"script": c["script"], "env_id": c["env_id"], "total_timesteps": c["total_timesteps"],
                 "score": c["score"], "flags": c["flags"], "scores": c["scores"],
                 "summary": vars(c["summary"]) if c["summary"] else None,
-                "reference": c["reference"].id if c["reference"] else None, "verdict": c["verdict"]} for c in table]
-    (fig_dir / "results.json").write_text(json.dumps({"suite": suite.name, "device": device, "date": date,
-                                                      "cells": results}, indent=2))
-    path = report_dir / f"{stem}.md"
+                "reference": c["reference"].id if c["reference"] else None, "verdict": vars(c["verdict"])}
+               for c in table]
+    (fig_dir / "results.json").write_text(json.dumps({"suite": suite.name, "device": device,
+                                                      "time": now.isoformat(timespec="minutes"), "cells": results},
+                                                     indent=2))
     path.write_text("\n".join(lines) + "\n")
     return path

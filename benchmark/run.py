@@ -1,14 +1,20 @@
 """Run a benchmark suite (benchmark/suites.toml): scripts x envs x seeds as subprocesses, then score, aggregate
-and report (benchmark/report.py writes benchmark/reports/<suite>-<device>-<date>.md with learning curves).
+and report (benchmark/report.py writes benchmark/reports/<suite>-<device>-<date>-<HHMM>-<commit>.md with learning
+curves; an earlier report is never overwritten).
 
-    python benchmark/run.py --suite classic --seeds 3 --device cpu --jobs 1
-    python benchmark/run.py --suite classic --device cuda --jobs 4 --backend ray
+    python benchmark/run.py --suite classic --seeds 5 --device cpu --jobs 2
+    python benchmark/run.py --suite classic --device cuda --jobs 4 --backend ray      # a local Ray started here
+    python benchmark/run.py --suite classic --seeds 5 --backend ray --ray-address 127.0.0.1:6379   # a cluster
 
 Runs go to <out>/<script>__<env>__<seed>/ (default out: runs/benchmark/<suite>-<device>). Running the same
 command again resumes: a run whose metrics.csv holds its final evaluation is kept, any other run directory is
 deleted and the run redone from the start. A run that crashes is reported and the others go on; its output is in
 <run_dir>/output.log. Scripts of the suite that do not exist yet are listed as missing and skipped.
-Exit status: 0 when every run finished, 1 when some crashed (the report is written either way).
+With --backend ray the runs are Ray tasks (benchmark/ray_backend.py): on a local Ray started here, or with
+--ray-address (or RAY_ADDRESS) on an existing cluster (`ray start --head`), whose workers get this checkout's code
+and send each run directory back to be written under <out>.
+Exit status: 0 when every run finished, 1 when some crashed (the report is written either way), 2 for bad input
+(an unknown suite, a Ray address that cannot be reached).
 """
 import argparse
 import os
@@ -44,6 +50,7 @@ class RunSpec:
     score: str
     flags: tuple[str, ...] = ()
     reference: str | None = None  # a reference id, or None: the matching one (benchmark.references.find_reference)
+    self_reference: bool = False  # the reference is made from this entry's runs: reported, not judged
 
     @property
     def name(self) -> str:
@@ -52,6 +59,10 @@ class RunSpec:
     def command_flags(self, device: str) -> list[str]:
         return ["--env-id", self.env_id, "--total-timesteps", str(self.total_timesteps), "--seed", str(self.seed),
                 *self.flags, "--cuda" if device == "cuda" else "--no-cuda"]
+
+
+class Unreachable(RuntimeError):
+    """The Ray cluster of --ray-address cannot be reached or joined (benchmark/ray_backend.py)."""
 
 
 @dataclass
@@ -85,6 +96,8 @@ def load_suites(path: Path = SUITES) -> dict[str, Suite]:
             missing = {"script", "env_id", "total_timesteps", "score"} - set(r)
             if missing:
                 raise ValueError(f"{path}: a run of suite {name!r} lacks {sorted(missing)}")
+            if r.get("self_reference") and not r.get("reference"):
+                raise ValueError(f"{path}: a run of suite {name!r} has self_reference but no reference")
         suites[name] = Suite(name, s.get("description", ""), int(s.get("seeds", 1)), runs)
     return suites
 
@@ -101,7 +114,7 @@ def plan(suite: Suite, seeds: int | None = None, scripts: list[str] | None = Non
             continue
         for seed in range(1, (seeds or suite.seeds) + 1):
             specs.append(RunSpec(r["script"], r["env_id"], seed, int(r["total_timesteps"]), r["score"],
-                                 tuple(r.get("flags", ())), r.get("reference")))
+                                 tuple(r.get("flags", ())), r.get("reference"), bool(r.get("self_reference"))))
     return specs, missing
 
 
@@ -113,13 +126,20 @@ def _error_line(stderr: str, returncode: int) -> str:
     return f"exit {returncode}: " + ((flagged or lines or ["(no output)"])[-1])[:300]
 
 
+def keep_or_clear(run_dir: Path) -> bool:
+    """True when run_dir holds its run finished (kept); otherwise deletes what a half-done run left there."""
+    if run_finished(run_dir):
+        return True
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    return False
+
+
 def execute(spec: RunSpec, run_dir: Path, device: str = "cpu", timeout: float | None = None) -> Outcome:
     """Run one spec unless run_dir already holds it finished; a half-done run_dir is deleted and redone."""
     run_dir = Path(run_dir)
-    if run_finished(run_dir):
+    if keep_or_clear(run_dir):
         return Outcome(spec, run_dir, "done")
-    if run_dir.exists():
-        shutil.rmtree(run_dir)
     start = time.time()
     try:
         out = run_script(spec.script, spec.command_flags(device), run_dir, timeout=timeout)
@@ -135,28 +155,10 @@ def execute(spec: RunSpec, run_dir: Path, device: str = "cpu", timeout: float | 
     return Outcome(spec, run_dir, "failed", seconds, error)
 
 
-def _ray_execute(backend_jobs: int, device: str, items, timeout):
-    """Yield Outcomes of Ray tasks on a local Ray started here (one CPU per task, a share of the GPU on cuda)."""
-    import ray
-    # the workers import benchmark.run to unpickle the task; they inherit this environment
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=backend_jobs, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    try:
-        task = ray.remote(num_cpus=1, num_gpus=1 / backend_jobs if device == "cuda" else 0)(execute)
-        pending = [task.remote(spec, run_dir, device, timeout) for spec, run_dir in items]
-        while pending:
-            done, pending = ray.wait(pending, num_returns=1)
-            yield ray.get(done[0])
-    finally:
-        if started:
-            ray.shutdown()
-
-
 def run_all(specs: list[RunSpec], out: Path, device: str = "cpu", jobs: int = 1, backend: str = "local",
-            timeout: float | None = None, progress: bool = True) -> list[Outcome]:
-    """Run every spec under out/<spec.name>, `jobs` at a time; returns the outcomes in the order of specs."""
+            timeout: float | None = None, progress: bool = True, ray_address: str | None = None) -> list[Outcome]:
+    """Run every spec under out/<spec.name>, `jobs` at a time (ray with an address: as the cluster's CPUs allow);
+    returns the outcomes in the order of specs."""
     out = Path(out).resolve()
     items = [(spec, out / spec.name) for spec in specs]
     bar = tqdm(total=len(items), unit="run", disable=not progress, desc=f"{backend} x{jobs}")
@@ -169,16 +171,20 @@ def run_all(specs: list[RunSpec], out: Path, device: str = "cpu", jobs: int = 1,
         if not o.finished:
             tqdm.write(f"FAILED {o.spec.name}: {o.error} (log: {o.run_dir / 'output.log'})")
 
-    if backend == "ray":
-        for o in _ray_execute(jobs, device, items, timeout):
-            record(o)
-    elif backend == "local":
-        with ThreadPoolExecutor(max_workers=jobs) as pool:
-            for fut in as_completed([pool.submit(execute, spec, run_dir, device, timeout) for spec, run_dir in items]):
-                record(fut.result())
-    else:
-        raise ValueError(f"unknown backend {backend!r}: local or ray")
-    bar.close()
+    try:
+        if backend == "ray":
+            from benchmark.ray_backend import execute_all
+            for o in execute_all(items, device, jobs, timeout, ray_address):
+                record(o)
+        elif backend == "local":
+            with ThreadPoolExecutor(max_workers=jobs) as pool:
+                futures = [pool.submit(execute, spec, run_dir, device, timeout) for spec, run_dir in items]
+                for fut in as_completed(futures):
+                    record(fut.result())
+        else:
+            raise ValueError(f"unknown backend {backend!r}: local or ray")
+    finally:
+        bar.close()
     return [outcomes[spec] for spec in specs]
 
 
@@ -188,16 +194,33 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, default=None, help="seeds 1..N (default: the suite's)")
     p.add_argument("--scripts", nargs="+", default=None, help="run only these scripts of the suite (e.g. ppo.py)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    p.add_argument("--jobs", type=int, default=1, help="runs at a time (each uses one CPU thread)")
+    p.add_argument("--jobs", type=int, default=1, help="runs at a time (each uses one CPU thread); with "
+                   "--ray-address the cluster's free CPUs decide, and --jobs is only the runs per GPU on cuda")
     p.add_argument("--out", type=Path, default=None, help="run directories (default runs/benchmark/<suite>-<device>)")
     p.add_argument("--backend", choices=["local", "ray"], default="local",
-                   help="local: subprocesses from a thread pool; ray: the same as Ray tasks on a local Ray")
+                   help="local: subprocesses from a thread pool; ray: the same as Ray tasks")
+    p.add_argument("--ray-address", default=None,
+                   help="with --backend ray: the cluster to run on, host:port of its head (`ray start --head`); "
+                   "default RAY_ADDRESS; without either a local Ray is started here")
     p.add_argument("--timeout", type=float, default=None, help="seconds before a run is killed and counted as failed")
     p.add_argument("--report-dir", type=Path, default=REPORTS)
     p.add_argument("--suites-file", type=Path, default=SUITES)
     p.add_argument("--references-file", type=Path, default=None, help="default benchmark/references.toml")
     args = p.parse_args(argv)
+    if args.ray_address and args.backend != "ray":
+        p.error("--ray-address needs --backend ray")
+    try:
+        return _main(p, args, "python benchmark/run.py " + " ".join(argv if argv is not None else sys.argv[1:]))
+    except Unreachable as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
 
+
+def _main(p: argparse.ArgumentParser, args: argparse.Namespace, command: str) -> int:
+    ray_address = args.ray_address or os.environ.get("RAY_ADDRESS") or None
+    if args.backend == "ray" and ray_address:
+        from benchmark.ray_backend import check_reachable
+        check_reachable(ray_address)  # before any work: a wrong address is bad input
     suites = load_suites(args.suites_file)
     if args.suite not in suites:
         p.error(f"unknown suite {args.suite!r}; known: {', '.join(suites)}")
@@ -214,17 +237,17 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     out = args.out or ROOT / "runs" / "benchmark" / f"{args.suite}-{args.device}"
     print(f"suite {args.suite}: {len(specs)} runs in {out}", file=sys.stderr)
-    outcomes = run_all(specs, out, args.device, args.jobs, args.backend, args.timeout)
+    outcomes = run_all(specs, out, args.device, args.jobs, args.backend, args.timeout, ray_address=ray_address)
 
     from benchmark import references, report
     refs = references.load_references(args.references_file or references.REFERENCES)
     path = report.write_report(suite, outcomes, missing, args.device, args.report_dir, refs,
-                               command="python benchmark/run.py " + " ".join(argv if argv is not None else sys.argv[1:]))
+                               command=command)
     failed = [o for o in outcomes if not o.finished]
     print(f"report: {path}" + (f"; {len(failed)} of {len(outcomes)} runs failed" if failed else ""), file=sys.stderr)
     return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    from benchmark import run as _module  # so that Ray pickles benchmark.run.execute by reference, not __main__'s
+    from benchmark import run as _module  # so that Ray pickles RunSpec and Outcome as benchmark.run's, not __main__'s
     sys.exit(_module.main())

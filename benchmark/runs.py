@@ -1,4 +1,4 @@
-"""Run an algos/ script as a subprocess and read what it left behind (DESIGN §3)."""
+"""Run an algos/ script as a subprocess and read what it left behind."""
 import csv
 import os
 import subprocess
@@ -99,11 +99,29 @@ def run_finished(run_dir: Path | str) -> bool:
     return evals >= args.get("eval_episodes", 1) and last > args["total_timesteps"] - granularity
 
 
-def git_commit() -> str:
-    """The short commit of this checkout, saying so when tracked files have uncommitted changes."""
+def pack_dir(run_dir: Path | str) -> dict[str, bytes]:
+    """Every file under run_dir as {path relative to it: bytes}: how a run made on another machine comes back."""
+    run_dir = Path(run_dir)
+    return {p.relative_to(run_dir).as_posix(): p.read_bytes() for p in sorted(run_dir.rglob("*")) if p.is_file()}
+
+
+def unpack_dir(run_dir: Path | str, files: dict[str, bytes]) -> None:
+    """Write pack_dir's files under run_dir."""
+    for rel, data in files.items():
+        path = Path(run_dir) / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+
+
+def git_head() -> tuple[str, list[str]]:
+    """The short commit of this checkout ("unknown" outside git) and its tracked files with uncommitted changes."""
     def git(*a):
         return subprocess.run(["git", *a], capture_output=True, text=True, cwd=ROOT).stdout.strip()
-    commit = git("rev-parse", "--short", "HEAD") or "unknown"
     dirty = git("status", "--porcelain", "--untracked-files=no")
-    return commit + (" with uncommitted changes to " + ", ".join(ln.split(maxsplit=1)[1] for ln in dirty.splitlines())
-                     if dirty else "")
+    return git("rev-parse", "--short", "HEAD") or "unknown", [ln.split(maxsplit=1)[1] for ln in dirty.splitlines()]
+
+
+def git_commit() -> str:
+    """The short commit of this checkout, saying so when tracked files have uncommitted changes."""
+    commit, dirty = git_head()
+    return commit + (" with uncommitted changes to " + ", ".join(dirty) if dirty else "")

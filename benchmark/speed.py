@@ -408,7 +408,8 @@ def main(argv=None) -> int:
     p.add_argument("--seeds", type=int, default=5, help="time-to-threshold seeds per side")
     p.add_argument("--first-seed", type=int, default=1, help="time-to-threshold seeds are first-seed, first-seed+1, ...")
     p.add_argument("--report-dir", type=Path, default=REPORTS)
-    p.add_argument("--name", default="speed", help="the report is <report-dir>/<name>-cpu-<date>.md (and .json)")
+    p.add_argument("--name", default="speed", help="the report is <report-dir>/<name>-cpu-<date>-<HHMM>-<commit>.md "
+                   "(and .json; benchmark/report_path.py)")
     p.add_argument("--sb3-worker", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.sb3_worker:
@@ -426,9 +427,9 @@ def main(argv=None) -> int:
         seeds = list(range(a.first_seed, a.first_seed + a.seeds))
         results = [measure(e, a.repeats, seeds, Path(tmp), log=lambda m: print(m, file=sys.stderr, flush=True))
                    for e in ENTRIES if e.name in a.entries]
-    a.report_dir.mkdir(parents=True, exist_ok=True)
-    (a.report_dir / f"{a.name}-cpu-{date}.json").write_text(json.dumps(results, indent=1))
-    path = a.report_dir / f"{a.name}-cpu-{date}.md"
+    from benchmark.report_path import new_report_path  # one naming for every report, never overwriting
+    path = new_report_path(a.report_dir, a.name, "cpu")
+    path.with_suffix(".json").write_text(json.dumps(results, indent=1))
     command = " ".join(["python benchmark/speed.py", *map(shlex.quote, sys.argv[1:] if argv is None else argv)])
     path.write_text(render(results, date, a.repeats, a.seeds, (load_start, os.getloadavg()[0]), command))
     print(f"report: {path}", file=sys.stderr)

@@ -1,0 +1,74 @@
+"""The random-policy score of an env: the 0 of the normalised scores the verdict uses (benchmark/stats.py).
+
+    python benchmark/random_policy.py CartPole-v1 Acrobot-v1 MountainCar-v0   # prints entries for the table
+
+The table is benchmark/random_scores.toml: per env the mean undiscounted return of uniform random actions over
+`episodes` episodes (the first reset seeded with `seed`, the action space seeded alike, so the numbers reproduce
+exactly) and `solved`, the env's Gymnasium reward_threshold (the verdict's fallback scale, see stats.scale).
+"""
+import sys
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # `python benchmark/random_policy.py` puts benchmark/ first on the path, not the root
+    sys.path.insert(0, str(ROOT))
+
+TABLE = Path(__file__).resolve().parent / "random_scores.toml"
+
+
+@dataclass(frozen=True)
+class RandomScore:
+    env_id: str
+    random: float  # mean return of the random policy
+    std: float  # over its episodes, ddof 0
+    episodes: int
+    seed: int
+    solved: float | None = None  # Gymnasium's reward_threshold, where the env has one
+
+
+def random_returns(env_id: str, episodes: int = 100, seed: int = 0) -> np.ndarray:
+    """Undiscounted returns of `episodes` episodes of uniform random actions (time limits as registered)."""
+    import gymnasium as gym
+    env = gym.make(env_id)
+    env.action_space.seed(seed)
+    returns = []
+    env.reset(seed=seed)  # later resets go on from this seed's stream
+    for _ in range(episodes):
+        total, done = 0.0, False
+        while not done:
+            _, reward, terminated, truncated, _ = env.step(env.action_space.sample())
+            total += float(reward)
+            done = terminated or truncated
+        returns.append(total)
+        env.reset()
+    env.close()
+    return np.asarray(returns)
+
+
+def load_random_scores(path: Path = TABLE) -> dict[str, RandomScore]:
+    with open(path, "rb") as f:
+        return {env_id: RandomScore(env_id, **entry) for env_id, entry in tomllib.load(f).items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    import gymnasium as gym
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("env_ids", nargs="+")
+    p.add_argument("--episodes", type=int, default=100)
+    p.add_argument("--seed", type=int, default=0)
+    a = p.parse_args(argv)
+    for env_id in a.env_ids:
+        x = random_returns(env_id, a.episodes, a.seed)
+        solved = gym.spec(env_id).reward_threshold
+        print(f'["{env_id}"]\nrandom = {x.mean():.2f}\nstd = {x.std():.2f}\nepisodes = {a.episodes}\nseed = {a.seed}'
+              + (f"\nsolved = {float(solved)!r}" if solved is not None else "") + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

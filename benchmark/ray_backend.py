@@ -1,0 +1,96 @@
+"""The runs of a suite as Ray tasks (benchmark/run.py --backend ray): on a local Ray started here, or with an
+address on an existing cluster (`ray start --head` on one machine, `ray start --address <head>:<port>` on others).
+
+Code: the job's runtime_env ships the repository root as the driver has it (uncommitted changes included, which
+is what the report's commit line describes), less EXCLUDES, to every worker as its working directory. Not the
+installed package: pyproject installs only smac_lite, not algos/ and benchmark/, and a cluster's installed copy
+could be another commit. The Python environment (torch, gymnasium, ...) is each node's own: install the pinned
+dependencies there.
+Results: a task runs its script in a temporary directory on its worker and returns that run directory's files
+(metrics.csv, config.json, output.log, checkpoints) as bytes; the driver writes them under its own run directory,
+so resuming and the report work when the workers are other machines. Resuming is decided on the driver: a run
+finished there is not sent at all.
+"""
+import socket
+import tempfile
+from pathlib import Path
+
+from benchmark.run import ROOT, Outcome, RunSpec, Unreachable, execute, keep_or_clear
+from benchmark.runs import pack_dir, unpack_dir
+
+# what workers do not need: run outputs, environments, history, reports (gitignore syntax, relative to ROOT)
+EXCLUDES = ["runs/", ".venv/", ".ci/venv/", ".git/", "benchmark/reports/", "wandb/", "videos/", "__pycache__/",
+            "*.egg-info/", ".pytest_cache/"]
+CONNECT_TIMEOUT = 5.0  # seconds; ray.init itself retries for a minute or more before giving up on an address
+
+
+def check_reachable(address: str, timeout: float = CONNECT_TIMEOUT) -> None:
+    """Raise Unreachable (one line) unless a TCP connection to the address's host:port opens."""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        raise Unreachable(f"--ray-address {address!r} is not host:port")
+    try:
+        socket.create_connection((host, int(port)), timeout).close()
+    except OSError as e:
+        raise Unreachable(f"cannot reach a Ray cluster at {address}: {e.strerror or e}") from None
+
+
+def _run_on_worker(spec: RunSpec, device: str, timeout: float | None) -> tuple[Outcome, dict[str, bytes]]:
+    """On a worker: run spec in a fresh temporary directory; its Outcome and the run directory's files."""
+    with tempfile.TemporaryDirectory(prefix="canonrl-run-") as tmp:
+        outcome = execute(spec, Path(tmp) / spec.name, device, timeout)
+        return outcome, pack_dir(outcome.run_dir)
+
+
+def _init(ray, address: str | None, jobs: int) -> None:
+    runtime_env = {"working_dir": str(ROOT), "excludes": EXCLUDES}
+    quiet = dict(log_to_driver=False, configure_logging=False)
+    if address is None:
+        # "local": a new Ray of `jobs` CPUs here, even where RAY_ADDRESS or an earlier `ray start` names another
+        ray.init(address="local", num_cpus=jobs, include_dashboard=False, runtime_env=runtime_env, **quiet)
+        return
+    check_reachable(address)
+    try:  # an existing cluster brings its own resources: ray.init refuses num_cpus with an address
+        ray.init(address=address, runtime_env=runtime_env, **quiet)
+    except (ConnectionError, RuntimeError, ValueError) as e:
+        raise Unreachable(f"cannot join the Ray cluster at {address}: {str(e).strip().splitlines()[0]}") from None
+
+
+def execute_all(items, device: str = "cpu", jobs: int = 1, timeout: float | None = None,
+                address: str | None = None):
+    """Yield the Outcome of each (spec, run_dir) of items as it ends, run_dir on this machine. One CPU per task
+    and, on cuda, 1/jobs of a GPU. Ray is started (or joined) here unless it already is, and shut down after."""
+    import ray
+    todo = []
+    for spec, run_dir in items:
+        if keep_or_clear(Path(run_dir)):
+            yield Outcome(spec, Path(run_dir), "done")
+        else:
+            todo.append((spec, Path(run_dir)))
+    if not todo:
+        return
+    started = not ray.is_initialized()
+    if started:
+        _init(ray, address, jobs)
+    try:
+        task = ray.remote(num_cpus=1, num_gpus=1 / jobs if device == "cuda" else 0)(_run_on_worker)
+        pending = {task.remote(spec, device, timeout): (spec, run_dir) for spec, run_dir in todo}
+        while pending:
+            [ref], _ = ray.wait(list(pending), num_returns=1)
+            yield _receive(ray, ref, *pending.pop(ref))
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def _receive(ray, ref, spec: RunSpec, run_dir: Path) -> Outcome:
+    """Write a finished task's run directory under run_dir; a task that Ray itself lost is a failed run."""
+    try:
+        outcome, files = ray.get(ref)
+    except ray.exceptions.RayError as e:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "output.log").write_text(str(e))
+        return Outcome(spec, run_dir, "failed", error=f"Ray task failed: {type(e).__name__}")
+    unpack_dir(run_dir, files)
+    outcome.run_dir = run_dir
+    return outcome
