@@ -1,4 +1,4 @@
-"""Load benchmark/references.toml (the single source of truth for expected returns, DESIGN §4) and score
+"""Load benchmark/references.toml (the single source of truth for expected returns) and score
 runs exactly as each entry defines its metric."""
 import tomllib
 from dataclasses import dataclass, field

@@ -459,20 +459,16 @@ def test_speed_maps_our_defaults_onto_sb3():
     d = load_script("dqn.py").Args()
     n_envs, kw = speed.dqn_same(d)
     assert (n_envs, kw["batch_size"], kw["train_freq"], kw["gradient_steps"]) == (d.num_envs, d.batch_size,
-                                                                                 d.train_frequency, 1)
+                                                                                 d.train_frequency, d.gradient_steps)
     assert kw["target_update_interval"] == d.target_network_frequency and kw["buffer_size"] == d.buffer_size
-    # the network SB3 is given computes what dqn.py's does: its Linear layers with the stated activation between
+    # the network SB3 is given computes what dqn.py's does: SB3 builds Linear layers of net_arch with activation_fn
     net = load_script("dqn.py").QNetwork(4, 2)
-    layers = []
-    for w, b in ((net.w1, net.b1), (net.w2, net.b2), (net.w3, net.b3)):  # as SB3 builds them: nn.Linear
-        layers.append(torch.nn.Linear(*w.shape))
-        layers[-1].load_state_dict({"weight": w.detach().T, "bias": b.detach()})
-    assert [m.out_features for m in layers[:-1]] == kw["policy_kwargs"]["net_arch"]
-    assert sum(p.numel() for p in net.parameters()) == sum(p.numel() for m in layers for p in m.parameters())
+    ours = [m for m in net.network if isinstance(m, torch.nn.Linear)]
+    assert [m.out_features for m in ours[:-1]] == kw["policy_kwargs"]["net_arch"]
     x = h = torch.randn(16, 4)
-    for layer in layers[:-1]:
+    for layer in ours[:-1]:
         h = getattr(torch.nn, kw["policy_kwargs"]["activation_fn"])()(layer(h))
-    assert torch.allclose(net(x), layers[-1](h))
+    assert torch.allclose(net(x), ours[-1](h))
     sched = speed._sb3_kwargs({"learning_rate": {"linear": 1e-3}})["learning_rate"]
     assert sched(1.0) == pytest.approx(1e-3) and sched(0.5) == pytest.approx(5e-4)
 
@@ -491,9 +487,9 @@ def test_speed_time_to_threshold_plumbing(tmp_path):
     assert speed._first_reach([{"name": "charts/train_seconds", "global_step": 5, "value": 1.5},
                                {"name": "eval/episodic_return", "global_step": 5, "value": 480.0}], 475, 2) is None
     assert "missed" in speed._goal_verdict("half_sb3_median", [3.0, 1.0], [4.0, 4.0])
-    assert speed._sps_verdict((2.1, 2.4, 3.0)) == "met"
-    assert speed._sps_verdict((1.8, 2.1, 2.5)).startswith("met at the median")
-    assert speed._sps_verdict((1.5, 1.8, 2.0)).startswith("missed")
+    assert "**met**" in speed._goal_verdict("sb3_median", [3.0, 1.0, 2.9], [4.0, 2.0, 3.0])
+    verdict = speed._goal_verdict("sb3_median", [3.0, 1.0], [4.0, 2.0], seeds=[101, 102])  # median 3.0: 3.0 is not less
+    assert "**missed** on 1 of 2 seeds: seed 101" in verdict
     assert "**met**" in speed._goal_verdict("sb3", [3.0, 1.0], [4.0, 2.0])
     assert "seed 2 never reached" in speed._goal_verdict("sb3", [3.0, None], [4.0, 2.0])
 
