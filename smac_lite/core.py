@@ -7,6 +7,7 @@ and "move toward a target unit" are one gather and one code path.
 """
 
 import math
+import secrets
 
 import torch
 
@@ -104,6 +105,8 @@ class BatchedSMAC:
             return torch.tensor([float(s[key]) for s in stats], **f32)
 
         self.max_hp = col("hp")
+        # SMAC's state divides the weapon cooldown in game loops by a fixed per-type constant, not the unit's own.
+        self.cd_scale = 1.0 / (DT * col("smac_max_cooldown"))
         self.max_sh = col("shield")
         self.cd_max = col("cooldown")
         self.speed_dt = col("speed") * DT
@@ -130,14 +133,19 @@ class BatchedSMAC:
         W = U + A
         self._ext = W
         reach = torch.zeros(U, W)
+        approach = torch.zeros(U, W)  # a mover stops this far from the target's centre (0 for move goals)
         raw = torch.zeros(U, W)
         eff = torch.zeros(U, W)
         heal = torch.zeros(U, W)
+        can_hit = torch.zeros(U, U, dtype=torch.bool)
         for a, sa in enumerate(stats):
             team_a = a < A
             for t, st in enumerate(stats):
                 reach[a, t] = sa["range"] + sa["radius"] + st["radius"]
-                if (t < A) != team_a and sa["damage"] > 0:
+                # A chaser stops just inside its reach so that float rounding cannot leave it a hair out of range.
+                approach[a, t] = reach[a, t] - 0.005
+                can_hit[a, t] = (t < A) != team_a and sa["damage"] > 0 and (sa["hits_air"] or not st["air"])
+                if can_hit[a, t]:
                     per_hit = sa["damage"] + sa["bonus_armoured"] * st["armoured"] + sa["bonus_light"] * st["light"]
                     raw[a, t] = sa["hits"] * per_hit
                     # Armour reduces every hit, down to 0.5 (SC2's minimum damage).
@@ -145,6 +153,11 @@ class BatchedSMAC:
                 if (t < A) == team_a and sa["heal_rate"] > 0 and st["heal_rate"] == 0:
                     heal[a, t] = sa["heal_rate"] * DT
         self._reach = reach.to(dev).flatten()
+        self._approach = approach.to(dev).flatten()
+        # Agent i may attack enemy j (a ground-only weapon cannot target an air unit); as an additive penalty for
+        # the closest-enemy search of idle agents.
+        self._agent_can_hit = can_hit[:A, A:].to(dev)
+        self._agent_no_hit_pen = (~self._agent_can_hit).to(torch.float32) * _BIG
         self._raw = raw.to(dev).flatten()
         self._eff = eff.to(dev).flatten()
         self._heal = heal.to(dev).flatten()
@@ -244,7 +257,8 @@ class BatchedSMAC:
                 torch.tensor(ys, dtype=torch.float32, device=self.device))
 
     def _set_seed(self, seed):
-        self.seed = 0 if seed is None else int(seed)
+        # No seed: draw one from the OS, so that unseeded environments differ (as gymnasium / PettingZoo envs do).
+        self.seed = secrets.randbits(31) if seed is None else int(seed)
         self._seed_key = _mix(torch.tensor(self.seed & _M31, device=self.device) ^ 0x1234567)
         self._elem = torch.arange(2 * self.n_units, device=self.device) * 0x9E3779B  # < 2**31 / 2 * U ok
 
@@ -329,8 +343,8 @@ class BatchedSMAC:
             delta_ally = self.reward_negative_scale * ((prev_hs_a - hs_a) * prev_alive_a).sum(1)
             deaths_a = (prev_alive_a - alive_a_now).sum(1)
             reward = delta_enemy + delta_deaths - delta_ally - self.reward_death_value * self.reward_negative_scale * deaths_a
-            reward = reward + self.reward_defeat * lost
-        reward = (reward + self.reward_win * won) * self.reward_scale
+        # As SMAC: the win bonus and the defeat value are added after the positive-only abs(), in both modes.
+        reward = (reward + self.reward_win * won + self.reward_defeat * lost) * self.reward_scale
 
         self.steps += 1
         self.ep_return += reward
@@ -370,7 +384,7 @@ class BatchedSMAC:
         dy = y[:, None, A:] - y[:, :A, None]
         pen = (1.0 - alive) * _BIG
         d2 = dx * dx + dy * dy + pen[:, :A, None] + pen[:, None, A:]  # (N, A, E)
-        close_e = d2.argmin(2) + A
+        close_e = (d2 + self._agent_no_hit_pen).argmin(2) + A
         close_a = d2.transpose(1, 2).contiguous().argmin(2)  # argmin over a strided dim is ~5x slower
         if heal_tgt_e is not None:
             close_a = torch.where(self.is_healer[A:], heal_tgt_e, close_a)
@@ -390,15 +404,14 @@ class BatchedSMAC:
         dist = torch.sqrt(ddx * ddx + ddy * ddy)
         pidx = tgt + self._pair_base
         reach = torch.take(self._reach, pidx)
-        # A chaser stops just inside its reach (+-0.005) so float rounding cannot leave it a hair out of range.
         in_range = dist <= reach + 0.01
         active = (alive * t_alive) > 0
-        # Move (toward the target until in range, or toward the goal); units in range stand and fire.
+        # Move (toward the target until in range, or onto the goal); units in range stand and fire.
         mv = (chase & ~in_range & active).to(x.dtype)
-        step = torch.minimum(self.speed_dt, dist - reach + 0.005) * mv / dist.clamp(min=1e-6)
+        step = torch.minimum(self.speed_dt, dist - torch.take(self._approach, pidx)) * mv / dist.clamp(min=1e-6)
         x.add_(ddx * step)
         y.add_(ddy * step)
-        fire = fire_ok & in_range & active & (self.cd <= 0) & (self.energy > 0)
+        fire = fire_ok & in_range & active & (self.cd <= 1e-4) & (self.energy > 0)
         ff = fire.to(x.dtype)
         # Damage: every hit is reduced by the target's armour (per hit, min 0.5); shields absorb first.
         raw = torch.take(self._raw, pidx) * ff
@@ -418,11 +431,16 @@ class BatchedSMAC:
             self.energy.sub_(heal * self.energy_per_hp).add_(self.energy_regen_dt)
             torch.minimum(self.energy, self.energy_max, out=self.energy)
         if self.has_shields:
-            # Shields regenerate 2/s once a unit has gone 10 s without taking damage.
+            # Shields regenerate once a unit has gone SHIELD_REGEN_DELAY without taking damage (SC2: 2 per game
+            # second after 10 game seconds).
             self.since_dmg.add_(DT).masked_fill_(R > 0, 0.0)
             regen = (self.since_dmg >= SHIELD_REGEN_DELAY).to(x.dtype) * (SHIELD_REGEN_RATE * DT)
             torch.minimum(self.sh + regen, self.max_sh, out=self.sh)
-        self.cd.copy_(torch.where(fire, self.cd_max, self.cd - DT))
+        # The cooldown runs down in the loop of the shot too. A weapon that fires in the first loop it is ready
+        # keeps the fraction of a loop it waited (cd in (-DT, 0]), so the mean period is the cooldown itself
+        # (marine 13.77 loops), not a whole loop longer; one that waited longer for a target starts afresh.
+        carry = torch.where(self.cd > -DT, self.cd, 0.0)
+        self.cd.copy_(torch.where(fire, self.cd_max + carry, self.cd) - DT)
         alive.copy_(self.hp > 0)
         if self.has_shields:
             self.sh.mul_(alive)
@@ -458,7 +476,7 @@ class BatchedSMAC:
         in_shoot = (dist <= SHOOT_RANGE) * pair_alive
 
         # Available actions: 0 no-op (dead only), 1 stop, 2-5 move N/S/E/W (stay inside the map), 6.. attack.
-        att = in_shoot[:, :, A:]
+        att = in_shoot[:, :, A:] * self._agent_can_hit
         if self.has_agent_healer:
             heal = in_shoot[:, :, :A] * self._heal_target_ok
             if A < E:
@@ -492,7 +510,7 @@ class BatchedSMAC:
 
         # Global state: allies [health, cooldown (energy for medivacs), rel x, rel y, shield, type], enemies
         # [health, rel x, rel y, shield, type], dead units zero; then the agents' last actions one-hot.
-        cdf = torch.where(self.is_healer, self.energy / self.energy_max, self.cd.clamp(min=0) / self.cd_max.clamp(min=1e-6))
+        cdf = torch.where(self.is_healer, self.energy / self.energy_max, self.cd.clamp(min=0) * self.cd_scale)
         st = [
             unit[:, :, :1],
             cdf.unsqueeze(2),

@@ -4,9 +4,11 @@ import numpy as np
 import pytest
 import torch
 
+import math
+
 import smac_lite
 from smac_lite.core import DT, STEP_MUL
-from smac_lite.maps import MAPS, UNIT_TYPES
+from smac_lite.maps import MAPS, UNIT_TYPES, unit_stats
 from smac_lite.policies import focus_fire_policy, random_policy
 
 torch.set_num_threads(1)
@@ -20,6 +22,7 @@ DUMMY = dict(hp=1000, armour=0, damage=1, range=0.1, cooldown=1.0, speed=0.0, ra
 def _dummy_units(monkeypatch):
     monkeypatch.setitem(UNIT_TYPES, "dummy", DUMMY)
     monkeypatch.setitem(UNIT_TYPES, "tank", {**DUMMY, "armour": 10})
+    monkeypatch.setitem(UNIT_TYPES, "post", {**DUMMY, "cooldown": 1e6})  # hits once, so melee units survive
 
 
 def duel(agents, enemies, dist, limit=50, a_race="T", b_race="T"):
@@ -69,11 +72,17 @@ def test_zealot_two_hits_and_shield_spill():
     assert env.hp[0, 1].item() == pytest.approx(80 - 14 * 6 / 16, abs=1e-4)
 
 
-def test_cooldown_limits_fire_rate():
-    env = duel([("marine", 1)], [("dummy", 1)], 5.0)
-    for _ in range(10):  # 80 game loops; cooldown 0.61 s = 13.7 loops -> shots at loops 0, 14, ..., 70
+@pytest.mark.parametrize("unit", ["marine", "marauder", "stalker", "zealot", "colossus", "zergling", "hydralisk"])
+def test_fire_period_in_game_loops(unit):
+    """Over 800 game loops a weapon with a cooldown of C loops fires at loops 0, C, 2C, ... (each shot in the first
+    loop at or after its time), i.e. floor(799 / C) + 1 shots: marine C = 13.77 -> 59 shots, not one per 15 loops."""
+    s = unit_stats(unit)
+    env = duel([(unit, 1)], [("post", 1)], s["range"] + s["radius"] + DUMMY["radius"] - 0.05)
+    for _ in range(100):
         env.step(act(env, 6))
-    assert env.hp[0, 1].item() == pytest.approx(1000 - 6 * 6)
+    shots = (1000 - env.hp[0, 1].item()) / (s["damage"] * s["hits"])
+    period = s["cooldown"] / DT
+    assert shots == pytest.approx(math.floor(799 / period) + 1)
 
 
 def test_range_mask_chase_and_idle_fire():
@@ -103,16 +112,52 @@ def test_movement_speed_and_move_amount():
 
 
 def test_shield_regeneration():
+    """SC2: shields come back 2 per game second (2.8 per real second) after 10 game seconds (160 loops, 7.14 real s)
+    without damage."""
     env = duel([("stalker", 1)], [("dummy", 1)], 20.0, a_race="P")
     env.sh[0, 0] = 10.0
     env.since_dmg[0, 0] = 0.0
-    for _ in range(20):  # 7.1 s < 10 s: no regeneration yet
+    for _ in range(19):  # 152 loops
         env.step(act(env, 1))
     assert env.sh[0, 0].item() == pytest.approx(10.0)
-    for _ in range(20):
+    for _ in range(5):  # 192 loops: 32 loops of regeneration at 1/8 per loop
         env.step(act(env, 1))
-    expected = 10.0 + 2.0 * (40 * STEP_S - 10.0)
-    assert env.sh[0, 0].item() == pytest.approx(expected, abs=0.2)
+    assert env.sh[0, 0].item() == pytest.approx(14.0, abs=0.2)
+    sh0 = env.sh[0, 0].item()
+    for _ in range(16):  # a window of 128 loops = 5.71 real s
+        env.step(act(env, 1))
+    assert (env.sh[0, 0].item() - sh0) / (16 * STEP_S) == pytest.approx(2.8, rel=1e-3)
+
+
+def test_ground_weapon_cannot_target_air():
+    # Agents: a marauder (ground-only weapon) and a marine (hits air); enemies: a medivac in range of both, and a
+    # dummy far away that keeps the battle going.
+    env = duel([("marauder", 1), ("marine", 1)], [("medivac", 1), ("dummy", 1)], 4.0)
+    env.x[0, 3] = 30.0
+    _, _, avail = env._observe()
+    assert avail[0, 0, 6] == 0 and avail[0, 1, 6] == 1
+    env.step(act(env, 6, 1))  # the marauder's order is invalid (acts as stop); the idle marine fires at the medivac
+    assert env.hp[0, 2].item() == pytest.approx(150 - (6 - 1))
+    env.step(act(env, 1, 5))  # marine walks away; the idle marauder has nothing it can shoot
+    env.step(act(env, 6, 5))
+    assert env.hp[0, 2].item() == pytest.approx(150 - (6 - 1))
+
+
+def test_move_stops_at_map_edge():
+    env = duel([("marine", 1)], [("dummy", 1)], 10.0)
+    env.x[0, 0] = 0.5
+    env.y[0, 0] = 31.7
+    env.step(act(env, 5))  # west: the goal is clipped to x = 0, and the marine stops on it
+    assert env.x[0, 0].item() == 0.0
+    env.step(act(env, 2))  # north: the goal is clipped to y = 32
+    assert env.x[0, 0].item() == 0.0 and env.y[0, 0].item() == 32.0
+
+
+def test_state_cooldown_scaled_by_smac_table():
+    """SMAC's state: weapon cooldown in game loops / a fixed per-type constant (marine 15), not / the unit's own."""
+    env = duel([("marine", 1)], [("dummy", 1)], 5.0)
+    _, state, _, _, _, _ = env.step(act(env, 6))  # fired at loop 0, 8 loops ago
+    assert state[0, 1].item() == pytest.approx((0.8608 * 16 - 8) / 15, abs=1e-3)
 
 
 def test_medivac_heals_and_spends_energy():
@@ -157,6 +202,21 @@ def test_loss_and_dead_agent():
         if bool(done[0]):
             break
     assert bool(done[0]) and not bool(info["won"][0]) and not bool(info["truncated"][0])
+
+
+@pytest.mark.parametrize("only_positive", [True, False])
+def test_reward_defeat_in_both_modes(only_positive):
+    spec = dict(agents=[("marine", 1)], enemies=[("marauder", 1)], limit=50, a_race="T", b_race="T", type_order=[],
+                size=(32.0, 32.0), gap=5.0)
+    env = smac_lite.BatchedSMAC(spec, seed=0, jitter=0.0, auto_reset=False, reward_defeat=-7.0,
+                                reward_only_positive=only_positive)
+    env.reset()
+    env.hp[0, 0] = 1.0
+    _, _, _, reward, done, info = env.step(act(env, 5))  # walk away without firing; the marauder kills it
+    assert bool(done[0]) and not bool(info["won"][0])
+    # SMAC: negative mode also charges 0.5 x (the lost hp + 10 for the death).
+    expected = -7.0 if only_positive else -7.0 - 0.5 * (1.0 + 10.0)
+    assert reward[0].item() == pytest.approx(expected * env.reward_scale, rel=1e-5)
 
 
 def test_time_limit_truncates():
@@ -254,6 +314,17 @@ def test_same_seed_same_battle():
     a, b, c = rollout(5), rollout(5), rollout(6)
     assert torch.equal(a, b)
     assert not torch.equal(a[0], c[0])  # different jitter
+
+
+def test_unseeded_envs_differ():
+    a, b = smac_lite.parallel_env("3m"), smac_lite.parallel_env("3m")
+    a.reset()
+    b.reset()
+    assert not np.array_equal(a.state(), b.state())
+    c, d = smac_lite.parallel_env("3m", seed=4), smac_lite.parallel_env("3m", seed=4)
+    c.reset()
+    d.reset()
+    assert np.array_equal(c.state(), d.state())
 
 
 def test_reset_seed_restarts_stream():
