@@ -2,8 +2,9 @@
 
 See smac_lite/README.md for the semantics and where they differ from SMAC. Layout of the per-unit tensors:
 units are indexed 0..U-1 with the n_agents allies first and the n_enemies enemies after them. Positions live in
-(N, U + n_agents) buffers whose last n_agents columns hold the agents' move goals, so that "move toward a goal"
-and "move toward a target unit" are one gather and one code path.
+(N, U + n_agents + 1) buffers whose next n_agents columns hold the agents' move goals and whose last column is the
+enemies' attack-move point, so that "move toward a point" and "move toward a target unit" are one gather and one
+code path.
 """
 
 import math
@@ -19,6 +20,9 @@ MOVE_AMOUNT = 2.0  # a move order goes this far (SMAC's move_amount)
 SIGHT_RANGE = 9.0  # SMAC's unit sight range, used by observations
 SHOOT_RANGE = 6.0  # SMAC's shoot range, used by the available-action mask
 RETARGET_EVERY = 4  # game loops between target re-evaluations of enemies and idle agents
+ACQUIRE_RANGE = SIGHT_RANGE  # enemies on attack-move acquire targets this close (centre distance)
+_NOT_A_THREAT = 1e4  # added to the squared distance of a target that cannot shoot back: SC2 prefers threats
+_OUT_OF_SIGHT = 1e6  # added beyond ACQUIRE_RANGE: such a unit is never acquired
 N_NO_ATTACK = 6  # no-op, stop, move N, S, E, W
 _BIG = 1e9
 _M31 = 0x7FFFFFFF
@@ -130,8 +134,8 @@ class BatchedSMAC:
 
         # Pair tables attacker a -> target column t (t < U: a unit, t >= U: an agent's move goal), flattened so a
         # (N, U) index tensor picks each unit's value for its current target with one torch.take.
-        W = U + A
-        self._ext = W
+        W = U + A + 1
+        self._rally_col = U + A
         reach = torch.zeros(U, W)
         approach = torch.zeros(U, W)  # a mover stops this far from the target's centre (0 for move goals)
         raw = torch.zeros(U, W)
@@ -158,6 +162,10 @@ class BatchedSMAC:
         # the closest-enemy search of idle agents.
         self._agent_can_hit = can_hit[:A, A:].to(dev)
         self._agent_no_hit_pen = (~self._agent_can_hit).to(torch.float32) * _BIG
+        # Enemy j's preference penalty for ally i (E, A): cannot hit it at all, or it is not a threat (cannot hit j).
+        self._enemy_target_pen = torch.where(
+            ~can_hit[A:, :A], _BIG, (~can_hit[:A, A:]).T.to(torch.float32) * _NOT_A_THREAT
+        ).to(dev)
         self._raw = raw.to(dev).flatten()
         self._eff = eff.to(dev).flatten()
         self._heal = heal.to(dev).flatten()
@@ -225,6 +233,10 @@ class BatchedSMAC:
         self.x, self.y = self.X[:, :U], self.Y[:, :U]
         self.AL = torch.ones(N, W, **f32)  # alive (1/0); goal columns stay 1
         self.alive = self.AL[:, :U]
+        # The enemies' single attack-move order goes to the allies' start (the centre of their formation).
+        self.X[:, self._rally_col] = self._x0[:A].mean()
+        self.Y[:, self._rally_col] = self._y0[:A].mean()
+        self.enemy_target = torch.full((N, E), self._rally_col, dtype=torch.long, device=dev)  # column in X
         self.hp = torch.zeros(N, U, **f32)
         self.sh = torch.zeros(N, U, **f32)
         self.cd = torch.zeros(N, U, **f32)
@@ -289,6 +301,7 @@ class BatchedSMAC:
         self.energy.copy_(self.energy_start.expand_as(self.energy))
         self.since_dmg.fill_(SHIELD_REGEN_DELAY)
         self.alive.fill_(1.0)
+        self.enemy_target.fill_(self._rally_col)
         self.last_action.zero_()
         self.has_last_action.zero_()
         self.steps.zero_()
@@ -313,16 +326,17 @@ class BatchedSMAC:
         ordered = torch.where(is_att, slot.clamp(min=0) + self._slot_offset, 0)
         ordered = torch.where(is_move, self._goal_idx, ordered)
         idle = ~(is_move | is_att)
-        self.X[:, U:] = (self.x[:, :A] + MOVE_AMOUNT * self._act_dx[actions]).clamp(0.0, self.map_w)
-        self.Y[:, U:] = (self.y[:, :A] + MOVE_AMOUNT * self._act_dy[actions]).clamp(0.0, self.map_h)
-        fire_ok = torch.cat([~is_move, torch.ones_like(self.alive[:, A:], dtype=torch.bool)], 1)
-        chase_e = torch.ones_like(fire_ok[:, A:])
+        self.X[:, U:U + A] = (self.x[:, :A] + MOVE_AMOUNT * self._act_dx[actions]).clamp(0.0, self.map_w)
+        self.Y[:, U:U + A] = (self.y[:, :A] + MOVE_AMOUNT * self._act_dy[actions]).clamp(0.0, self.map_h)
+        fire_ok_a = ~is_move
+        chase_e = torch.ones_like(self.enemy_target, dtype=torch.bool)
         heal_tgt_e = self._enemy_heal_targets() if self.has_enemy_healer else None
 
         for k in range(STEP_MUL):
             if k % RETARGET_EVERY == 0:
-                close_e, close_a = self._retarget(heal_tgt_e)
-            self._subtick(ordered, idle, fire_ok, chase_e, close_e, close_a)
+                close_e, fire_ok_e = self._retarget(heal_tgt_e)
+                fire_ok = torch.cat([fire_ok_a, fire_ok_e], 1)
+            self._subtick(ordered, idle, fire_ok, chase_e, close_e, self.enemy_target)
 
         # Outcome.
         alive_e = self.alive[:, A:]
@@ -375,27 +389,43 @@ class BatchedSMAC:
         return frac.argmin(1, keepdim=True) + A
 
     def _retarget(self, heal_tgt_e):
-        """Closest living opponent of every unit: enemies attack-move toward the allies and engage the closest;
-        agents without a live order (stop, or their target died) fire at the closest enemy in range. Re-evaluated
-        every RETARGET_EVERY game loops (a reaction time of 0.18 s), not every loop: small-dim argmin is costly."""
+        """Targets, re-evaluated every RETARGET_EVERY game loops (a reaction time of 0.18 s; small-dim argmin is
+        too costly to run every loop).
+
+        Agents without a live order (stop, or their target died) fire at the closest enemy they can hit in range.
+        Enemies follow SC2's auto-targeting under their one attack-move order: keep the current target while it
+        lives and is within weapon range; otherwise acquire the closest ally within ACQUIRE_RANGE that they can
+        hit, preferring allies that can shoot back; with none, walk on to the attack-move point (the allies'
+        start). Enemy medivacs heal their most damaged teammate. Updates self.enemy_target; returns the closest
+        enemy of every agent (N, A) and whether each enemy may fire (N, E): not while heading for the point."""
         A = self.n_agents
         x, y, alive = self.x, self.y, self.alive
         dx = x[:, None, A:] - x[:, :A, None]
         dy = y[:, None, A:] - y[:, :A, None]
+        dist2 = dx * dx + dy * dy  # (N, A, E)
         pen = (1.0 - alive) * _BIG
-        d2 = dx * dx + dy * dy + pen[:, :A, None] + pen[:, None, A:]  # (N, A, E)
+        d2 = dist2 + pen[:, :A, None] + pen[:, None, A:]
         close_e = (d2 + self._agent_no_hit_pen).argmin(2) + A
-        close_a = d2.transpose(1, 2).contiguous().argmin(2)  # argmin over a strided dim is ~5x slower
+        score = (d2 + (dist2 > ACQUIRE_RANGE**2) * _OUT_OF_SIGHT).transpose(1, 2) + self._enemy_target_pen
+        best, closest_a = score.contiguous().min(2)  # (N, E); a min over a strided dim is ~5x slower
+        acquired = torch.where(best < _OUT_OF_SIGHT, closest_a, self._rally_col)
+        cur = self.enemy_target
+        tdx = self.X.gather(1, cur) - x[:, A:]
+        tdy = self.Y.gather(1, cur) - y[:, A:]
+        reach = torch.take(self._reach, cur + self._pair_base[:, A:])
+        keep = (cur < A) & (self.AL.gather(1, cur) > 0) & (tdx * tdx + tdy * tdy <= (reach + 0.01) ** 2)
+        target = torch.where(keep, cur, acquired)
         if heal_tgt_e is not None:
-            close_a = torch.where(self.is_healer[A:], heal_tgt_e, close_a)
-        return close_e, close_a
+            target = torch.where(self.is_healer[A:], heal_tgt_e, target)
+        self.enemy_target.copy_(target)
+        return close_e, target != self._rally_col
 
-    def _subtick(self, ordered, idle, fire_ok, chase_e, close_e, close_a):
+    def _subtick(self, ordered, idle, fire_ok, chase_e, close_e, target_e):
         A, U = self.n_agents, self.n_units
         X, Y, AL = self.X, self.Y, self.AL
         x, y, alive = self.x, self.y, self.alive
         auto = idle | (AL.gather(1, ordered) == 0)
-        tgt = torch.cat([torch.where(auto, close_e, ordered), close_a], 1)
+        tgt = torch.cat([torch.where(auto, close_e, ordered), target_e], 1)
         chase = torch.cat([~auto, chase_e], 1)
 
         ddx = X.gather(1, tgt) - x
@@ -457,6 +487,7 @@ class BatchedSMAC:
         self.energy.copy_(torch.where(d, self.energy_start, self.energy))
         self.since_dmg.masked_fill_(d, SHIELD_REGEN_DELAY)
         self.alive.masked_fill_(d, 1.0)
+        self.enemy_target.masked_fill_(d, self._rally_col)
         self.last_action.masked_fill_(d, 0)
         self.has_last_action.masked_fill_(d, 0.0)
         self.steps.masked_fill_(done, 0)

@@ -9,7 +9,7 @@ import math
 import smac_lite
 from smac_lite.core import DT, STEP_MUL
 from smac_lite.maps import MAPS, UNIT_TYPES, unit_stats
-from smac_lite.policies import focus_fire_policy, random_policy
+from smac_lite.policies import play_battles, random_policy
 
 torch.set_num_threads(1)
 STEP_S = STEP_MUL * DT  # real seconds per agent step
@@ -228,6 +228,39 @@ def test_time_limit_truncates():
     assert int(info["episode_length"][0]) == 7
 
 
+# ---------------------------------------------------------------------------------------------- enemy behaviour
+def test_enemy_keeps_its_target_while_in_range():
+    """SC2 auto-targeting: an enemy keeps shooting the ally it engaged even when another comes closer."""
+    env = duel([("marine", 2)], [("marine", 1)], 5.0)
+    env.x[0, 1] = 5.0  # the second ally starts far away
+    env.step(act(env, 1, 1))
+    assert env.hp[0, 0].item() < 45 and env.hp[0, 1].item() == 45
+    env.x[0, 1] = env.x[0, 2] - 2.0  # now much closer to the enemy than the engaged ally (5 away)
+    env.y[0, 1] = 16.5
+    hp0 = env.hp[0, 0].item()
+    for _ in range(2):
+        env.step(act(env, 1, 1))
+    assert env.hp[0, 1].item() == 45 and env.hp[0, 0].item() < hp0
+
+
+def test_enemy_prefers_a_threat_and_attack_moves_to_the_allies_start():
+    # A medivac (cannot shoot) is closer to the enemy than the marine; the enemy shoots the marine.
+    env = duel([("marine", 1), ("medivac", 1)], [("marine", 1), ("dummy", 1)], 5.5)
+    env.x[0, 1] = env.x[0, 2] - 3.0
+    env.x[0, 3] = 30.0
+    env.step(act(env, 1, 1))
+    assert env.hp[0, 0].item() < 45 and env.hp[0, 1].item() == 150
+    # No ally within acquisition range: the enemy walks to the allies' start and waits there.
+    env = duel([("marine", 1)], [("marine", 1)], 8.0)
+    x_start = env.X[0, env._rally_col].item()
+    env.x[0, 0] = 1.0
+    env.y[0, 0] = 1.0
+    for _ in range(10):
+        env.step(act(env, 1))
+    assert env.x[0, 1].item() == pytest.approx(x_start, abs=1e-4) and env.y[0, 1].item() == pytest.approx(16.0)
+    assert env.hp[0, 0].item() == 45
+
+
 # ---------------------------------------------------------------------------------------------- layouts
 # SMAC's (obs_shape, state_shape, n_actions) with default settings (state_last_action=True).
 SMAC_SHAPES = {
@@ -342,27 +375,10 @@ def test_max_reward_scale():
     assert env.reward_scale == pytest.approx(20 / env.max_reward)
 
 
-def _play(map_name, policy, n=64, seed=0):
-    env = smac_lite.BatchedSMAC(map_name, num_envs=n, seed=seed)
-    _, _, avail = env.reset()
-    g = torch.Generator().manual_seed(seed)
-    finished = torch.zeros(n, dtype=torch.bool)
-    won = torch.zeros(n, dtype=torch.bool)
-    ret = torch.zeros(n)
-    for _ in range(env.episode_limit):
-        a = policy(env, avail) if policy is focus_fire_policy else random_policy(env, avail, g)
-        _, _, avail, _, done, info = env.step(a)
-        new = done & ~finished
-        won |= new & info["won"]
-        ret = torch.where(new, info["episode_return"], ret)
-        finished |= done
-    assert finished.all()
-    return won, ret
-
-
 def test_perfect_win_returns_20_and_focus_fire_beats_random():
-    won_ff, ret_ff = _play("3m", focus_fire_policy)
-    won_rand, _ = _play("3m", random_policy)
+    won_ff, ret_ff, len_ff, _ = play_battles("3m", "focus_fire", 64)
+    won_rand, _, _, _ = play_battles("3m", "random", 64)
+    assert (len_ff > 0).all()  # every battle finished within the episode limit
     assert won_ff.sum() > 0
     # A won 3m battle has dealt every enemy hp, every kill and the win bonus: exactly SMAC's max return, 20.
     assert torch.allclose(ret_ff[won_ff], torch.full_like(ret_ff[won_ff], 20.0), atol=1e-4)
