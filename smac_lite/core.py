@@ -24,6 +24,7 @@ ACQUIRE_RANGE = SIGHT_RANGE  # enemies on attack-move acquire targets this close
 _NOT_A_THREAT = 1e4  # added to the squared distance of a target that cannot shoot back: SC2 prefers threats
 _OUT_OF_SIGHT = 1e6  # added beyond ACQUIRE_RANGE: such a unit is never acquired
 N_NO_ATTACK = 6  # no-op, stop, move N, S, E, W
+APPROACH_SLACK = 0.005  # map units
 _BIG = 1e9
 _M31 = 0x7FFFFFFF
 
@@ -132,22 +133,22 @@ class BatchedSMAC:
         attacker = torch.tensor([s["damage"] > 0 for s in stats], dtype=torch.float32, device=dev)
         self.attacker_a, self.attacker_e = attacker[:A], attacker[A:]
 
-        # Pair tables attacker a -> target column t (t < U: a unit, t >= U: an agent's move goal), flattened so a
-        # (N, U) index tensor picks each unit's value for its current target with one torch.take.
-        W = U + A + 1
+        # Pair tables (U, n_points) attacker a -> target column t (t < U: a unit, U <= t < U + A: an agent's move
+        # goal, U + A: the enemies' attack-move point), flattened so that an (N, U) index tensor picks each unit's
+        # value for its current target with one torch.take.
+        n_points = U + A + 1
         self._rally_col = U + A
-        reach = torch.zeros(U, W)
-        approach = torch.zeros(U, W)  # a mover stops this far from the target's centre (0 for move goals)
-        raw = torch.zeros(U, W)
-        eff = torch.zeros(U, W)
-        heal = torch.zeros(U, W)
+        # A mover stops APPROACH_SLACK inside its reach (so that float rounding cannot leave it a hair out of
+        # range). Points get reach = APPROACH_SLACK: a unit stops exactly on its move goal, never past it.
+        reach = torch.full((U, n_points), APPROACH_SLACK)
+        raw = torch.zeros(U, n_points)
+        eff = torch.zeros(U, n_points)
+        heal = torch.zeros(U, n_points)
         can_hit = torch.zeros(U, U, dtype=torch.bool)
         for a, sa in enumerate(stats):
             team_a = a < A
             for t, st in enumerate(stats):
                 reach[a, t] = sa["range"] + sa["radius"] + st["radius"]
-                # A chaser stops just inside its reach so that float rounding cannot leave it a hair out of range.
-                approach[a, t] = reach[a, t] - 0.005
                 can_hit[a, t] = (t < A) != team_a and sa["damage"] > 0 and (sa["hits_air"] or not st["air"])
                 if can_hit[a, t]:
                     per_hit = sa["damage"] + sa["bonus_armoured"] * st["armoured"] + sa["bonus_light"] * st["light"]
@@ -157,7 +158,6 @@ class BatchedSMAC:
                 if (t < A) == team_a and sa["heal_rate"] > 0 and st["heal_rate"] == 0:
                     heal[a, t] = sa["heal_rate"] * DT
         self._reach = reach.to(dev).flatten()
-        self._approach = approach.to(dev).flatten()
         # Agent i may attack enemy j (a ground-only weapon cannot target an air unit); as an additive penalty for
         # the closest-enemy search of idle agents.
         self._agent_can_hit = can_hit[:A, A:].to(dev)
@@ -169,7 +169,7 @@ class BatchedSMAC:
         self._raw = raw.to(dev).flatten()
         self._eff = eff.to(dev).flatten()
         self._heal = heal.to(dev).flatten()
-        self._pair_base = (torch.arange(U, device=dev) * W).unsqueeze(0)
+        self._pair_base = (torch.arange(U, device=dev) * n_points).unsqueeze(0)
         self._goal_idx = torch.arange(U, U + A, device=dev).unsqueeze(0)
 
         # Action decoding tables.
@@ -190,8 +190,8 @@ class BatchedSMAC:
                 if t in type_order:
                     onehot[u, type_order.index(t)] = 1.0
         self._type_onehot = onehot[:, :tb].to(dev)
-        F = 6 + tb  # per unit in an agent's view: col0, dist, dx, dy, health, shield, types
-        self._F = F
+        nfv = 6 + tb  # per unit in an agent's view: col0, dist, dx, dy, health, shield, types
+        self._view_unit_feats = nfv
         en_cols = [0, 1, 2, 3, 4] + ([5] if self.shield_bits_enemy else []) + list(range(6, 6 + tb))
         al_cols = [0, 1, 2, 3, 4] + ([5] if self.shield_bits_ally else []) + list(range(6, 6 + tb))
         own_cols = [4] + ([5] if self.shield_bits_ally else []) + list(range(6, 6 + tb))
@@ -199,22 +199,22 @@ class BatchedSMAC:
         for i in range(A):
             idx = [0, 1, 2, 3]
             for e in range(E):
-                idx += [4 + (A + e) * F + c for c in en_cols]
+                idx += [4 + (A + e) * nfv + c for c in en_cols]
             for j in range(A):
                 if j != i:
-                    idx += [4 + j * F + c for c in al_cols]
-            idx += [4 + i * F + c for c in own_cols]
+                    idx += [4 + j * nfv + c for c in al_cols]
+            idx += [4 + i * nfv + c for c in own_cols]
             rows.append(idx)
         self._obs_idx = torch.tensor(rows, device=dev)
         self.obs_dim = len(rows[0])
         self.obs_enemy_feats = len(en_cols)
         self.obs_ally_feats = len(al_cols)
         self.obs_own_feats = len(own_cols)
-        Fs = 5 + tb  # per unit in the state: health, cooldown/energy, rel x, rel y, shield, types
-        self._Fs = Fs
+        nfs = 5 + tb  # per unit in the state: health, cooldown/energy, rel x, rel y, shield, types
+        self._state_unit_feats = nfs
         st_al = [0, 1, 2, 3] + ([4] if self.shield_bits_ally else []) + list(range(5, 5 + tb))
         st_en = [0, 2, 3] + ([4] if self.shield_bits_enemy else []) + list(range(5, 5 + tb))
-        sidx = [u * Fs + c for u in range(A) for c in st_al] + [u * Fs + c for u in range(A, U) for c in st_en]
+        sidx = [u * nfs + c for u in range(A) for c in st_al] + [u * nfs + c for u in range(A, U) for c in st_en]
         self._state_idx = torch.tensor(sidx, device=dev)
         self.state_dim = len(sidx) + (A * na if state_last_action else 0)
         self.state_ally_feats = len(st_al)
@@ -227,16 +227,17 @@ class BatchedSMAC:
         # Start formation (before jitter): allies on the left facing east, enemies mirrored on the right.
         self._x0, self._y0 = self._formation(spec)
 
-        # Per-battle state.
-        self.X = torch.zeros(N, W, **f32)
-        self.Y = torch.zeros(N, W, **f32)
-        self.x, self.y = self.X[:, :U], self.Y[:, :U]
-        self.AL = torch.ones(N, W, **f32)  # alive (1/0); goal columns stay 1
-        self.alive = self.AL[:, :U]
+        # Per-battle state. Points (N, n_points): the units' positions (views x, y: (N, U)), then the agents' move
+        # goals, then the enemies' attack-move point; point_alive is 1/0 for units and stays 1 for the other points.
+        self.point_x = torch.zeros(N, n_points, **f32)
+        self.point_y = torch.zeros(N, n_points, **f32)
+        self.x, self.y = self.point_x[:, :U], self.point_y[:, :U]
+        self.point_alive = torch.ones(N, n_points, **f32)
+        self.alive = self.point_alive[:, :U]
         # The enemies' single attack-move order goes to the allies' start (the centre of their formation).
-        self.X[:, self._rally_col] = self._x0[:A].mean()
-        self.Y[:, self._rally_col] = self._y0[:A].mean()
-        self.enemy_target = torch.full((N, E), self._rally_col, dtype=torch.long, device=dev)  # column in X
+        self.point_x[:, self._rally_col] = self._x0[:A].mean()
+        self.point_y[:, self._rally_col] = self._y0[:A].mean()
+        self.enemy_target = torch.full((N, E), self._rally_col, dtype=torch.long, device=dev)  # column in point_x
         self.hp = torch.zeros(N, U, **f32)
         self.sh = torch.zeros(N, U, **f32)
         self.cd = torch.zeros(N, U, **f32)
@@ -324,19 +325,19 @@ class BatchedSMAC:
         slot = actions - N_NO_ATTACK
         is_att = (slot >= 0) & (slot < self._slot_limit) & alive_a
         ordered = torch.where(is_att, slot.clamp(min=0) + self._slot_offset, 0)
-        ordered = torch.where(is_move, self._goal_idx, ordered)
-        idle = ~(is_move | is_att)
-        self.X[:, U:U + A] = (self.x[:, :A] + MOVE_AMOUNT * self._act_dx[actions]).clamp(0.0, self.map_w)
-        self.Y[:, U:U + A] = (self.y[:, :A] + MOVE_AMOUNT * self._act_dy[actions]).clamp(0.0, self.map_h)
+        ordered = torch.where(is_move, self._goal_idx, ordered)  # (N, A) column in point_x each agent heads for
+        idle = ~(is_move | is_att)  # (N, A)
+        self.point_x[:, U:U + A] = (self.x[:, :A] + MOVE_AMOUNT * self._act_dx[actions]).clamp(0.0, self.map_w)
+        self.point_y[:, U:U + A] = (self.y[:, :A] + MOVE_AMOUNT * self._act_dy[actions]).clamp(0.0, self.map_h)
         fire_ok_a = ~is_move
         chase_e = torch.ones_like(self.enemy_target, dtype=torch.bool)
         heal_tgt_e = self._enemy_heal_targets() if self.has_enemy_healer else None
 
         for k in range(STEP_MUL):
             if k % RETARGET_EVERY == 0:
-                close_e, fire_ok_e = self._retarget(heal_tgt_e)
+                closest_enemy, fire_ok_e = self._retarget(heal_tgt_e)
                 fire_ok = torch.cat([fire_ok_a, fire_ok_e], 1)
-            self._subtick(ordered, idle, fire_ok, chase_e, close_e, self.enemy_target)
+            self._subtick(ordered, idle, fire_ok, chase_e, closest_enemy, self.enemy_target)
 
         # Outcome.
         alive_e = self.alive[:, A:]
@@ -404,66 +405,68 @@ class BatchedSMAC:
         dy = y[:, None, A:] - y[:, :A, None]
         dist2 = dx * dx + dy * dy  # (N, A, E)
         pen = (1.0 - alive) * _BIG
-        d2 = dist2 + pen[:, :A, None] + pen[:, None, A:]
-        close_e = (d2 + self._agent_no_hit_pen).argmin(2) + A
+        d2 = dist2 + pen[:, :A, None] + pen[:, None, A:]  # (N, A, E), dead pairs pushed out
+        closest_enemy = (d2 + self._agent_no_hit_pen).argmin(2) + A  # (N, A) unit index
         score = (d2 + (dist2 > ACQUIRE_RANGE**2) * _OUT_OF_SIGHT).transpose(1, 2) + self._enemy_target_pen
         best, closest_a = score.contiguous().min(2)  # (N, E); a min over a strided dim is ~5x slower
-        acquired = torch.where(best < _OUT_OF_SIGHT, closest_a, self._rally_col)
-        cur = self.enemy_target
-        tdx = self.X.gather(1, cur) - x[:, A:]
-        tdy = self.Y.gather(1, cur) - y[:, A:]
+        acquired = torch.where(best < _OUT_OF_SIGHT, closest_a, self._rally_col)  # (N, E)
+        cur = self.enemy_target  # (N, E)
+        tdx = self.point_x.gather(1, cur) - x[:, A:]
+        tdy = self.point_y.gather(1, cur) - y[:, A:]
         reach = torch.take(self._reach, cur + self._pair_base[:, A:])
-        keep = (cur < A) & (self.AL.gather(1, cur) > 0) & (tdx * tdx + tdy * tdy <= (reach + 0.01) ** 2)
+        keep = (cur < A) & (self.point_alive.gather(1, cur) > 0) & (tdx * tdx + tdy * tdy <= (reach + 2 * APPROACH_SLACK) ** 2)
         target = torch.where(keep, cur, acquired)
         if heal_tgt_e is not None:
             target = torch.where(self.is_healer[A:], heal_tgt_e, target)
         self.enemy_target.copy_(target)
-        return close_e, target != self._rally_col
+        return closest_enemy, target != self._rally_col
 
-    def _subtick(self, ordered, idle, fire_ok, chase_e, close_e, target_e):
-        A, U = self.n_agents, self.n_units
-        X, Y, AL = self.X, self.Y, self.AL
+    def _subtick(self, ordered, idle, fire_ok, chase_e, closest_enemy, target_e):
+        """One game loop. ordered (N, A): the column each agent was ordered to (enemy, ally for a medivac, or its
+        move goal); idle (N, A): stop / no-op / invalid order; fire_ok (N, U); chase_e (N, E); closest_enemy
+        (N, A) and target_e (N, E) from _retarget."""
+        U = self.n_units
         x, y, alive = self.x, self.y, self.alive
-        auto = idle | (AL.gather(1, ordered) == 0)
-        tgt = torch.cat([torch.where(auto, close_e, ordered), target_e], 1)
-        chase = torch.cat([~auto, chase_e], 1)
+        auto = idle | (self.point_alive.gather(1, ordered) == 0)  # (N, A): no live order -> act as stopped
+        target = torch.cat([torch.where(auto, closest_enemy, ordered), target_e], 1)  # (N, U) column in point_x
+        chase = torch.cat([~auto, chase_e], 1)  # (N, U) walks toward its target when out of range
 
-        ddx = X.gather(1, tgt) - x
-        ddy = Y.gather(1, tgt) - y
-        t_alive = AL.gather(1, tgt)
-        dist = torch.sqrt(ddx * ddx + ddy * ddy)
-        pidx = tgt + self._pair_base
-        reach = torch.take(self._reach, pidx)
-        in_range = dist <= reach + 0.01
-        active = (alive * t_alive) > 0
+        to_x = self.point_x.gather(1, target) - x  # (N, U) vector to the target
+        to_y = self.point_y.gather(1, target) - y
+        target_alive = self.point_alive.gather(1, target)  # (N, U)
+        dist = torch.sqrt(to_x * to_x + to_y * to_y)  # (N, U) centre distance to the target
+        pair_idx = target + self._pair_base  # (N, U) index into the flattened (U, n_points) pair tables
+        reach = torch.take(self._reach, pair_idx)
+        in_range = dist <= reach + 2 * APPROACH_SLACK
+        active = (alive * target_alive) > 0
         # Move (toward the target until in range, or onto the goal); units in range stand and fire.
         mv = (chase & ~in_range & active).to(x.dtype)
-        step = torch.minimum(self.speed_dt, dist - torch.take(self._approach, pidx)) * mv / dist.clamp(min=1e-6)
-        x.add_(ddx * step)
-        y.add_(ddy * step)
-        fire = fire_ok & in_range & active & (self.cd <= 1e-4) & (self.energy > 0)
-        ff = fire.to(x.dtype)
+        step = torch.minimum(self.speed_dt, dist - reach + APPROACH_SLACK) * mv / dist.clamp(min=1e-6)
+        x.add_(to_x * step)
+        y.add_(to_y * step)
+        fire = fire_ok & in_range & active & (self.cd <= 1e-4) & (self.energy > 0)  # (N, U) shoots this loop
+        fire_f = fire.to(x.dtype)
         # Damage: every hit is reduced by the target's armour (per hit, min 0.5); shields absorb first.
-        raw = torch.take(self._raw, pidx) * ff
-        eff = torch.take(self._eff, pidx) * ff
-        zeros = torch.zeros_like(X)
-        R = zeros.scatter_add(1, tgt, raw)[:, :U]
-        Ed = zeros.scatter_add(1, tgt, eff)[:, :U]
+        raw = torch.take(self._raw, pair_idx) * fire_f  # (N, U) damage each unit deals, before armour
+        eff = torch.take(self._eff, pair_idx) * fire_f  # (N, U) the same after the target's armour
+        zeros = torch.zeros_like(self.point_x)
+        damage_taken = zeros.scatter_add(1, target, raw)[:, :U]  # (N, U) damage each unit takes, before armour
+        hp_damage = zeros.scatter_add(1, target, eff)[:, :U]  # (N, U) after armour: what reaches hp unshielded
         if self.has_shields:
-            absorbed = torch.minimum(self.sh, R)
+            absorbed = torch.minimum(self.sh, damage_taken)
             self.sh.sub_(absorbed)
-            Ed = Ed * (1.0 - absorbed / R.clamp(min=1e-6))
-        self.hp.sub_(Ed).clamp_(min=0.0)
+            hp_damage = hp_damage * (1.0 - absorbed / damage_taken.clamp(min=1e-6))
+        self.hp.sub_(hp_damage).clamp_(min=0.0)
         if self.has_healer:
-            heal = torch.take(self._heal, pidx) * ff
-            Hs = zeros.scatter_add(1, tgt, heal)[:, :U]
-            torch.minimum(self.hp + Hs * (self.hp > 0), self.max_hp, out=self.hp)
+            heal = torch.take(self._heal, pair_idx) * fire_f
+            healing = zeros.scatter_add(1, target, heal)[:, :U]  # (N, U) hp each unit receives
+            torch.minimum(self.hp + healing * (self.hp > 0), self.max_hp, out=self.hp)
             self.energy.sub_(heal * self.energy_per_hp).add_(self.energy_regen_dt)
             torch.minimum(self.energy, self.energy_max, out=self.energy)
         if self.has_shields:
             # Shields regenerate once a unit has gone SHIELD_REGEN_DELAY without taking damage (SC2: 2 per game
             # second after 10 game seconds).
-            self.since_dmg.add_(DT).masked_fill_(R > 0, 0.0)
+            self.since_dmg.add_(DT).masked_fill_(damage_taken > 0, 0.0)
             regen = (self.since_dmg >= SHIELD_REGEN_DELAY).to(x.dtype) * (SHIELD_REGEN_RATE * DT)
             torch.minimum(self.sh + regen, self.max_sh, out=self.sh)
         # The cooldown runs down in the loop of the shot too. A weapon that fires in the first loop it is ready
@@ -503,11 +506,11 @@ class BatchedSMAC:
         dy = y[:, None, :] - ya[:, :, None]
         dist = torch.sqrt(dx * dx + dy * dy)
         pair_alive = alive[:, None, :] * alive_a[:, :, None]
-        vis = (dist < SIGHT_RANGE) * pair_alive
-        in_shoot = (dist <= SHOOT_RANGE) * pair_alive
+        vis = (dist < SIGHT_RANGE) * pair_alive  # (N, A, U) agent sees unit
+        in_shoot = (dist <= SHOOT_RANGE) * pair_alive  # (N, A, U)
 
         # Available actions: 0 no-op (dead only), 1 stop, 2-5 move N/S/E/W (stay inside the map), 6.. attack.
-        att = in_shoot[:, :, A:] * self._agent_can_hit
+        att = in_shoot[:, :, A:] * self._agent_can_hit  # (N, A, E) attack action available
         if self.has_agent_healer:
             heal = in_shoot[:, :, :A] * self._heal_target_ok
             if A < E:
@@ -530,26 +533,27 @@ class BatchedSMAC:
         # that lays out SMAC's order: move feats, enemies, other allies, own feats.
         col0 = torch.cat([vis[:, :, :A], att * vis[:, :, A:]], 2)
         s = vis * (1.0 / SIGHT_RANGE)
-        pair = torch.stack([col0, dist * s, dx * s, dy * s], 3)
+        pair = torch.stack([col0, dist * s, dx * s, dy * s], 3)  # (N, A, U, 4)
         unit = [(self.hp / self.max_hp).unsqueeze(2), (self.sh / self.max_sh.clamp(min=1.0)).unsqueeze(2)]
         if self.unit_type_bits:
             unit.append(self._type_onehot.expand(N, U, -1))
         unit = torch.cat(unit, 2)  # (N, U, 2 + tb)
-        feats = torch.cat([pair, unit[:, None] * vis[..., None]], 3).reshape(N, A, U * self._F)
+        feats = torch.cat([pair, unit[:, None] * vis[..., None]], 3).reshape(N, A, U * self._view_unit_feats)
         buf = torch.cat([avail[:, :, 2:6], feats], 2)
         obs = buf.gather(2, self._obs_idx.expand(N, -1, -1))
 
         # Global state: allies [health, cooldown (energy for medivacs), rel x, rel y, shield, type], enemies
         # [health, rel x, rel y, shield, type], dead units zero; then the agents' last actions one-hot.
-        cdf = torch.where(self.is_healer, self.energy / self.energy_max, self.cd.clamp(min=0) * self.cd_scale)
+        energy_frac = self.energy / self.energy_max
+        cooldown_feat = torch.where(self.is_healer, energy_frac, self.cd.clamp(min=0) * self.cd_scale)  # (N, U)
         st = [
             unit[:, :, :1],
-            cdf.unsqueeze(2),
+            cooldown_feat.unsqueeze(2),
             ((x - self.map_w / 2) / self.map_w).unsqueeze(2),
             ((y - self.map_h / 2) / self.map_h).unsqueeze(2),
             unit[:, :, 1:],
         ]
-        st = (torch.cat(st, 2) * alive[:, :, None]).reshape(N, U * self._Fs)
+        st = (torch.cat(st, 2) * alive[:, :, None]).reshape(N, U * self._state_unit_feats)
         state = st.index_select(1, self._state_idx)
         if self.state_last_action:
             la = torch.nn.functional.one_hot(self.last_action, self.n_actions).to(state.dtype) * self.has_last_action[:, :, None]

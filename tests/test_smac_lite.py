@@ -252,7 +252,7 @@ def test_enemy_prefers_a_threat_and_attack_moves_to_the_allies_start():
     assert env.hp[0, 0].item() < 45 and env.hp[0, 1].item() == 150
     # No ally within acquisition range: the enemy walks to the allies' start and waits there.
     env = duel([("marine", 1)], [("marine", 1)], 8.0)
-    x_start = env.X[0, env._rally_col].item()
+    x_start = env.point_x[0, env._rally_col].item()
     env.x[0, 0] = 1.0
     env.y[0, 0] = 1.0
     for _ in range(10):
