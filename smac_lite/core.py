@@ -166,6 +166,23 @@ class BatchedSMAC:
         self._enemy_target_pen = torch.where(
             ~can_hit[A:, :A], _BIG, (~can_hit[:A, A:]).T.to(torch.float32) * _NOT_A_THREAT
         ).to(dev)
+        # Area weapons (colossus, baneling) deal all their damage through the splash tables below, which include
+        # the target itself: their rows of the single-target tables are zero.
+        splash_units = [u for u, su in enumerate(stats) if su["splash"] > 0]
+        self.has_splash = bool(splash_units)
+        if self.has_splash:
+            self._splash_idx = torch.tensor(splash_units, device=dev)  # (S,)
+            # Victims: the opponents the weapon can hit and that are on the ground; a victim is hit when its edge is
+            # within the splash radius of the centre.
+            victim = can_hit[splash_units] & ~torch.tensor([su["air"] for su in stats])
+            self._splash_raw = (raw[splash_units, :U] * victim).to(dev)  # (S, U)
+            self._splash_eff = (eff[splash_units, :U] * victim).to(dev)
+            radii = torch.tensor([su["radius"] for su in stats])
+            self._splash_reach2 = ((torch.tensor([stats[u]["splash"] for u in splash_units])[:, None] + radii) ** 2).to(dev)
+            self._splash_at_self = torch.tensor([stats[u]["splash_at"] == "self" for u in splash_units], device=dev)
+            self._suicide = torch.tensor([stats[u]["suicide"] for u in splash_units], device=dev)
+            raw[splash_units] = 0.0
+            eff[splash_units] = 0.0
         self._raw = raw.to(dev).flatten()
         self._eff = eff.to(dev).flatten()
         self._heal = heal.to(dev).flatten()
@@ -227,6 +244,14 @@ class BatchedSMAC:
         # Start formation (before jitter): allies on the left facing east, enemies mirrored on the right.
         self._x0, self._y0 = self._formation(spec)
 
+        # Ground collisions (maps with collide=True): pairs closer than the sum of their radii are pushed apart.
+        self.collide = bool(spec.get("collide", False))
+        if self.collide:
+            rad = torch.tensor([su["radius"] if su["collides"] else 0.0 for su in stats])
+            both = torch.tensor([su["collides"] for su in stats])
+            min_gap = (rad[:, None] + rad[None, :]) * (both[:, None] & both[None, :])
+            self._min_gap = min_gap.fill_diagonal_(0.0).to(dev)  # (U, U)
+
         # Per-battle state. Points (N, n_points): the units' positions (views x, y: (N, U)), then the agents' move
         # goals, then the enemies' attack-move point; point_alive is 1/0 for units and stays 1 for the other points.
         self.point_x = torch.zeros(N, n_points, **f32)
@@ -243,6 +268,8 @@ class BatchedSMAC:
         self.cd = torch.zeros(N, U, **f32)
         self.energy = torch.zeros(N, U, **f32)
         self.since_dmg = torch.zeros(N, U, **f32)
+        # (N, S) a suicide unit (baneling) killed last loop, which bursts this loop.
+        self.burst_pending = torch.zeros(N, len(splash_units), dtype=torch.bool, device=dev)
         self.last_action = torch.zeros(N, A, dtype=torch.long, device=dev)
         self.has_last_action = torch.zeros(N, 1, **f32)
         self.steps = torch.zeros(N, dtype=torch.long, device=dev)
@@ -301,6 +328,7 @@ class BatchedSMAC:
         self.cd.zero_()
         self.energy.copy_(self.energy_start.expand_as(self.energy))
         self.since_dmg.fill_(SHIELD_REGEN_DELAY)
+        self.burst_pending.zero_()
         self.alive.fill_(1.0)
         self.enemy_target.fill_(self._rally_col)
         self.last_action.zero_()
@@ -444,6 +472,8 @@ class BatchedSMAC:
         step = torch.minimum(self.speed_dt, dist - reach + APPROACH_SLACK) * mv / dist.clamp(min=1e-6)
         x.add_(to_x * step)
         y.add_(to_y * step)
+        if self.collide:
+            self._separate()
         fire = fire_ok & in_range & active & (self.cd <= 1e-4) & (self.energy > 0)  # (N, U) shoots this loop
         fire_f = fire.to(x.dtype)
         # Damage: every hit is reduced by the target's armour (per hit, min 0.5); shields absorb first.
@@ -452,6 +482,8 @@ class BatchedSMAC:
         zeros = torch.zeros_like(self.point_x)
         damage_taken = zeros.scatter_add(1, target, raw)[:, :U]  # (N, U) damage each unit takes, before armour
         hp_damage = zeros.scatter_add(1, target, eff)[:, :U]  # (N, U) after armour: what reaches hp unshielded
+        if self.has_splash:
+            burst = self._splash(fire, target, damage_taken, hp_damage)
         if self.has_shields:
             absorbed = torch.minimum(self.sh, damage_taken)
             self.sh.sub_(absorbed)
@@ -474,9 +506,43 @@ class BatchedSMAC:
         # (marine 13.77 loops), not a whole loop longer; one that waited longer for a target starts afresh.
         carry = torch.where(self.cd > -DT, self.cd, 0.0)
         self.cd.copy_(torch.where(fire, self.cd_max + carry, self.cd) - DT)
+        if self.has_splash:
+            # A baneling dies by bursting; one killed by damage bursts in the next loop (where it died).
+            sidx = self._splash_idx
+            was_alive = alive[:, sidx] > 0
+            self.hp[:, sidx] = torch.where(burst & self._suicide, 0.0, self.hp[:, sidx])
+            self.burst_pending.copy_(was_alive & (self.hp[:, sidx] <= 0) & ~burst & self._suicide)
         alive.copy_(self.hp > 0)
         if self.has_shields:
             self.sh.mul_(alive)
+
+    def _separate(self):
+        """Push overlapping living ground units apart, each by half the overlap (one relaxation pass per loop),
+        so that a swarm surrounds its target instead of stacking on one spot."""
+        x, y, alive = self.x, self.y, self.alive
+        dx = x[:, :, None] - x[:, None, :]  # (N, U, U)
+        dy = y[:, :, None] - y[:, None, :]
+        d = torch.sqrt(dx * dx + dy * dy).clamp(min=1e-4)
+        overlap = (self._min_gap - d).clamp(min=0.0) * (alive[:, :, None] * alive[:, None, :])  # (N, U, U)
+        push = overlap * (0.5 / d)
+        x.add_((push * dx).sum(2)).clamp_(0.0, self.map_w)
+        y.add_((push * dy).sum(2)).clamp_(0.0, self.map_h)
+
+    def _splash(self, fire, target, damage_taken, hp_damage):
+        """Add the area damage of this loop to damage_taken and hp_damage (N, U, in place). The centre is the
+        target (colossus) or the attacker (baneling, which also bursts the loop after it is killed). Returns the
+        area weapons that went off (N, S)."""
+        sidx = self._splash_idx
+        burst = fire[:, sidx] | self.burst_pending  # (N, S)
+        cx = torch.where(self._splash_at_self, self.x[:, sidx], self.point_x.gather(1, target[:, sidx]))  # (N, S)
+        cy = torch.where(self._splash_at_self, self.y[:, sidx], self.point_y.gather(1, target[:, sidx]))
+        dx = self.x[:, None, :] - cx[:, :, None]  # (N, S, U)
+        dy = self.y[:, None, :] - cy[:, :, None]
+        hit = ((dx * dx + dy * dy) <= self._splash_reach2) & burst[:, :, None]  # (N, S, U)
+        hit = hit.to(dx.dtype)
+        damage_taken.add_((hit * self._splash_raw).sum(1))
+        hp_damage.add_((hit * self._splash_eff).sum(1))
+        return burst
 
     def _reset_where(self, done):
         d = done.unsqueeze(1)
@@ -489,6 +555,7 @@ class BatchedSMAC:
         self.cd.masked_fill_(d, 0.0)
         self.energy.copy_(torch.where(d, self.energy_start, self.energy))
         self.since_dmg.masked_fill_(d, SHIELD_REGEN_DELAY)
+        self.burst_pending.masked_fill_(d, False)
         self.alive.masked_fill_(d, 1.0)
         self.enemy_target.masked_fill_(d, self._rally_col)
         self.last_action.masked_fill_(d, 0)

@@ -36,6 +36,8 @@ def _real(game_seconds):
 #                                   centre takes the full hit; the centre is the target ("target") or the
 #                                   attacker itself ("self")
 #   suicide                         the attack kills the attacker, and the unit also attacks when it dies (baneling)
+#   collides                        takes part in ground collisions on maps with collide=True (not air units, not
+#                                   colossi, which step over small units)
 #   heal_rate, heal_range           medivac only: HP healed per second, heal range (edge to edge)
 #   energy_start, energy_max, energy_regen, energy_per_hp   medivac energy (1 energy per 3 HP healed)
 #   smac_max_cooldown               the constant SMAC divides the weapon cooldown (in game loops) by in the state
@@ -54,6 +56,7 @@ UNIT_TYPES = {
     ),
     "medivac": dict(
         hp=150, armour=1, damage=0, range=4, cooldown=0.0, speed=3.5, radius=0.75, armoured=True, air=True,
+        collides=False,
         heal_rate=12.6, energy_start=50, energy_max=200, energy_regen=0.7875, energy_per_hp=1 / 3,
     ),
     "stalker": dict(
@@ -67,7 +70,7 @@ UNIT_TYPES = {
     # Thermal lances sweep a short line across the target; simplified to a circle of radius 1 around it.
     "colossus": dict(
         hp=200, shield=150, armour=1, damage=10, hits=2, bonus_light=5, range=7, cooldown=_real(1.5), speed=3.15,
-        radius=1.0, armoured=True, splash=1.0, splash_at="target", smac_max_cooldown=24,
+        radius=1.0, armoured=True, splash=1.0, splash_at="target", smac_max_cooldown=24, collides=False,
     ),
     "zergling": dict(
         hp=35, armour=0, damage=5, range=0.1, cooldown=_real(0.696), speed=4.13, radius=0.375, light=True,
@@ -92,7 +95,7 @@ UNIT_TYPES = {
 UNIT_DEFAULTS = dict(
     shield=0, armour=0, damage=0, hits=1, bonus_armoured=0, bonus_light=0, range=0.1, cooldown=1.0, speed=0.0,
     radius=0.5, armoured=False, light=False, air=False, hits_air=False, splash=0.0, splash_at="target",
-    suicide=False, heal_rate=0.0, energy_start=0.0, energy_max=0.0, energy_regen=0.0, energy_per_hp=0.0,
+    suicide=False, collides=True, heal_rate=0.0, energy_start=0.0, energy_max=0.0, energy_regen=0.0, energy_per_hp=0.0,
     smac_max_cooldown=15,
 )
 
@@ -111,13 +114,16 @@ def unit_stats(name):
 # limit: SMAC's episode limit in agent steps. races: "T", "P", "Z" (P gives shield features).
 # type_order: the unit types of the type one-hot (SMAC's unit_type_bits = len(type_order); empty = no bits).
 # size: playable map size; allies start on the left, enemies on the right, `gap` map units apart.
+# collide: ground units push each other apart (SC2 unit collision; colossi and air units are exempt). On for the
+# swarm and area-damage maps, where stacking would decide the battle (64 zerglings in one spot die to one colossus
+# volley); off elsewhere, where it changes little and would cost speed.
 _T, _P, _Z = "T", "P", "Z"
 
 
-def _m(agents, enemies, limit, a_race, b_race, type_order=(), size=(32.0, 32.0), gap=13.0):
+def _m(agents, enemies, limit, a_race, b_race, type_order=(), size=(32.0, 32.0), gap=13.0, collide=False):
     return dict(
         agents=list(agents), enemies=list(enemies), limit=limit, a_race=a_race, b_race=b_race,
-        type_order=list(type_order), size=size, gap=gap,
+        type_order=list(type_order), size=size, gap=gap, collide=collide,
     )
 
 
@@ -149,6 +155,13 @@ MAPS = {
     "2m_vs_1z": _m([("marine", 2)], [("zealot", 1)], 150, _T, _P),
     "2s_vs_1sc": _m([("stalker", 2)], [("spine_crawler", 1)], 300, _P, _Z),
     "6h_vs_8z": _m([("hydralisk", 6)], [("zealot", 8)], 150, _Z, _P),
+    "1c3s5z": _m([("colossus", 1), ("stalker", 3), ("zealot", 5)], [("colossus", 1), ("stalker", 3), ("zealot", 5)],
+                 180, _P, _P, type_order=("colossus", "stalker", "zealot"), collide=True),
+    "corridor": _m([("zealot", 6)], [("zergling", 24)], 400, _P, _Z, collide=True),
+    "so_many_baneling": _m([("zealot", 7)], [("baneling", 32)], 100, _P, _Z, collide=True),
+    "bane_vs_bane": _m([("baneling", 4), ("zergling", 20)], [("baneling", 4), ("zergling", 20)], 200, _Z, _Z,
+                       type_order=("baneling", "zergling"), collide=True),
+    "2c_vs_64zg": _m([("colossus", 2)], [("zergling", 64)], 400, _P, _Z, collide=True),
 }
 
 

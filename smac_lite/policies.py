@@ -67,4 +67,6 @@ def play_battles(map_name, policy, num_battles, seed=0, device="cpu", **env_kwar
         ret = torch.where(new, info["episode_return"], ret)
         length = torch.where(new, info["episode_length"], length)
         finished |= done
+        if bool(finished.all()):  # a host sync per step: fine for evaluation, not for training loops
+            break
     return won, ret, length, terminated

@@ -23,6 +23,7 @@ def _dummy_units(monkeypatch):
     monkeypatch.setitem(UNIT_TYPES, "dummy", DUMMY)
     monkeypatch.setitem(UNIT_TYPES, "tank", {**DUMMY, "armour": 10})
     monkeypatch.setitem(UNIT_TYPES, "post", {**DUMMY, "cooldown": 1e6})  # hits once, so melee units survive
+    monkeypatch.setitem(UNIT_TYPES, "mine", {**UNIT_TYPES["baneling"], "speed": 0.0})  # a baneling that stays put
 
 
 def duel(agents, enemies, dist, limit=50, a_race="T", b_race="T"):
@@ -160,6 +161,42 @@ def test_state_cooldown_scaled_by_smac_table():
     assert state[0, 1].item() == pytest.approx((0.8608 * 16 - 8) / 15, abs=1e-3)
 
 
+def test_baneling_bursts_on_all_enemy_ground_units_around_it_and_dies():
+    # Agents: a baneling with a zergling beside it; enemies: zerglings at 1 and 2.5 (edge 2.2 + 0.375 away is
+    # the limit) and one at 3.5, plus a dummy far away.
+    env = duel([("baneling", 1), ("zergling", 1)], [("zergling", 3), ("dummy", 1)], 1.0, b_race="Z")
+    env.x[0, 1] = env.x[0, 0] - 0.5
+    env.x[0, 3] = env.x[0, 0] + 2.5
+    env.x[0, 4] = env.x[0, 0] + 3.5
+    env.x[0, 5] = 30.0
+    env.step(act(env, 6, 1))
+    assert env.alive[0, 0] == 0  # the baneling is gone
+    assert env.hp[0, 2].item() == 0 and env.hp[0, 3].item() == 0  # 20 + 15 (light) each
+    assert env.hp[0, 4].item() == 35 and env.hp[0, 1].item() == 35  # out of the burst; no friendly fire
+
+
+def test_baneling_killed_bursts_where_it_dies():
+    env = duel([("marine", 1), ("post", 1)], [("mine", 1), ("dummy", 1)], 5.0, b_race="Z")
+    env.x[0, 1] = env.x[0, 2] - 1.8  # beyond the mine's reach (1.125), within its burst (2.2 + 0.5)
+    env.y[0, 1] = 16.0
+    env.x[0, 3] = 30.0
+    env.hp[0, 2] = 1.0
+    env.step(act(env, 6, 1))
+    assert env.alive[0, 2] == 0 and env.hp[0, 1].item() == 1000 - 20  # not light: 20
+
+
+def test_colossus_splash_around_its_target():
+    env = duel([("colossus", 1)], [("zergling", 3), ("dummy", 1)], 7.5, a_race="P", b_race="Z")
+    env.x[0, 2] = env.x[0, 1] + 1.2  # edge within 1 of the target's centre
+    env.x[0, 3] = env.x[0, 1] + 2.5
+    env.x[0, 4] = 30.0
+    env.hp[0, 1:4] = 1000.0  # so that one volley's damage can be read off
+    env.step(act(env, 6))
+    assert env.hp[0, 1].item() == pytest.approx(1000 - 2 * 15)  # 10 (+5 light) x 2
+    assert env.hp[0, 2].item() == pytest.approx(1000 - 2 * 15)
+    assert env.hp[0, 3].item() == 1000
+
+
 def test_medivac_heals_and_spends_energy():
     env = duel([("marine", 1), ("medivac", 1)], [("dummy", 2)], 20.0)
     env.hp[0, 0] = 20.0
@@ -268,6 +305,9 @@ SMAC_SHAPES = {
     "8m_vs_9m": (85, 179, 15), "10m_vs_11m": (105, 243, 17), "27m_vs_30m": (285, 1170, 36),
     "MMM": (160, 290, 16), "MMM2": (176, 322, 18), "2s3z": (80, 120, 11), "3s5z": (128, 216, 14),
     "3s5z_vs_3s6z": (136, 230, 15), "3s_vs_5z": (48, 68, 11), "2s_vs_1sc": (17, 27, 7), "6h_vs_8z": (78, 140, 14),
+    # Worked out by hand from SMAC's get_obs_size / get_state_size and its map registry.
+    "1c3s5z": (162, 270, 15), "corridor": (156, 282, 30), "so_many_baneling": (202, 397, 38),
+    "bane_vs_bane": (336, 984, 30), "2c_vs_64zg": (332, 342, 70),
 }
 
 
