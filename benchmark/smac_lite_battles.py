@@ -34,12 +34,24 @@ SMAC_DIFFICULTY = {
 }
 
 
-def _commit():
+def commit_id():
+    """Short commit of the checkout, with -dirty when smac_lite/ or benchmark/ has uncommitted changes."""
     def git(*a):
         return subprocess.run(["git", "-C", str(ROOT), *a], capture_output=True, text=True).stdout.strip()
 
-    dirty = git("status", "--porcelain", "--", "smac_lite", "benchmark/smac_lite_battles.py")
+    dirty = git("status", "--porcelain", "--", "smac_lite", "benchmark")
     return git("rev-parse", "--short", "HEAD") + ("-dirty" if dirty else "")
+
+
+def report_path(kind, device, started):
+    """benchmark/reports/smac_lite-<kind>-<device>-<date>-<time>-<commit>.md: never overwrites an earlier run."""
+    return ROOT / "benchmark" / "reports" / f"smac_lite-{kind}-{device}-{started:%Y-%m-%d-%H%M}-{commit_id()}.md"
+
+
+def load_text(before, after):
+    """The machine's load averages around a run (a shared machine: high load slows the timings)."""
+    return (f"load average (1, 5, 15 min) {', '.join(f'{v:.2f}' for v in before)} before the run and "
+            f"{', '.join(f'{v:.2f}' for v in after)} after")
 
 
 def _ci95(p, n):
@@ -75,18 +87,16 @@ def main():
     if args.no_report:
         return
 
-    commit = _commit()
-    stamp = started.strftime("%Y-%m-%d-%H%M")
+    out = report_path("battles", args.device, started)
     cmd = (f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')} python benchmark/smac_lite_battles.py "
            f"--battles {args.battles} --seed {args.seed}" + ("" if args.maps == list(MAPS) else
                                                              " --maps " + " ".join(args.maps)))
     lines = [
-        f"# smac_lite reference battles, {args.device}, {started:%Y-%m-%d %H:%M}, commit {commit}",
+        f"# smac_lite reference battles, {args.device}, {started:%Y-%m-%d %H:%M}, commit {commit_id()}",
         "",
         f"Machine: {os.cpu_count()}-core CPU ({platform.processor() or platform.machine()}), {args.threads} torch "
-        f"thread(s), torch {torch.__version__}. Load average (1, 5, 15 min) before: "
-        f"{', '.join(f'{v:.2f}' for v in load_before)}; after: {', '.join(f'{v:.2f}' for v in load_after)} "
-        "(the machine is shared; the load changes only the seconds column, not the results).",
+        f"thread(s), torch {torch.__version__}; {load_text(load_before, load_after)} (the machine is shared; the "
+        "load changes only the seconds column, not the results).",
         "",
         f"Each cell: the first episode of {args.battles} battles (`BatchedSMAC(seed={args.seed})`, start jitter "
         "0.5), one policy for all of them. `random`: uniform over the available actions (generator seeded with "
@@ -117,7 +127,6 @@ def main():
                          f"{r['len']:.1f} | {r['timeout']:.3f} | {r['secs']:.1f} |")
         lines.append("")
     lines += [f"Command: `{cmd}`", ""]
-    out = ROOT / "benchmark" / "reports" / f"smac_lite-battles-{args.device}-{stamp}-{commit}.md"
     out.write_text("\n".join(lines))
     print("wrote", out)
 
