@@ -36,11 +36,11 @@ SMAC_DIFFICULTY = {
 
 
 def commit_id():
-    """Short commit of the checkout, with -dirty when smac_lite/ or benchmark/ has uncommitted changes."""
+    """Short commit of the checkout, with -dirty when tracked files in smac_lite/ or benchmark/ have changes."""
     def git(*a):
         return subprocess.run(["git", "-C", str(ROOT), *a], capture_output=True, text=True).stdout.strip()
 
-    dirty = git("status", "--porcelain", "--", "smac_lite", "benchmark")
+    dirty = git("status", "--porcelain", "--untracked-files=no", "--", "smac_lite", "benchmark")
     return git("rev-parse", "--short", "HEAD") + ("-dirty" if dirty else "")
 
 

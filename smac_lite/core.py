@@ -160,12 +160,12 @@ class BatchedSMAC:
         self._reach = reach.to(dev).flatten()
         # Agent i may attack enemy j (a ground-only weapon cannot target an air unit); as an additive penalty for
         # the closest-enemy search of idle agents.
-        self._agent_can_hit = can_hit[:A, A:].to(dev)
-        self._agent_no_hit_pen = (~self._agent_can_hit).to(torch.float32) * _BIG
+        # Tables that are all-permissive (no air units, every unit armed) are None: the step skips them.
+        self._agent_can_hit = can_hit[:A, A:].to(dev) if not can_hit[:A, A:].all() else None
+        self._agent_no_hit_pen = None if self._agent_can_hit is None else (~self._agent_can_hit).float() * _BIG
         # Enemy j's preference penalty for ally i (E, A): cannot hit it at all, or it is not a threat (cannot hit j).
-        self._enemy_target_pen = torch.where(
-            ~can_hit[A:, :A], _BIG, (~can_hit[:A, A:]).T.to(torch.float32) * _NOT_A_THREAT
-        ).to(dev)
+        pen = torch.where(~can_hit[A:, :A], _BIG, (~can_hit[:A, A:]).T.to(torch.float32) * _NOT_A_THREAT)
+        self._enemy_target_pen = pen.to(dev) if pen.any() else None
         # Area weapons (colossus, baneling) deal all their damage through the splash tables below, which include
         # the target itself: their rows of the single-target tables are zero.
         splash_units = [u for u, su in enumerate(stats) if su["splash"] > 0]
@@ -263,6 +263,7 @@ class BatchedSMAC:
         self.point_x[:, self._rally_col] = self._x0[:A].mean()
         self.point_y[:, self._rally_col] = self._y0[:A].mean()
         self.enemy_target = torch.full((N, E), self._rally_col, dtype=torch.long, device=dev)  # column in point_x
+        self._enemy_in_range = torch.zeros(N, E, dtype=torch.bool, device=dev)
         self.hp = torch.zeros(N, U, **f32)
         self.sh = torch.zeros(N, U, **f32)
         self.cd = torch.zeros(N, U, **f32)
@@ -434,15 +435,16 @@ class BatchedSMAC:
         dist2 = dx * dx + dy * dy  # (N, A, E)
         pen = (1.0 - alive) * _BIG
         d2 = dist2 + pen[:, :A, None] + pen[:, None, A:]  # (N, A, E), dead pairs pushed out
-        closest_enemy = (d2 + self._agent_no_hit_pen).argmin(2) + A  # (N, A) unit index
-        score = (d2 + (dist2 > ACQUIRE_RANGE**2) * _OUT_OF_SIGHT).transpose(1, 2) + self._enemy_target_pen
-        best, closest_a = score.contiguous().min(2)  # (N, E); a min over a strided dim is ~5x slower
+        agent_score = d2 if self._agent_no_hit_pen is None else d2 + self._agent_no_hit_pen
+        closest_enemy = agent_score.argmin(2) + A  # (N, A) unit index
+        score = (d2 + (dist2 > ACQUIRE_RANGE**2) * _OUT_OF_SIGHT).transpose(1, 2).contiguous()  # (N, E, A)
+        if self._enemy_target_pen is not None:
+            score += self._enemy_target_pen
+        best, closest_a = score.min(2)  # (N, E); a min over a strided dim is ~5x slower, hence the contiguous
         acquired = torch.where(best < _OUT_OF_SIGHT, closest_a, self._rally_col)  # (N, E)
         cur = self.enemy_target  # (N, E)
-        tdx = self.point_x.gather(1, cur) - x[:, A:]
-        tdy = self.point_y.gather(1, cur) - y[:, A:]
-        reach = torch.take(self._reach, cur + self._pair_base[:, A:])
-        keep = (cur < A) & (self.point_alive.gather(1, cur) > 0) & (tdx * tdx + tdy * tdy <= (reach + 2 * APPROACH_SLACK) ** 2)
+        # In range in the last game loop (set by _subtick) and still alive: keep it.
+        keep = self._enemy_in_range & (cur < A) & (self.point_alive.gather(1, cur) > 0)
         target = torch.where(keep, cur, acquired)
         if heal_tgt_e is not None:
             target = torch.where(self.is_healer[A:], heal_tgt_e, target)
@@ -474,6 +476,7 @@ class BatchedSMAC:
         y.add_(to_y * step)
         if self.collide:
             self._separate()
+        self._enemy_in_range = in_range[:, self.n_agents:]  # (N, E), for _retarget's keep-the-target rule
         fire = fire_ok & in_range & active & (self.cd <= 1e-4) & (self.energy > 0)  # (N, U) shoots this loop
         fire_f = fire.to(x.dtype)
         # Damage: every hit is reduced by the target's armour (per hit, min 0.5); shields absorb first.
@@ -577,7 +580,9 @@ class BatchedSMAC:
         in_shoot = (dist <= SHOOT_RANGE) * pair_alive  # (N, A, U)
 
         # Available actions: 0 no-op (dead only), 1 stop, 2-5 move N/S/E/W (stay inside the map), 6.. attack.
-        att = in_shoot[:, :, A:] * self._agent_can_hit  # (N, A, E) attack action available
+        att = in_shoot[:, :, A:]  # (N, A, E) attack action available
+        if self._agent_can_hit is not None:
+            att = att * self._agent_can_hit
         if self.has_agent_healer:
             heal = in_shoot[:, :, :A] * self._heal_target_ok
             if A < E:
