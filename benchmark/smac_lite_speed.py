@@ -1,6 +1,7 @@
 """smac_lite raw speed: random-policy joint steps per second (one joint step = one step of one battle, with
 observations, state, masks, rewards and auto-reset), for several maps and battle counts, on one CPU thread
-(and CUDA if available). Writes benchmark/reports/smac_lite-speed-<device>-<date>.md.
+(and CUDA if available). Writes benchmark/reports/smac_lite-speed-<device>-<date>-<time>-<commit>.md, with the
+machine's load average (the machine may be shared: a high load makes the numbers low).
 
     OMP_NUM_THREADS=1 python benchmark/smac_lite_speed.py [--maps 3m 2s3z] [--envs 1 64 1024 4096] [--repeats 5]
 """
@@ -11,12 +12,14 @@ import platform
 import statistics
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import smac_lite  # noqa: E402
+from benchmark.smac_lite_battles import load_text, report_path  # noqa: E402
 from smac_lite.policies import random_policy  # noqa: E402
 
 ANCHORS = (
@@ -58,15 +61,16 @@ def main():
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--device", default=None, help="cpu, cuda or both (default: cpu, plus cuda if available)")
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--date", default="2026-11-22")
     p.add_argument("--no-report", action="store_true")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     devices = [args.device] if args.device else (["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"])
+    started = datetime.now()
 
     for dev_name in devices:
         device = torch.device(dev_name)
         rows = []
+        load_before = os.getloadavg()
         for m in args.maps:
             for n in args.envs:
                 # About 0.3-1 s per repeat: fewer steps for many battles, more for few.
@@ -75,6 +79,7 @@ def main():
                 rows.append((m, n, med, lo, hi))
                 print(f"{dev_name} {m:6s} {n:5d} battles: median {med:10.0f} joint steps/s (min {lo:.0f}, max {hi:.0f})",
                       flush=True)
+        load_after = os.getloadavg()
         if args.no_report:
             continue
         if device.type == "cuda":
@@ -84,22 +89,24 @@ def main():
                        f"{args.threads} torch thread(s), OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}, "
                        f"torch {torch.__version__}")
         lines = [
-            f"# smac_lite speed, {dev_name}, {args.date}",
+            f"# smac_lite speed, {dev_name}, {started:%Y-%m-%d %H:%M}",
             "",
-            f"Machine: {machine}. The other core may have been busy with other work; each cell is the median of "
+            f"Machine: {machine}; {load_text(load_before, load_after)}. Each cell is the median of "
             f"{args.repeats} timed repeats after a warm-up (min and max in brackets).",
             "",
             "Random policy (uniform over available actions, sampled on the device). One joint step = one agent step "
             "(8 game loops) of one battle, including observations, state, available-action masks, rewards and "
-            "auto-reset. Full semantics: shields and their regeneration, armour, bonus damage, medivac healing.",
+            "auto-reset. Full semantics: shields and their regeneration, armour, bonus damage, medivac healing, "
+            "air targeting, SC2-like enemy targeting (area damage and collisions exist only on maps that use them).",
             "",
             "| map | battles | joint steps/s (median) | min | max |",
             "|---|---:|---:|---:|---:|",
         ]
         lines += [f"| {m} | {n} | {med:,.0f} | {lo:,.0f} | {hi:,.0f} |" for m, n, med, lo, hi in rows]
         lines += ["", ANCHORS, "", "Goal (issue 3): >= 120k on 3m and >= 60k on 2s3z with 1024 battles on one core.",
-                  "", f"Command: `OMP_NUM_THREADS={args.threads} python benchmark/smac_lite_speed.py`", ""]
-        out = Path(__file__).resolve().parent / "reports" / f"smac_lite-speed-{dev_name}-{args.date}.md"
+                  "", f"Command: `OMP_NUM_THREADS={args.threads} python benchmark/smac_lite_speed.py "
+                  f"--maps {' '.join(args.maps)} --envs {' '.join(map(str, args.envs))} --repeats {args.repeats}`", ""]
+        out = report_path("speed", dev_name, started)
         out.write_text("\n".join(lines))
         print("wrote", out)
 

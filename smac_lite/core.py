@@ -2,11 +2,13 @@
 
 See smac_lite/README.md for the semantics and where they differ from SMAC. Layout of the per-unit tensors:
 units are indexed 0..U-1 with the n_agents allies first and the n_enemies enemies after them. Positions live in
-(N, U + n_agents) buffers whose last n_agents columns hold the agents' move goals, so that "move toward a goal"
-and "move toward a target unit" are one gather and one code path.
+(N, U + n_agents + 1) buffers whose next n_agents columns hold the agents' move goals and whose last column is the
+enemies' attack-move point, so that "move toward a point" and "move toward a target unit" are one gather and one
+code path.
 """
 
 import math
+import secrets
 
 import torch
 
@@ -18,7 +20,11 @@ MOVE_AMOUNT = 2.0  # a move order goes this far (SMAC's move_amount)
 SIGHT_RANGE = 9.0  # SMAC's unit sight range, used by observations
 SHOOT_RANGE = 6.0  # SMAC's shoot range, used by the available-action mask
 RETARGET_EVERY = 4  # game loops between target re-evaluations of enemies and idle agents
+ACQUIRE_RANGE = SIGHT_RANGE  # enemies on attack-move acquire targets this close (centre distance)
+_NOT_A_THREAT = 1e4  # added to the squared distance of a target that cannot shoot back: SC2 prefers threats
+_OUT_OF_SIGHT = 1e6  # added beyond ACQUIRE_RANGE: such a unit is never acquired
 N_NO_ATTACK = 6  # no-op, stop, move N, S, E, W
+APPROACH_SLACK = 0.005  # map units
 _BIG = 1e9
 _M31 = 0x7FFFFFFF
 
@@ -104,6 +110,8 @@ class BatchedSMAC:
             return torch.tensor([float(s[key]) for s in stats], **f32)
 
         self.max_hp = col("hp")
+        # SMAC's state divides the weapon cooldown in game loops by a fixed per-type constant, not the unit's own.
+        self.cd_scale = 1.0 / (DT * col("smac_max_cooldown"))
         self.max_sh = col("shield")
         self.cd_max = col("cooldown")
         self.speed_dt = col("speed") * DT
@@ -125,19 +133,24 @@ class BatchedSMAC:
         attacker = torch.tensor([s["damage"] > 0 for s in stats], dtype=torch.float32, device=dev)
         self.attacker_a, self.attacker_e = attacker[:A], attacker[A:]
 
-        # Pair tables attacker a -> target column t (t < U: a unit, t >= U: an agent's move goal), flattened so a
-        # (N, U) index tensor picks each unit's value for its current target with one torch.take.
-        W = U + A
-        self._ext = W
-        reach = torch.zeros(U, W)
-        raw = torch.zeros(U, W)
-        eff = torch.zeros(U, W)
-        heal = torch.zeros(U, W)
+        # Pair tables (U, n_points) attacker a -> target column t (t < U: a unit, U <= t < U + A: an agent's move
+        # goal, U + A: the enemies' attack-move point), flattened so that an (N, U) index tensor picks each unit's
+        # value for its current target with one torch.take.
+        n_points = U + A + 1
+        self._rally_col = U + A
+        # A mover stops APPROACH_SLACK inside its reach (so that float rounding cannot leave it a hair out of
+        # range). Points get reach = APPROACH_SLACK: a unit stops exactly on its move goal, never past it.
+        reach = torch.full((U, n_points), APPROACH_SLACK)
+        raw = torch.zeros(U, n_points)
+        eff = torch.zeros(U, n_points)
+        heal = torch.zeros(U, n_points)
+        can_hit = torch.zeros(U, U, dtype=torch.bool)
         for a, sa in enumerate(stats):
             team_a = a < A
             for t, st in enumerate(stats):
                 reach[a, t] = sa["range"] + sa["radius"] + st["radius"]
-                if (t < A) != team_a and sa["damage"] > 0:
+                can_hit[a, t] = (t < A) != team_a and sa["damage"] > 0 and (sa["hits_air"] or not st["air"])
+                if can_hit[a, t]:
                     per_hit = sa["damage"] + sa["bonus_armoured"] * st["armoured"] + sa["bonus_light"] * st["light"]
                     raw[a, t] = sa["hits"] * per_hit
                     # Armour reduces every hit, down to 0.5 (SC2's minimum damage).
@@ -145,10 +158,35 @@ class BatchedSMAC:
                 if (t < A) == team_a and sa["heal_rate"] > 0 and st["heal_rate"] == 0:
                     heal[a, t] = sa["heal_rate"] * DT
         self._reach = reach.to(dev).flatten()
+        # Agent i may attack enemy j (a ground-only weapon cannot target an air unit); as an additive penalty for
+        # the closest-enemy search of idle agents.
+        # Tables that are all-permissive (no air units, every unit armed) are None: the step skips them.
+        self._agent_can_hit = can_hit[:A, A:].to(dev) if not can_hit[:A, A:].all() else None
+        self._agent_no_hit_pen = None if self._agent_can_hit is None else (~self._agent_can_hit).float() * _BIG
+        # Enemy j's preference penalty for ally i (E, A): cannot hit it at all, or it is not a threat (cannot hit j).
+        pen = torch.where(~can_hit[A:, :A], _BIG, (~can_hit[:A, A:]).T.to(torch.float32) * _NOT_A_THREAT)
+        self._enemy_target_pen = pen.to(dev) if pen.any() else None
+        # Area weapons (colossus, baneling) deal all their damage through the splash tables below, which include
+        # the target itself: their rows of the single-target tables are zero.
+        splash_units = [u for u, su in enumerate(stats) if su["splash"] > 0]
+        self.has_splash = bool(splash_units)
+        if self.has_splash:
+            self._splash_idx = torch.tensor(splash_units, device=dev)  # (S,)
+            # Victims: the opponents the weapon can hit and that are on the ground; a victim is hit when its edge is
+            # within the splash radius of the centre.
+            victim = can_hit[splash_units] & ~torch.tensor([su["air"] for su in stats])
+            self._splash_raw = (raw[splash_units, :U] * victim).to(dev)  # (S, U)
+            self._splash_eff = (eff[splash_units, :U] * victim).to(dev)
+            radii = torch.tensor([su["radius"] for su in stats])
+            self._splash_reach2 = ((torch.tensor([stats[u]["splash"] for u in splash_units])[:, None] + radii) ** 2).to(dev)
+            self._splash_at_self = torch.tensor([stats[u]["splash_at"] == "self" for u in splash_units], device=dev)
+            self._suicide = torch.tensor([stats[u]["suicide"] for u in splash_units], device=dev)
+            raw[splash_units] = 0.0
+            eff[splash_units] = 0.0
         self._raw = raw.to(dev).flatten()
         self._eff = eff.to(dev).flatten()
         self._heal = heal.to(dev).flatten()
-        self._pair_base = (torch.arange(U, device=dev) * W).unsqueeze(0)
+        self._pair_base = (torch.arange(U, device=dev) * n_points).unsqueeze(0)
         self._goal_idx = torch.arange(U, U + A, device=dev).unsqueeze(0)
 
         # Action decoding tables.
@@ -169,8 +207,8 @@ class BatchedSMAC:
                 if t in type_order:
                     onehot[u, type_order.index(t)] = 1.0
         self._type_onehot = onehot[:, :tb].to(dev)
-        F = 6 + tb  # per unit in an agent's view: col0, dist, dx, dy, health, shield, types
-        self._F = F
+        nfv = 6 + tb  # per unit in an agent's view: col0, dist, dx, dy, health, shield, types
+        self._view_unit_feats = nfv
         en_cols = [0, 1, 2, 3, 4] + ([5] if self.shield_bits_enemy else []) + list(range(6, 6 + tb))
         al_cols = [0, 1, 2, 3, 4] + ([5] if self.shield_bits_ally else []) + list(range(6, 6 + tb))
         own_cols = [4] + ([5] if self.shield_bits_ally else []) + list(range(6, 6 + tb))
@@ -178,22 +216,22 @@ class BatchedSMAC:
         for i in range(A):
             idx = [0, 1, 2, 3]
             for e in range(E):
-                idx += [4 + (A + e) * F + c for c in en_cols]
+                idx += [4 + (A + e) * nfv + c for c in en_cols]
             for j in range(A):
                 if j != i:
-                    idx += [4 + j * F + c for c in al_cols]
-            idx += [4 + i * F + c for c in own_cols]
+                    idx += [4 + j * nfv + c for c in al_cols]
+            idx += [4 + i * nfv + c for c in own_cols]
             rows.append(idx)
         self._obs_idx = torch.tensor(rows, device=dev)
         self.obs_dim = len(rows[0])
         self.obs_enemy_feats = len(en_cols)
         self.obs_ally_feats = len(al_cols)
         self.obs_own_feats = len(own_cols)
-        Fs = 5 + tb  # per unit in the state: health, cooldown/energy, rel x, rel y, shield, types
-        self._Fs = Fs
+        nfs = 5 + tb  # per unit in the state: health, cooldown/energy, rel x, rel y, shield, types
+        self._state_unit_feats = nfs
         st_al = [0, 1, 2, 3] + ([4] if self.shield_bits_ally else []) + list(range(5, 5 + tb))
         st_en = [0, 2, 3] + ([4] if self.shield_bits_enemy else []) + list(range(5, 5 + tb))
-        sidx = [u * Fs + c for u in range(A) for c in st_al] + [u * Fs + c for u in range(A, U) for c in st_en]
+        sidx = [u * nfs + c for u in range(A) for c in st_al] + [u * nfs + c for u in range(A, U) for c in st_en]
         self._state_idx = torch.tensor(sidx, device=dev)
         self.state_dim = len(sidx) + (A * na if state_last_action else 0)
         self.state_ally_feats = len(st_al)
@@ -206,17 +244,33 @@ class BatchedSMAC:
         # Start formation (before jitter): allies on the left facing east, enemies mirrored on the right.
         self._x0, self._y0 = self._formation(spec)
 
-        # Per-battle state.
-        self.X = torch.zeros(N, W, **f32)
-        self.Y = torch.zeros(N, W, **f32)
-        self.x, self.y = self.X[:, :U], self.Y[:, :U]
-        self.AL = torch.ones(N, W, **f32)  # alive (1/0); goal columns stay 1
-        self.alive = self.AL[:, :U]
+        # Ground collisions (maps with collide=True): pairs closer than the sum of their radii are pushed apart.
+        self.collide = bool(spec.get("collide", False))
+        if self.collide:
+            rad = torch.tensor([su["radius"] if su["collides"] else 0.0 for su in stats])
+            both = torch.tensor([su["collides"] for su in stats])
+            min_gap = (rad[:, None] + rad[None, :]) * (both[:, None] & both[None, :])
+            self._min_gap = min_gap.fill_diagonal_(0.0).to(dev)  # (U, U)
+
+        # Per-battle state. Points (N, n_points): the units' positions (views x, y: (N, U)), then the agents' move
+        # goals, then the enemies' attack-move point; point_alive is 1/0 for units and stays 1 for the other points.
+        self.point_x = torch.zeros(N, n_points, **f32)
+        self.point_y = torch.zeros(N, n_points, **f32)
+        self.x, self.y = self.point_x[:, :U], self.point_y[:, :U]
+        self.point_alive = torch.ones(N, n_points, **f32)
+        self.alive = self.point_alive[:, :U]
+        # The enemies' single attack-move order goes to the allies' start (the centre of their formation).
+        self.point_x[:, self._rally_col] = self._x0[:A].mean()
+        self.point_y[:, self._rally_col] = self._y0[:A].mean()
+        self.enemy_target = torch.full((N, E), self._rally_col, dtype=torch.long, device=dev)  # column in point_x
+        self._enemy_in_range = torch.zeros(N, E, dtype=torch.bool, device=dev)
         self.hp = torch.zeros(N, U, **f32)
         self.sh = torch.zeros(N, U, **f32)
         self.cd = torch.zeros(N, U, **f32)
         self.energy = torch.zeros(N, U, **f32)
         self.since_dmg = torch.zeros(N, U, **f32)
+        # (N, S) a suicide unit (baneling) killed last loop, which bursts this loop.
+        self.burst_pending = torch.zeros(N, len(splash_units), dtype=torch.bool, device=dev)
         self.last_action = torch.zeros(N, A, dtype=torch.long, device=dev)
         self.has_last_action = torch.zeros(N, 1, **f32)
         self.steps = torch.zeros(N, dtype=torch.long, device=dev)
@@ -244,7 +298,8 @@ class BatchedSMAC:
                 torch.tensor(ys, dtype=torch.float32, device=self.device))
 
     def _set_seed(self, seed):
-        self.seed = 0 if seed is None else int(seed)
+        # No seed: draw one from the OS, so that unseeded environments differ (as gymnasium / PettingZoo envs do).
+        self.seed = secrets.randbits(31) if seed is None else int(seed)
         self._seed_key = _mix(torch.tensor(self.seed & _M31, device=self.device) ^ 0x1234567)
         self._elem = torch.arange(2 * self.n_units, device=self.device) * 0x9E3779B  # < 2**31 / 2 * U ok
 
@@ -274,7 +329,9 @@ class BatchedSMAC:
         self.cd.zero_()
         self.energy.copy_(self.energy_start.expand_as(self.energy))
         self.since_dmg.fill_(SHIELD_REGEN_DELAY)
+        self.burst_pending.zero_()
         self.alive.fill_(1.0)
+        self.enemy_target.fill_(self._rally_col)
         self.last_action.zero_()
         self.has_last_action.zero_()
         self.steps.zero_()
@@ -297,18 +354,19 @@ class BatchedSMAC:
         slot = actions - N_NO_ATTACK
         is_att = (slot >= 0) & (slot < self._slot_limit) & alive_a
         ordered = torch.where(is_att, slot.clamp(min=0) + self._slot_offset, 0)
-        ordered = torch.where(is_move, self._goal_idx, ordered)
-        idle = ~(is_move | is_att)
-        self.X[:, U:] = (self.x[:, :A] + MOVE_AMOUNT * self._act_dx[actions]).clamp(0.0, self.map_w)
-        self.Y[:, U:] = (self.y[:, :A] + MOVE_AMOUNT * self._act_dy[actions]).clamp(0.0, self.map_h)
-        fire_ok = torch.cat([~is_move, torch.ones_like(self.alive[:, A:], dtype=torch.bool)], 1)
-        chase_e = torch.ones_like(fire_ok[:, A:])
+        ordered = torch.where(is_move, self._goal_idx, ordered)  # (N, A) column in point_x each agent heads for
+        idle = ~(is_move | is_att)  # (N, A)
+        self.point_x[:, U:U + A] = (self.x[:, :A] + MOVE_AMOUNT * self._act_dx[actions]).clamp(0.0, self.map_w)
+        self.point_y[:, U:U + A] = (self.y[:, :A] + MOVE_AMOUNT * self._act_dy[actions]).clamp(0.0, self.map_h)
+        fire_ok_a = ~is_move
+        chase_e = torch.ones_like(self.enemy_target, dtype=torch.bool)
         heal_tgt_e = self._enemy_heal_targets() if self.has_enemy_healer else None
 
         for k in range(STEP_MUL):
             if k % RETARGET_EVERY == 0:
-                close_e, close_a = self._retarget(heal_tgt_e)
-            self._subtick(ordered, idle, fire_ok, chase_e, close_e, close_a)
+                closest_enemy, fire_ok_e = self._retarget(heal_tgt_e)
+                fire_ok = torch.cat([fire_ok_a, fire_ok_e], 1)
+            self._subtick(ordered, idle, fire_ok, chase_e, closest_enemy, self.enemy_target)
 
         # Outcome.
         alive_e = self.alive[:, A:]
@@ -329,8 +387,8 @@ class BatchedSMAC:
             delta_ally = self.reward_negative_scale * ((prev_hs_a - hs_a) * prev_alive_a).sum(1)
             deaths_a = (prev_alive_a - alive_a_now).sum(1)
             reward = delta_enemy + delta_deaths - delta_ally - self.reward_death_value * self.reward_negative_scale * deaths_a
-            reward = reward + self.reward_defeat * lost
-        reward = (reward + self.reward_win * won) * self.reward_scale
+        # As SMAC: the win bonus and the defeat value are added after the positive-only abs(), in both modes.
+        reward = (reward + self.reward_win * won + self.reward_defeat * lost) * self.reward_scale
 
         self.steps += 1
         self.ep_return += reward
@@ -361,71 +419,133 @@ class BatchedSMAC:
         return frac.argmin(1, keepdim=True) + A
 
     def _retarget(self, heal_tgt_e):
-        """Closest living opponent of every unit: enemies attack-move toward the allies and engage the closest;
-        agents without a live order (stop, or their target died) fire at the closest enemy in range. Re-evaluated
-        every RETARGET_EVERY game loops (a reaction time of 0.18 s), not every loop: small-dim argmin is costly."""
+        """Targets, re-evaluated every RETARGET_EVERY game loops (a reaction time of 0.18 s; small-dim argmin is
+        too costly to run every loop).
+
+        Agents without a live order (stop, or their target died) fire at the closest enemy they can hit in range.
+        Enemies follow SC2's auto-targeting under their one attack-move order: keep the current target while it
+        lives and is within weapon range; otherwise acquire the closest ally within ACQUIRE_RANGE that they can
+        hit, preferring allies that can shoot back; with none, walk on to the attack-move point (the allies'
+        start). Enemy medivacs heal their most damaged teammate. Updates self.enemy_target; returns the closest
+        enemy of every agent (N, A) and whether each enemy may fire (N, E): not while heading for the point."""
         A = self.n_agents
         x, y, alive = self.x, self.y, self.alive
         dx = x[:, None, A:] - x[:, :A, None]
         dy = y[:, None, A:] - y[:, :A, None]
+        dist2 = dx * dx + dy * dy  # (N, A, E)
         pen = (1.0 - alive) * _BIG
-        d2 = dx * dx + dy * dy + pen[:, :A, None] + pen[:, None, A:]  # (N, A, E)
-        close_e = d2.argmin(2) + A
-        close_a = d2.transpose(1, 2).contiguous().argmin(2)  # argmin over a strided dim is ~5x slower
+        d2 = dist2 + pen[:, :A, None] + pen[:, None, A:]  # (N, A, E), dead pairs pushed out
+        agent_score = d2 if self._agent_no_hit_pen is None else d2 + self._agent_no_hit_pen
+        closest_enemy = agent_score.argmin(2) + A  # (N, A) unit index
+        score = (d2 + (dist2 > ACQUIRE_RANGE**2) * _OUT_OF_SIGHT).transpose(1, 2).contiguous()  # (N, E, A)
+        if self._enemy_target_pen is not None:
+            score += self._enemy_target_pen
+        best, closest_a = score.min(2)  # (N, E); a min over a strided dim is ~5x slower, hence the contiguous
+        acquired = torch.where(best < _OUT_OF_SIGHT, closest_a, self._rally_col)  # (N, E)
+        cur = self.enemy_target  # (N, E)
+        # In range in the last game loop (set by _subtick) and still alive: keep it.
+        keep = self._enemy_in_range & (cur < A) & (self.point_alive.gather(1, cur) > 0)
+        target = torch.where(keep, cur, acquired)
         if heal_tgt_e is not None:
-            close_a = torch.where(self.is_healer[A:], heal_tgt_e, close_a)
-        return close_e, close_a
+            target = torch.where(self.is_healer[A:], heal_tgt_e, target)
+        self.enemy_target.copy_(target)
+        return closest_enemy, target != self._rally_col
 
-    def _subtick(self, ordered, idle, fire_ok, chase_e, close_e, close_a):
-        A, U = self.n_agents, self.n_units
-        X, Y, AL = self.X, self.Y, self.AL
+    def _subtick(self, ordered, idle, fire_ok, chase_e, closest_enemy, target_e):
+        """One game loop. ordered (N, A): the column each agent was ordered to (enemy, ally for a medivac, or its
+        move goal); idle (N, A): stop / no-op / invalid order; fire_ok (N, U); chase_e (N, E); closest_enemy
+        (N, A) and target_e (N, E) from _retarget."""
+        U = self.n_units
         x, y, alive = self.x, self.y, self.alive
-        auto = idle | (AL.gather(1, ordered) == 0)
-        tgt = torch.cat([torch.where(auto, close_e, ordered), close_a], 1)
-        chase = torch.cat([~auto, chase_e], 1)
+        auto = idle | (self.point_alive.gather(1, ordered) == 0)  # (N, A): no live order -> act as stopped
+        target = torch.cat([torch.where(auto, closest_enemy, ordered), target_e], 1)  # (N, U) column in point_x
+        chase = torch.cat([~auto, chase_e], 1)  # (N, U) walks toward its target when out of range
 
-        ddx = X.gather(1, tgt) - x
-        ddy = Y.gather(1, tgt) - y
-        t_alive = AL.gather(1, tgt)
-        dist = torch.sqrt(ddx * ddx + ddy * ddy)
-        pidx = tgt + self._pair_base
-        reach = torch.take(self._reach, pidx)
-        # A chaser stops just inside its reach (+-0.005) so float rounding cannot leave it a hair out of range.
-        in_range = dist <= reach + 0.01
-        active = (alive * t_alive) > 0
-        # Move (toward the target until in range, or toward the goal); units in range stand and fire.
+        to_x = self.point_x.gather(1, target) - x  # (N, U) vector to the target
+        to_y = self.point_y.gather(1, target) - y
+        target_alive = self.point_alive.gather(1, target)  # (N, U)
+        dist = torch.sqrt(to_x * to_x + to_y * to_y)  # (N, U) centre distance to the target
+        pair_idx = target + self._pair_base  # (N, U) index into the flattened (U, n_points) pair tables
+        reach = torch.take(self._reach, pair_idx)
+        in_range = dist <= reach + 2 * APPROACH_SLACK
+        active = (alive * target_alive) > 0
+        # Move (toward the target until in range, or onto the goal); units in range stand and fire.
         mv = (chase & ~in_range & active).to(x.dtype)
-        step = torch.minimum(self.speed_dt, dist - reach + 0.005) * mv / dist.clamp(min=1e-6)
-        x.add_(ddx * step)
-        y.add_(ddy * step)
-        fire = fire_ok & in_range & active & (self.cd <= 0) & (self.energy > 0)
-        ff = fire.to(x.dtype)
+        step = torch.minimum(self.speed_dt, dist - reach + APPROACH_SLACK) * mv / dist.clamp(min=1e-6)
+        x.add_(to_x * step)
+        y.add_(to_y * step)
+        if self.collide:
+            self._separate()
+        self._enemy_in_range = in_range[:, self.n_agents:]  # (N, E), for _retarget's keep-the-target rule
+        fire = fire_ok & in_range & active & (self.cd <= 1e-4) & (self.energy > 0)  # (N, U) shoots this loop
+        fire_f = fire.to(x.dtype)
         # Damage: every hit is reduced by the target's armour (per hit, min 0.5); shields absorb first.
-        raw = torch.take(self._raw, pidx) * ff
-        eff = torch.take(self._eff, pidx) * ff
-        zeros = torch.zeros_like(X)
-        R = zeros.scatter_add(1, tgt, raw)[:, :U]
-        Ed = zeros.scatter_add(1, tgt, eff)[:, :U]
+        raw = torch.take(self._raw, pair_idx) * fire_f  # (N, U) damage each unit deals, before armour
+        eff = torch.take(self._eff, pair_idx) * fire_f  # (N, U) the same after the target's armour
+        zeros = torch.zeros_like(self.point_x)
+        damage_taken = zeros.scatter_add(1, target, raw)[:, :U]  # (N, U) damage each unit takes, before armour
+        hp_damage = zeros.scatter_add(1, target, eff)[:, :U]  # (N, U) after armour: what reaches hp unshielded
+        if self.has_splash:
+            burst = self._splash(fire, target, damage_taken, hp_damage)
         if self.has_shields:
-            absorbed = torch.minimum(self.sh, R)
+            absorbed = torch.minimum(self.sh, damage_taken)
             self.sh.sub_(absorbed)
-            Ed = Ed * (1.0 - absorbed / R.clamp(min=1e-6))
-        self.hp.sub_(Ed).clamp_(min=0.0)
+            hp_damage = hp_damage * (1.0 - absorbed / damage_taken.clamp(min=1e-6))
+        self.hp.sub_(hp_damage).clamp_(min=0.0)
         if self.has_healer:
-            heal = torch.take(self._heal, pidx) * ff
-            Hs = zeros.scatter_add(1, tgt, heal)[:, :U]
-            torch.minimum(self.hp + Hs * (self.hp > 0), self.max_hp, out=self.hp)
+            heal = torch.take(self._heal, pair_idx) * fire_f
+            healing = zeros.scatter_add(1, target, heal)[:, :U]  # (N, U) hp each unit receives
+            torch.minimum(self.hp + healing * (self.hp > 0), self.max_hp, out=self.hp)
             self.energy.sub_(heal * self.energy_per_hp).add_(self.energy_regen_dt)
             torch.minimum(self.energy, self.energy_max, out=self.energy)
         if self.has_shields:
-            # Shields regenerate 2/s once a unit has gone 10 s without taking damage.
-            self.since_dmg.add_(DT).masked_fill_(R > 0, 0.0)
+            # Shields regenerate once a unit has gone SHIELD_REGEN_DELAY without taking damage (SC2: 2 per game
+            # second after 10 game seconds).
+            self.since_dmg.add_(DT).masked_fill_(damage_taken > 0, 0.0)
             regen = (self.since_dmg >= SHIELD_REGEN_DELAY).to(x.dtype) * (SHIELD_REGEN_RATE * DT)
             torch.minimum(self.sh + regen, self.max_sh, out=self.sh)
-        self.cd.copy_(torch.where(fire, self.cd_max, self.cd - DT))
+        # The cooldown runs down in the loop of the shot too. A weapon that fires in the first loop it is ready
+        # keeps the fraction of a loop it waited (cd in (-DT, 0]), so the mean period is the cooldown itself
+        # (marine 13.77 loops), not a whole loop longer; one that waited longer for a target starts afresh.
+        carry = torch.where(self.cd > -DT, self.cd, 0.0)
+        self.cd.copy_(torch.where(fire, self.cd_max + carry, self.cd) - DT)
+        if self.has_splash:
+            # A baneling dies by bursting; one killed by damage bursts in the next loop (where it died).
+            sidx = self._splash_idx
+            was_alive = alive[:, sidx] > 0
+            self.hp[:, sidx] = torch.where(burst & self._suicide, 0.0, self.hp[:, sidx])
+            self.burst_pending.copy_(was_alive & (self.hp[:, sidx] <= 0) & ~burst & self._suicide)
         alive.copy_(self.hp > 0)
         if self.has_shields:
             self.sh.mul_(alive)
+
+    def _separate(self):
+        """Push overlapping living ground units apart, each by half the overlap (one relaxation pass per loop),
+        so that a swarm surrounds its target instead of stacking on one spot."""
+        x, y, alive = self.x, self.y, self.alive
+        dx = x[:, :, None] - x[:, None, :]  # (N, U, U)
+        dy = y[:, :, None] - y[:, None, :]
+        d = torch.sqrt(dx * dx + dy * dy).clamp(min=1e-4)
+        overlap = (self._min_gap - d).clamp(min=0.0) * (alive[:, :, None] * alive[:, None, :])  # (N, U, U)
+        push = overlap * (0.5 / d)
+        x.add_((push * dx).sum(2)).clamp_(0.0, self.map_w)
+        y.add_((push * dy).sum(2)).clamp_(0.0, self.map_h)
+
+    def _splash(self, fire, target, damage_taken, hp_damage):
+        """Add the area damage of this loop to damage_taken and hp_damage (N, U, in place). The centre is the
+        target (colossus) or the attacker (baneling, which also bursts the loop after it is killed). Returns the
+        area weapons that went off (N, S)."""
+        sidx = self._splash_idx
+        burst = fire[:, sidx] | self.burst_pending  # (N, S)
+        cx = torch.where(self._splash_at_self, self.x[:, sidx], self.point_x.gather(1, target[:, sidx]))  # (N, S)
+        cy = torch.where(self._splash_at_self, self.y[:, sidx], self.point_y.gather(1, target[:, sidx]))
+        dx = self.x[:, None, :] - cx[:, :, None]  # (N, S, U)
+        dy = self.y[:, None, :] - cy[:, :, None]
+        hit = ((dx * dx + dy * dy) <= self._splash_reach2) & burst[:, :, None]  # (N, S, U)
+        hit = hit.to(dx.dtype)
+        damage_taken.add_((hit * self._splash_raw).sum(1))
+        hp_damage.add_((hit * self._splash_eff).sum(1))
+        return burst
 
     def _reset_where(self, done):
         d = done.unsqueeze(1)
@@ -438,7 +558,9 @@ class BatchedSMAC:
         self.cd.masked_fill_(d, 0.0)
         self.energy.copy_(torch.where(d, self.energy_start, self.energy))
         self.since_dmg.masked_fill_(d, SHIELD_REGEN_DELAY)
+        self.burst_pending.masked_fill_(d, False)
         self.alive.masked_fill_(d, 1.0)
+        self.enemy_target.masked_fill_(d, self._rally_col)
         self.last_action.masked_fill_(d, 0)
         self.has_last_action.masked_fill_(d, 0.0)
         self.steps.masked_fill_(done, 0)
@@ -454,11 +576,13 @@ class BatchedSMAC:
         dy = y[:, None, :] - ya[:, :, None]
         dist = torch.sqrt(dx * dx + dy * dy)
         pair_alive = alive[:, None, :] * alive_a[:, :, None]
-        vis = (dist < SIGHT_RANGE) * pair_alive
-        in_shoot = (dist <= SHOOT_RANGE) * pair_alive
+        vis = (dist < SIGHT_RANGE) * pair_alive  # (N, A, U) agent sees unit
+        in_shoot = (dist <= SHOOT_RANGE) * pair_alive  # (N, A, U)
 
         # Available actions: 0 no-op (dead only), 1 stop, 2-5 move N/S/E/W (stay inside the map), 6.. attack.
-        att = in_shoot[:, :, A:]
+        att = in_shoot[:, :, A:]  # (N, A, E) attack action available
+        if self._agent_can_hit is not None:
+            att = att * self._agent_can_hit
         if self.has_agent_healer:
             heal = in_shoot[:, :, :A] * self._heal_target_ok
             if A < E:
@@ -481,26 +605,27 @@ class BatchedSMAC:
         # that lays out SMAC's order: move feats, enemies, other allies, own feats.
         col0 = torch.cat([vis[:, :, :A], att * vis[:, :, A:]], 2)
         s = vis * (1.0 / SIGHT_RANGE)
-        pair = torch.stack([col0, dist * s, dx * s, dy * s], 3)
+        pair = torch.stack([col0, dist * s, dx * s, dy * s], 3)  # (N, A, U, 4)
         unit = [(self.hp / self.max_hp).unsqueeze(2), (self.sh / self.max_sh.clamp(min=1.0)).unsqueeze(2)]
         if self.unit_type_bits:
             unit.append(self._type_onehot.expand(N, U, -1))
         unit = torch.cat(unit, 2)  # (N, U, 2 + tb)
-        feats = torch.cat([pair, unit[:, None] * vis[..., None]], 3).reshape(N, A, U * self._F)
+        feats = torch.cat([pair, unit[:, None] * vis[..., None]], 3).reshape(N, A, U * self._view_unit_feats)
         buf = torch.cat([avail[:, :, 2:6], feats], 2)
         obs = buf.gather(2, self._obs_idx.expand(N, -1, -1))
 
         # Global state: allies [health, cooldown (energy for medivacs), rel x, rel y, shield, type], enemies
         # [health, rel x, rel y, shield, type], dead units zero; then the agents' last actions one-hot.
-        cdf = torch.where(self.is_healer, self.energy / self.energy_max, self.cd.clamp(min=0) / self.cd_max.clamp(min=1e-6))
+        energy_frac = self.energy / self.energy_max
+        cooldown_feat = torch.where(self.is_healer, energy_frac, self.cd.clamp(min=0) * self.cd_scale)  # (N, U)
         st = [
             unit[:, :, :1],
-            cdf.unsqueeze(2),
+            cooldown_feat.unsqueeze(2),
             ((x - self.map_w / 2) / self.map_w).unsqueeze(2),
             ((y - self.map_h / 2) / self.map_h).unsqueeze(2),
             unit[:, :, 1:],
         ]
-        st = (torch.cat(st, 2) * alive[:, :, None]).reshape(N, U * self._Fs)
+        st = (torch.cat(st, 2) * alive[:, :, None]).reshape(N, U * self._state_unit_feats)
         state = st.index_select(1, self._state_idx)
         if self.state_last_action:
             la = torch.nn.functional.one_hot(self.last_action, self.n_actions).to(state.dtype) * self.has_last_action[:, :, None]

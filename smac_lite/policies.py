@@ -37,3 +37,36 @@ def focus_fire_policy(env, avail):
     act = torch.where(has_target, target, move)
     act = torch.where(avail.gather(2, act.unsqueeze(2)).squeeze(2) > 0, act, 1)  # blocked move: stop
     return torch.where(env.alive[:, :A] > 0, act, 0)
+
+
+POLICIES = {"random": random_policy, "focus_fire": focus_fire_policy}
+
+
+def play_battles(map_name, policy, num_battles, seed=0, device="cpu", **env_kwargs):
+    """Play the first episode of `num_battles` battles with `policy` ("random", "focus_fire" or a callable
+    (env, avail) -> actions). The random policy draws from a generator seeded with `seed`.
+    Returns won (bool), episode_return, episode_length, terminated (bool): (num_battles,) tensors."""
+    from .core import BatchedSMAC
+
+    env = BatchedSMAC(map_name, num_envs=num_battles, device=device, seed=seed, **env_kwargs)
+    policy = POLICIES.get(policy, policy)
+    gen = torch.Generator(device=env.device).manual_seed(seed)
+    _, _, avail = env.reset()
+    n = num_battles
+    finished = torch.zeros(n, dtype=torch.bool, device=env.device)
+    won = torch.zeros_like(finished)
+    terminated = torch.zeros_like(finished)
+    ret = torch.zeros(n, device=env.device)
+    length = torch.zeros(n, dtype=torch.long, device=env.device)
+    for _ in range(env.episode_limit):
+        actions = random_policy(env, avail, gen) if policy is random_policy else policy(env, avail)
+        _, _, avail, _, done, info = env.step(actions)
+        new = done & ~finished  # the first episode of each battle; later ones (auto-reset) are ignored
+        won |= new & info["won"]
+        terminated |= new & info["terminated"]
+        ret = torch.where(new, info["episode_return"], ret)
+        length = torch.where(new, info["episode_length"], length)
+        finished |= done
+        if bool(finished.all()):  # a host sync per step: fine for evaluation, not for training loops
+            break
+    return won, ret, length, terminated

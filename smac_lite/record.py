@@ -5,10 +5,9 @@ import sys
 import torch
 
 from .core import BatchedSMAC
-from .policies import focus_fire_policy, random_policy
+from .policies import POLICIES
 from .render import render_frame
 
-POLICIES = {"focus_fire": focus_fire_policy, "random": random_policy}
 
 
 def save_gif(map_name, policy, path, seed=0, fps=8, size=384):

@@ -4,10 +4,12 @@ import numpy as np
 import pytest
 import torch
 
+import math
+
 import smac_lite
 from smac_lite.core import DT, STEP_MUL
-from smac_lite.maps import MAPS, UNIT_TYPES
-from smac_lite.policies import focus_fire_policy, random_policy
+from smac_lite.maps import MAPS, UNIT_TYPES, unit_stats
+from smac_lite.policies import play_battles, random_policy
 
 torch.set_num_threads(1)
 STEP_S = STEP_MUL * DT  # real seconds per agent step
@@ -20,6 +22,8 @@ DUMMY = dict(hp=1000, armour=0, damage=1, range=0.1, cooldown=1.0, speed=0.0, ra
 def _dummy_units(monkeypatch):
     monkeypatch.setitem(UNIT_TYPES, "dummy", DUMMY)
     monkeypatch.setitem(UNIT_TYPES, "tank", {**DUMMY, "armour": 10})
+    monkeypatch.setitem(UNIT_TYPES, "post", {**DUMMY, "cooldown": 1e6})  # hits once, so melee units survive
+    monkeypatch.setitem(UNIT_TYPES, "mine", {**UNIT_TYPES["baneling"], "speed": 0.0})  # a baneling that stays put
 
 
 def duel(agents, enemies, dist, limit=50, a_race="T", b_race="T"):
@@ -69,11 +73,17 @@ def test_zealot_two_hits_and_shield_spill():
     assert env.hp[0, 1].item() == pytest.approx(80 - 14 * 6 / 16, abs=1e-4)
 
 
-def test_cooldown_limits_fire_rate():
-    env = duel([("marine", 1)], [("dummy", 1)], 5.0)
-    for _ in range(10):  # 80 game loops; cooldown 0.61 s = 13.7 loops -> shots at loops 0, 14, ..., 70
+@pytest.mark.parametrize("unit", ["marine", "marauder", "stalker", "zealot", "colossus", "zergling", "hydralisk"])
+def test_fire_period_in_game_loops(unit):
+    """Over 800 game loops a weapon with a cooldown of C loops fires at loops 0, C, 2C, ... (each shot in the first
+    loop at or after its time), i.e. floor(799 / C) + 1 shots: marine C = 13.77 -> 59 shots, not one per 15 loops."""
+    s = unit_stats(unit)
+    env = duel([(unit, 1)], [("post", 1)], s["range"] + s["radius"] + DUMMY["radius"] - 0.05)
+    for _ in range(100):
         env.step(act(env, 6))
-    assert env.hp[0, 1].item() == pytest.approx(1000 - 6 * 6)
+    shots = (1000 - env.hp[0, 1].item()) / (s["damage"] * s["hits"])
+    period = s["cooldown"] / DT
+    assert shots == pytest.approx(math.floor(799 / period) + 1)
 
 
 def test_range_mask_chase_and_idle_fire():
@@ -103,16 +113,88 @@ def test_movement_speed_and_move_amount():
 
 
 def test_shield_regeneration():
+    """SC2: shields come back 2 per game second (2.8 per real second) after 10 game seconds (160 loops, 7.14 real s)
+    without damage."""
     env = duel([("stalker", 1)], [("dummy", 1)], 20.0, a_race="P")
     env.sh[0, 0] = 10.0
     env.since_dmg[0, 0] = 0.0
-    for _ in range(20):  # 7.1 s < 10 s: no regeneration yet
+    for _ in range(19):  # 152 loops
         env.step(act(env, 1))
     assert env.sh[0, 0].item() == pytest.approx(10.0)
-    for _ in range(20):
+    for _ in range(5):  # 192 loops: 32 loops of regeneration at 1/8 per loop
         env.step(act(env, 1))
-    expected = 10.0 + 2.0 * (40 * STEP_S - 10.0)
-    assert env.sh[0, 0].item() == pytest.approx(expected, abs=0.2)
+    assert env.sh[0, 0].item() == pytest.approx(14.0, abs=0.2)
+    sh0 = env.sh[0, 0].item()
+    for _ in range(16):  # a window of 128 loops = 5.71 real s
+        env.step(act(env, 1))
+    assert (env.sh[0, 0].item() - sh0) / (16 * STEP_S) == pytest.approx(2.8, rel=1e-3)
+
+
+def test_ground_weapon_cannot_target_air():
+    # Agents: a marauder (ground-only weapon) and a marine (hits air); enemies: a medivac in range of both, and a
+    # dummy far away that keeps the battle going.
+    env = duel([("marauder", 1), ("marine", 1)], [("medivac", 1), ("dummy", 1)], 4.0)
+    env.x[0, 3] = 30.0
+    _, _, avail = env._observe()
+    assert avail[0, 0, 6] == 0 and avail[0, 1, 6] == 1
+    env.step(act(env, 6, 1))  # the marauder's order is invalid (acts as stop); the idle marine fires at the medivac
+    assert env.hp[0, 2].item() == pytest.approx(150 - (6 - 1))
+    env.step(act(env, 1, 5))  # marine walks away; the idle marauder has nothing it can shoot
+    env.step(act(env, 6, 5))
+    assert env.hp[0, 2].item() == pytest.approx(150 - (6 - 1))
+
+
+def test_move_stops_at_map_edge():
+    env = duel([("marine", 1)], [("dummy", 1)], 10.0)
+    env.x[0, 0] = 0.5
+    env.y[0, 0] = 31.7
+    env.step(act(env, 5))  # west: the goal is clipped to x = 0, and the marine stops on it
+    assert env.x[0, 0].item() == 0.0
+    env.step(act(env, 2))  # north: the goal is clipped to y = 32
+    assert env.x[0, 0].item() == 0.0 and env.y[0, 0].item() == 32.0
+
+
+def test_state_cooldown_scaled_by_smac_table():
+    """SMAC's state: weapon cooldown in game loops / a fixed per-type constant (marine 15), not / the unit's own."""
+    env = duel([("marine", 1)], [("dummy", 1)], 5.0)
+    _, state, _, _, _, _ = env.step(act(env, 6))  # fired at loop 0, 8 loops ago
+    assert state[0, 1].item() == pytest.approx((0.8608 * 16 - 8) / 15, abs=1e-3)
+
+
+def test_baneling_bursts_on_all_enemy_ground_units_around_it_and_dies():
+    # Agents: a baneling with a zergling beside it; enemies: zerglings at 1 and 2.5 (edge 2.2 + 0.375 away is
+    # the limit) and one at 3.5, plus a dummy far away.
+    env = duel([("baneling", 1), ("zergling", 1)], [("zergling", 3), ("dummy", 1)], 1.0, b_race="Z")
+    env.x[0, 1] = env.x[0, 0] - 0.5
+    env.x[0, 3] = env.x[0, 0] + 2.5
+    env.x[0, 4] = env.x[0, 0] + 3.5
+    env.x[0, 5] = 30.0
+    env.step(act(env, 6, 1))
+    assert env.alive[0, 0] == 0  # the baneling is gone
+    assert env.hp[0, 2].item() == 0 and env.hp[0, 3].item() == 0  # 20 + 15 (light) each
+    assert env.hp[0, 4].item() == 35 and env.hp[0, 1].item() == 35  # out of the burst; no friendly fire
+
+
+def test_baneling_killed_bursts_where_it_dies():
+    env = duel([("marine", 1), ("post", 1)], [("mine", 1), ("dummy", 1)], 5.0, b_race="Z")
+    env.x[0, 1] = env.x[0, 2] - 1.8  # beyond the mine's reach (1.125), within its burst (2.2 + 0.5)
+    env.y[0, 1] = 16.0
+    env.x[0, 3] = 30.0
+    env.hp[0, 2] = 1.0
+    env.step(act(env, 6, 1))
+    assert env.alive[0, 2] == 0 and env.hp[0, 1].item() == 1000 - 20  # not light: 20
+
+
+def test_colossus_splash_around_its_target():
+    env = duel([("colossus", 1)], [("zergling", 3), ("dummy", 1)], 7.5, a_race="P", b_race="Z")
+    env.x[0, 2] = env.x[0, 1] + 1.2  # edge within 1 of the target's centre
+    env.x[0, 3] = env.x[0, 1] + 2.5
+    env.x[0, 4] = 30.0
+    env.hp[0, 1:4] = 1000.0  # so that one volley's damage can be read off
+    env.step(act(env, 6))
+    assert env.hp[0, 1].item() == pytest.approx(1000 - 2 * 15)  # 10 (+5 light) x 2
+    assert env.hp[0, 2].item() == pytest.approx(1000 - 2 * 15)
+    assert env.hp[0, 3].item() == 1000
 
 
 def test_medivac_heals_and_spends_energy():
@@ -159,6 +241,21 @@ def test_loss_and_dead_agent():
     assert bool(done[0]) and not bool(info["won"][0]) and not bool(info["truncated"][0])
 
 
+@pytest.mark.parametrize("only_positive", [True, False])
+def test_reward_defeat_in_both_modes(only_positive):
+    spec = dict(agents=[("marine", 1)], enemies=[("marauder", 1)], limit=50, a_race="T", b_race="T", type_order=[],
+                size=(32.0, 32.0), gap=5.0)
+    env = smac_lite.BatchedSMAC(spec, seed=0, jitter=0.0, auto_reset=False, reward_defeat=-7.0,
+                                reward_only_positive=only_positive)
+    env.reset()
+    env.hp[0, 0] = 1.0
+    _, _, _, reward, done, info = env.step(act(env, 5))  # walk away without firing; the marauder kills it
+    assert bool(done[0]) and not bool(info["won"][0])
+    # SMAC: negative mode also charges 0.5 x (the lost hp + 10 for the death).
+    expected = -7.0 if only_positive else -7.0 - 0.5 * (1.0 + 10.0)
+    assert reward[0].item() == pytest.approx(expected * env.reward_scale, rel=1e-5)
+
+
 def test_time_limit_truncates():
     env = duel([("marine", 1)], [("dummy", 1)], 20.0, limit=7)
     for t in range(7):
@@ -168,6 +265,39 @@ def test_time_limit_truncates():
     assert int(info["episode_length"][0]) == 7
 
 
+# ---------------------------------------------------------------------------------------------- enemy behaviour
+def test_enemy_keeps_its_target_while_in_range():
+    """SC2 auto-targeting: an enemy keeps shooting the ally it engaged even when another comes closer."""
+    env = duel([("marine", 2)], [("marine", 1)], 5.0)
+    env.x[0, 1] = 5.0  # the second ally starts far away
+    env.step(act(env, 1, 1))
+    assert env.hp[0, 0].item() < 45 and env.hp[0, 1].item() == 45
+    env.x[0, 1] = env.x[0, 2] - 2.0  # now much closer to the enemy than the engaged ally (5 away)
+    env.y[0, 1] = 16.5
+    hp0 = env.hp[0, 0].item()
+    for _ in range(2):
+        env.step(act(env, 1, 1))
+    assert env.hp[0, 1].item() == 45 and env.hp[0, 0].item() < hp0
+
+
+def test_enemy_prefers_a_threat_and_attack_moves_to_the_allies_start():
+    # A medivac (cannot shoot) is closer to the enemy than the marine; the enemy shoots the marine.
+    env = duel([("marine", 1), ("medivac", 1)], [("marine", 1), ("dummy", 1)], 5.5)
+    env.x[0, 1] = env.x[0, 2] - 3.0
+    env.x[0, 3] = 30.0
+    env.step(act(env, 1, 1))
+    assert env.hp[0, 0].item() < 45 and env.hp[0, 1].item() == 150
+    # No ally within acquisition range: the enemy walks to the allies' start and waits there.
+    env = duel([("marine", 1)], [("marine", 1)], 8.0)
+    x_start = env.point_x[0, env._rally_col].item()
+    env.x[0, 0] = 1.0
+    env.y[0, 0] = 1.0
+    for _ in range(10):
+        env.step(act(env, 1))
+    assert env.x[0, 1].item() == pytest.approx(x_start, abs=1e-4) and env.y[0, 1].item() == pytest.approx(16.0)
+    assert env.hp[0, 0].item() == 45
+
+
 # ---------------------------------------------------------------------------------------------- layouts
 # SMAC's (obs_shape, state_shape, n_actions) with default settings (state_last_action=True).
 SMAC_SHAPES = {
@@ -175,6 +305,9 @@ SMAC_SHAPES = {
     "8m_vs_9m": (85, 179, 15), "10m_vs_11m": (105, 243, 17), "27m_vs_30m": (285, 1170, 36),
     "MMM": (160, 290, 16), "MMM2": (176, 322, 18), "2s3z": (80, 120, 11), "3s5z": (128, 216, 14),
     "3s5z_vs_3s6z": (136, 230, 15), "3s_vs_5z": (48, 68, 11), "2s_vs_1sc": (17, 27, 7), "6h_vs_8z": (78, 140, 14),
+    # Worked out by hand from SMAC's get_obs_size / get_state_size and its map registry.
+    "1c3s5z": (162, 270, 15), "corridor": (156, 282, 30), "so_many_baneling": (202, 397, 38),
+    "bane_vs_bane": (336, 984, 30), "2c_vs_64zg": (332, 342, 70),
 }
 
 
@@ -256,6 +389,17 @@ def test_same_seed_same_battle():
     assert not torch.equal(a[0], c[0])  # different jitter
 
 
+def test_unseeded_envs_differ():
+    a, b = smac_lite.parallel_env("3m"), smac_lite.parallel_env("3m")
+    a.reset()
+    b.reset()
+    assert not np.array_equal(a.state(), b.state())
+    c, d = smac_lite.parallel_env("3m", seed=4), smac_lite.parallel_env("3m", seed=4)
+    c.reset()
+    d.reset()
+    assert np.array_equal(c.state(), d.state())
+
+
 def test_reset_seed_restarts_stream():
     env = smac_lite.BatchedSMAC("3m", num_envs=2, seed=0)
     _, s0, _ = env.reset(seed=9)
@@ -271,27 +415,10 @@ def test_max_reward_scale():
     assert env.reward_scale == pytest.approx(20 / env.max_reward)
 
 
-def _play(map_name, policy, n=64, seed=0):
-    env = smac_lite.BatchedSMAC(map_name, num_envs=n, seed=seed)
-    _, _, avail = env.reset()
-    g = torch.Generator().manual_seed(seed)
-    finished = torch.zeros(n, dtype=torch.bool)
-    won = torch.zeros(n, dtype=torch.bool)
-    ret = torch.zeros(n)
-    for _ in range(env.episode_limit):
-        a = policy(env, avail) if policy is focus_fire_policy else random_policy(env, avail, g)
-        _, _, avail, _, done, info = env.step(a)
-        new = done & ~finished
-        won |= new & info["won"]
-        ret = torch.where(new, info["episode_return"], ret)
-        finished |= done
-    assert finished.all()
-    return won, ret
-
-
 def test_perfect_win_returns_20_and_focus_fire_beats_random():
-    won_ff, ret_ff = _play("3m", focus_fire_policy)
-    won_rand, _ = _play("3m", random_policy)
+    won_ff, ret_ff, len_ff, _ = play_battles("3m", "focus_fire", 64)
+    won_rand, _, _, _ = play_battles("3m", "random", 64)
+    assert (len_ff > 0).all()  # every battle finished within the episode limit
     assert won_ff.sum() > 0
     # A won 3m battle has dealt every enemy hp, every kill and the win bonus: exactly SMAC's max return, 20.
     assert torch.allclose(ret_ff[won_ff], torch.full_like(ret_ff[won_ff], 20.0), atol=1e-4)
