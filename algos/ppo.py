@@ -7,7 +7,8 @@ truncation is bootstrapped with V(final obs). Defaults: rl-zoo's CartPole-v1 set
 learning rate and clip range annealed) with a learning rate of 2e-3 (rl-zoo: 1e-3): it reaches 475 about 2x sooner.
 
 Run:    python algos/ppo.py --env-id CartPole-v1 --seed 1
-Result: CartPole-v1, 100k steps: final 10-episode greedy evaluation 500 (benchmark/references.toml, "ours-ppo-*").
+Result: CartPole-v1, 100k steps: final 10-episode greedy evaluation 500 on 9 of seeds 1-10, 381.9 on the tenth
+        (benchmark/references.toml, "ours-ppo-CartPole-v1-100k").
 """
 import csv, difflib, json, os, random, subprocess, sys, tempfile, time, tomllib, warnings
 from dataclasses import asdict, dataclass
