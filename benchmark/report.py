@@ -94,14 +94,18 @@ def cells(outcomes, refs: list[Reference], random_scores: dict | None = None):
         groups[key].append(o)
     result = []
     for (script, env_id, budget, method, flags, ref_id, self_ref), group in groups.items():
-        scores = {}
+        scores, finals = {}, {}  # finals: the final greedy evaluation, shown beside a peer's metric
         for o in group:
             if not o.finished:
                 continue
             try:
-                scores[o.spec.seed] = score(read_metrics(o.run_dir), method)
+                metrics = read_metrics(o.run_dir)
+                scores[o.spec.seed] = score(metrics, method)
             except (KeyError, IndexError, ValueError, OSError) as e:
                 unscorable.append((o, f"cannot score ({type(e).__name__}: {e})"))
+                continue
+            if method != "final_eval" and "eval/episodic_return" in metrics:
+                finals[o.spec.seed] = score(metrics, "final_eval")
         if ref_id:
             ref = next((r for r in refs if r.id == ref_id), None)
         else:
@@ -110,6 +114,7 @@ def cells(outcomes, refs: list[Reference], random_scores: dict | None = None):
         x = list(scores.values())
         result.append({"script": script, "env_id": env_id, "total_timesteps": budget, "score": method,
                        "flags": list(flags), "scores": scores, "summary": stats.summarize(x) if x else None,
+                       "final_evals": finals,
                        "reference": ref, "ref_mean": rm, "ref_std": rs, "runs": group,
                        "verdict": judge(x, env_id, ref, random_scores, self_ref) if x else
                        stats.Verdict("no verdict", "no run scored")})
@@ -151,14 +156,16 @@ def write_report(suite, outcomes, missing: list[str], device: str, report_dir: P
              f"- seeds: {', '.join(map(str, seeds))}; runs in `{Path(outcomes[0].run_dir).parent}`" if outcomes else "",
              "",
              "## Scores", "",
-             "| script | env | steps | score | seeds | ours mean ± std | ours IQM [95% CI] | reference mean ± std"
-             " | normalised mean [95% t-CI] vs reference | verdict | notes |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| script | env | steps | score | seeds | ours mean ± std | ours IQM [95% CI] | ours final eval mean ± std"
+             " | reference mean ± std | normalised mean [95% t-CI] vs reference | verdict | notes |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     sources = {}
     for c in table:
         s, ref = c["summary"], c["reference"]
         ours = f"{s.mean:.1f} ± {s.std:.1f}" if s else "–"
         iqm = f"{s.iqm:.1f} [{s.ci_low:.1f}, {s.ci_high:.1f}]" if s else "–"
+        f = list(c["final_evals"].values())
+        final = f"{np.mean(f):.1f} ± {np.std(f):.1f} ({len(f)})" if f else "–"
         notes = [c["verdict"].why] if c["verdict"].why else []
         if c["flags"]:
             notes.append("flags `" + " ".join(c["flags"]) + "`")
@@ -175,13 +182,15 @@ def write_report(suite, outcomes, missing: list[str], device: str, report_dir: P
         if n_fail:
             notes.append(f"{n_fail} run(s) crashed")
         lines.append(f"| {c['script']} | {c['env_id']} | {c['total_timesteps']:,} | {c['score']} | "
-                     f"{len(c['scores'])}/{len(c['runs'])} | {ours} | {iqm} | {refcell} | {_normalised(c['verdict'])} | "
+                     f"{len(c['scores'])}/{len(c['runs'])} | {ours} | {iqm} | {final} | {refcell} | {_normalised(c['verdict'])} | "
                      f"**{c['verdict'].label}** | "
                      f"{'; '.join(notes)} |")
     lines += ["", f"Verdict rule: {stats.RULE}",
               f"IQM CI (descriptive, not used by the verdict): percentile bootstrap, {stats.RESAMPLES} resamples, "
               "stratified by task (here: over seeds within the env), as rliable (Agarwal et al. 2021). std over "
-              "seeds with ddof 0.", ""]
+              "seeds with ddof 0. Final eval: the greedy evaluation at the end of each run (`--eval-episodes` "
+              "episodes), not judged, shown beside a peer's metric where the score is another (number of runs in "
+              "brackets).", ""]
     if sources:
         lines += ["### Reference sources", ""]
         for ref in sources.values():
@@ -191,6 +200,8 @@ def write_report(suite, outcomes, missing: list[str], device: str, report_dir: P
     lines += ["### Per-seed scores", ""]
     for c in table:
         per_seed = ", ".join(f"seed {k}: {v:.2f}" for k, v in sorted(c["scores"].items())) or "none"
+        if c["final_evals"]:
+            per_seed += "; final eval: " + ", ".join(f"seed {k}: {v:.2f}" for k, v in sorted(c["final_evals"].items()))
         lines.append(f"- {c['script']} {c['env_id']}: {per_seed}")
     lines.append("")
 
@@ -216,7 +227,7 @@ def write_report(suite, outcomes, missing: list[str], device: str, report_dir: P
             lines += [f"![{c['script']} {c['env_id']}]({stem}/{name})", ""]
 
     results = [{"script": c["script"], "env_id": c["env_id"], "total_timesteps": c["total_timesteps"],
-                "score": c["score"], "flags": c["flags"], "scores": c["scores"],
+                "score": c["score"], "flags": c["flags"], "scores": c["scores"], "final_evals": c["final_evals"],
                 "summary": vars(c["summary"]) if c["summary"] else None,
                 "reference": c["reference"].id if c["reference"] else None, "verdict": vars(c["verdict"])}
                for c in table]

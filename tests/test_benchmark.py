@@ -395,11 +395,13 @@ def test_random_policy_scores_reproduce():
         assert r.solved == gym.spec(env_id).reward_threshold
 
 
-def _fake_run(run_dir, score_name, value):
-    """A run directory whose metrics.csv scores `value` by last100_train and final_eval."""
+def _fake_run(run_dir, score_name, value, final_eval=None):
+    """A run directory whose metrics.csv scores `value` by `score_name` (and, if given, a final evaluation)."""
     run_dir.mkdir(parents=True)
-    (run_dir / "metrics.csv").write_text("global_step,wall_time,name,value\n" + "".join(
-        f"{s},0.0,{score_name},{value}\n" for s in (10, 20)))
+    rows = [f"{s},0.0,{score_name},{value}\n" for s in (10, 20)]
+    if final_eval is not None:
+        rows.append(f"20,0.0,eval/episodic_return,{final_eval}\n")
+    (run_dir / "metrics.csv").write_text("global_step,wall_time,name,value\n" + "".join(rows))
 
 
 def test_report_verdicts_and_names(tmp_path):
@@ -417,7 +419,8 @@ def test_report_verdicts_and_names(tmp_path):
             spec = bench.RunSpec(script, env, seed, budget, method, (), ref, self_ref)
             run_dir = tmp_path / "runs" / f"{spec.name}-{budget}"
             _fake_run(run_dir, "train/episodic_return" if method == "last100_train" else "eval/episodic_return",
-                      value)
+                      value, final_eval=400.0 + seed if (script, env) == ("ppo.py", "CartPole-v1") and
+                      method == "last100_train" else None)
             outcomes.append(bench.Outcome(spec, run_dir, "ok"))
     suite = bench.Suite("t", "test", 5)
     now = datetime.datetime(2026, 1, 2, 3, 4)
@@ -429,6 +432,7 @@ def test_report_verdicts_and_names(tmp_path):
     verdicts = [re.search(r"\*\*(.+?)\*\*", row).group(1) for row in rows]
     assert verdicts == ["PASS", "FAIL", "no verdict", "self"], rows
     assert "the reference is made from these runs" in rows[3] and "3 seeds, 5 needed" in rows[2]
+    assert "| 403.0 ± 1.4 (5) |" in rows[0] and "| – |" in rows[1], rows  # the final evaluation beside CleanRL's metric
     results = json.loads((first.with_suffix("") / "results.json").read_text())
     assert [c["verdict"]["label"] for c in results["cells"]] == verdicts
 
