@@ -11,6 +11,7 @@ Results: a task runs its script in a temporary directory on its worker and retur
 so resuming and the report work when the workers are other machines. Resuming is decided on the driver: a run
 finished there is not sent at all.
 """
+import os
 import socket
 import tempfile
 from pathlib import Path
@@ -42,6 +43,12 @@ def _run_on_worker(spec: RunSpec, device: str, timeout: float | None) -> tuple[O
         return outcome, pack_dir(outcome.run_dir)
 
 
+def token_available() -> bool:
+    """Whether a Ray auth token is where `ray start` looks for one."""
+    path = os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token"
+    return bool(os.environ.get("RAY_AUTH_TOKEN")) or Path(path).is_file()
+
+
 def _init(ray, address: str | None, jobs: int) -> None:
     runtime_env = {"working_dir": str(ROOT), "excludes": EXCLUDES}
     quiet = dict(log_to_driver=False, configure_logging=False)
@@ -60,6 +67,12 @@ def execute_all(items, device: str = "cpu", jobs: int = 1, timeout: float | None
                 address: str | None = None):
     """Yield the Outcome of each (spec, run_dir) of items as it ends, run_dir on this machine. One CPU per task
     and, on cuda, 1/jobs of a GPU. Ray is started (or joined) here unless it already is, and shut down after."""
+    # `ray start` turns token authentication on when it finds a token (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or
+    # ~/.ray/auth_token), but ray.init with an explicit address does not (Ray 2.60), and the cluster then refuses the
+    # driver (InvalidAuthToken). Send the token wherever `ray start` would find one, unless RAY_AUTH_MODE says
+    # otherwise; Ray reads the mode when it is imported, so this comes first.
+    if address is not None and "RAY_AUTH_MODE" not in os.environ and token_available():
+        os.environ["RAY_AUTH_MODE"] = "token"
     import ray
     todo = []
     for spec, run_dir in items:
