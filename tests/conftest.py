@@ -9,13 +9,27 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 torch.set_num_threads(1)
 
-# Classic-control scripts; later families add theirs here with a cheap env and flags for a few hundred steps.
+# Every script with a cheap env and flags for a few hundred steps (the --env-id first: tests read it from there).
 SMOKE = {
     "ppo.py": ["--env-id", "CartPole-v1", "--total-timesteps", "512", "--num-envs", "4", "--num-steps", "32",
                "--update-epochs", "2", "--eval-episodes", "2"],
     "dqn.py": ["--env-id", "CartPole-v1", "--total-timesteps", "600", "--learning-starts", "200",
                "--batch-size", "32", "--eval-episodes", "2"],
+    "ppo_continuous.py": ["--env-id", "Hopper-v5", "--total-timesteps", "512", "--num-steps", "128",
+                          "--num-minibatches", "4", "--update-epochs", "2", "--eval-episodes", "2"],
 }
+# An env of the action space the script does not handle, and a word its error line must contain.
+DISCRETE = {"ppo.py", "dqn.py"}
+WRONG_ENV = {s: ("Hopper-v4", "discrete") if s in DISCRETE else ("CartPole-v1", "continuous") for s in SMOKE}
+# The budget of the Ctrl-C test: long enough that the run is still training when Ctrl-C comes (after its first
+# update), short enough that the resumed run finishes in seconds.
+LONG = {"ppo.py": 30_000, "dqn.py": 30_000, "ppo_continuous.py": 4096}
+
+
+def smoke_env(script: str) -> str:
+    return SMOKE[script][SMOKE[script].index("--env-id") + 1]
+
+
 SCRIPTS = sorted(p.name for p in ALGOS.glob("*.py"))
 
 

@@ -2,7 +2,7 @@
 import pytest
 
 from benchmark.runs import ALGOS, run_script
-from conftest import SCRIPTS, SMOKE
+from conftest import SCRIPTS, SMOKE, WRONG_ENV, smoke_env
 
 SHARED_FLAGS = ["--env-id", "--seed", "--total-timesteps", "--cuda", "--no-cuda", "--torch-deterministic", "--track",
                 "--wandb-project-name", "--wandb-entity", "--capture-video", "--save-model", "--eval-episodes",
@@ -33,8 +33,7 @@ def assert_clean_error(out, run_dir, *expected):
 @pytest.mark.parametrize("script", sorted(SMOKE))
 @pytest.mark.parametrize("flags,expected", [
     (["--env-id", "CartPol-v1"], ["CartPol-v1", "did you mean 'CartPole-v1'"]),
-    (["--env-id", "Pendulum-v1"], ["discrete"]),
-    (["--env-id", "CartPole-v1", "--eval-episodes", "-1"], ["--eval-episodes"]),
+    (["--eval-episodes", "-1"], ["--eval-episodes"]),
     (["--learning-rate", "-1"], ["--learning-rate -1.0", "x > 0"]),
     (["--learning-rate", "0"], ["--learning-rate 0.0"]),
     (["--gamma", "1.5"], ["--gamma 1.5"]),
@@ -42,15 +41,18 @@ def assert_clean_error(out, run_dir, *expected):
     (["--checkpoint-every", "0"], ["--checkpoint-every"]),
 ])
 def test_bad_input(script, flags, expected, tmp_path):
+    flags = flags if "--env-id" in flags else ["--env-id", smoke_env(script), *flags]
     assert_clean_error(run_script(script, flags, tmp_path / "run"), tmp_path / "run", *expected)
 
 
 @pytest.mark.parametrize("script", sorted(SMOKE))
 def test_wrong_action_space_names_only_scripts_that_exist(script, tmp_path):
-    """A MuJoCo env: one error line (no MuJoCo or deprecation warning before it), nothing left in the working
-    directory (MuJoCo writes MUJOCO_LOG.TXT there), and any script the error suggests exists."""
-    out = run_script(script, ["--env-id", "Hopper-v4"], tmp_path / "run", cwd=tmp_path)
-    assert_clean_error(out, tmp_path / "run", "discrete", "Hopper-v4")
+    """An env of the other action space (a MuJoCo one for discrete scripts): one error line (no MuJoCo or deprecation
+    warning before it), nothing left in the working directory (MuJoCo writes MUJOCO_LOG.TXT there), and any script
+    the error suggests exists."""
+    env_id, word = WRONG_ENV[script]
+    out = run_script(script, ["--env-id", env_id], tmp_path / "run", cwd=tmp_path)
+    assert_clean_error(out, tmp_path / "run", word, env_id)
     assert list(tmp_path.iterdir()) == [], "the env check left files in the working directory"
     for word in out.stderr.replace(";", " ").split():
         if word.endswith(".py"):
