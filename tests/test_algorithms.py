@@ -82,3 +82,39 @@ def test_replay_buffer_wraps_around_and_round_trips():
     other = dqn.ReplayBuffer(3, 2, np.random.default_rng(0))
     other.load_state_dict(rb.state_dict())
     assert other.pos == rb.pos and np.array_equal(other.next_obs, rb.next_obs)
+
+
+ppo_continuous = load_script("ppo_continuous.py")
+
+
+def test_gaussian_policy_log_prob_and_clipped_value_loss():
+    torch.manual_seed(0)
+    agent, obs = ppo_continuous.Agent(3, 2), torch.randn(16, 3)
+    with torch.no_grad():
+        agent.actor_logstd.fill_(-0.5)
+        actions, logprobs, entropy, values = agent.get_action_and_value(obs)
+        mean, std = agent.actor_mean(obs), torch.tensor(-0.5).exp()
+    # log N(a; mean, std) summed over the two action dimensions, by hand
+    by_hand = (-((actions - mean) ** 2) / (2 * std ** 2) - torch.log(std) - 0.5 * np.log(2 * np.pi)).sum(-1)
+    assert torch.allclose(logprobs, by_hand, atol=1e-5)
+    assert torch.allclose(entropy, torch.full((16,), 2 * (0.5 + 0.5 * np.log(2 * np.pi) - 0.5)), atol=1e-5)
+    # value clipping (ppo2): with old values far from the returns, the clipped error is the larger one and counts
+    returns, old_values = values + 10.0, values - 5.0
+    _, clipped = ppo_continuous.ppo_loss(agent, obs, actions, logprobs, torch.zeros(16), returns, 0.2, 0.0, 0.5,
+                                         old_values)
+    _, plain = ppo_continuous.ppo_loss(agent, obs, actions, logprobs, torch.zeros(16), returns, 0.2, 0.0, 0.5)
+    assert plain["value_loss"] == pytest.approx(0.5 * 100.0, rel=1e-5)
+    assert clipped["value_loss"] == pytest.approx(0.5 * (10.0 + 5.0 - 0.2) ** 2, rel=1e-5)
+
+
+def test_frozen_observation_statistics_do_not_move():
+    from gymnasium.wrappers.utils import RunningMeanStd
+    import gymnasium as gym
+    stats = RunningMeanStd(shape=(3,))
+    stats.mean[:], stats.var[:] = [1.0, 2.0, 3.0], [4.0, 4.0, 4.0]
+    env = ppo_continuous.normalize_observation(gym.make("Pendulum-v1"), stats, update=False)
+    obs, _ = env.reset(seed=0)
+    raw = env.unwrapped._get_obs()
+    assert np.allclose(obs, np.clip((raw - [1.0, 2.0, 3.0]) / np.sqrt(4.0 + 1e-8), -10, 10), atol=1e-6)
+    env.step(env.action_space.sample())
+    assert np.allclose(stats.mean, [1.0, 2.0, 3.0]) and np.allclose(stats.var, 4.0), "evaluation must not update them"
