@@ -252,15 +252,15 @@ class Agent(nn.Module):
     """Separate actor and critic MLPs, obs -> 64 -> 64 (tanh) -> action mean / value, as in CleanRL and SB3; the
     policy is Normal(mean, exp(actor_logstd)), its log-std a parameter independent of the state."""
 
-    def __init__(self, obs_dim: int, act_dim: int):
+    def __init__(self, obs_dim: int, action_dim: int):
         super().__init__()
         self.critic = nn.Sequential(
             layer_init(nn.Linear(obs_dim, 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)), nn.Tanh(),
             layer_init(nn.Linear(64, 1), std=1.0))
         self.actor_mean = nn.Sequential(
             layer_init(nn.Linear(obs_dim, 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)), nn.Tanh(),
-            layer_init(nn.Linear(64, act_dim), std=0.01))  # std 0.01: first means near 0
-        self.actor_logstd = nn.Parameter(torch.zeros(act_dim))  # std 1 at the start
+            layer_init(nn.Linear(64, action_dim), std=0.01))  # std 0.01: first means near 0
+        self.actor_logstd = nn.Parameter(torch.zeros(action_dim))  # std 1 at the start
 
     def get_value(self, x):
         return self.critic(x).squeeze(-1)
@@ -337,8 +337,8 @@ def main(args: Args):
     envs = gym.vector.SyncVectorEnv(  # same-step autoreset: a finished episode's last observation is in infos
         [make_env(args.env_id, i, args.capture_video, run_dir, obs_rms, return_rms, args.gamma)
          for i in range(args.num_envs)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
-    obs_dim, act_dim = envs.single_observation_space.shape[0], envs.single_action_space.shape[0]
-    agent = Agent(obs_dim, act_dim).to(device)
+    obs_dim, action_dim = envs.single_observation_space.shape[0], envs.single_action_space.shape[0]
+    agent = Agent(obs_dim, action_dim).to(device)
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)  # fused: 4x faster
     batch_size = args.num_envs * args.num_steps
     minibatch_size, num_iterations = batch_size // args.num_minibatches, args.total_timesteps // batch_size
@@ -365,7 +365,7 @@ def main(args: Args):
         return agent.get_value(torch.as_tensor(obs, dtype=torch.float32, device=device)).cpu().numpy()
 
     obs = torch.zeros((args.num_steps, args.num_envs, obs_dim), device=device)
-    actions = torch.zeros((args.num_steps, args.num_envs, act_dim), device=device)
+    actions = torch.zeros((args.num_steps, args.num_envs, action_dim), device=device)
     logprobs, rewards, dones, values = (torch.zeros((args.num_steps, args.num_envs), device=device) for _ in range(4))
     next_obs, _ = envs.reset(seed=args.seed + global_step)  # a resumed run starts fresh episodes
     try:
@@ -422,7 +422,7 @@ def main(args: Args):
     eval_returns = logger.evaluate(global_step, run_eval)
     if args.save_model:  # obs_rms: the observation statistics the agent was trained with, needed to evaluate it
         torch.save({"agent": agent.state_dict(), "args": asdict(args), "eval_returns": eval_returns,
-                    "obs_dim": obs_dim, "act_dim": act_dim, "obs_rms": vars(obs_rms)}, run_dir / "model.pt")
+                    "obs_dim": obs_dim, "action_dim": action_dim, "obs_rms": vars(obs_rms)}, run_dir / "model.pt")
     logger.close(run_dir, args, eval_returns)
 
 

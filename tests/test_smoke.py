@@ -34,8 +34,10 @@ def loaded(module, cls: str, saved: dict, key: str, *sizes: str):
 RELOAD = {
     "ppo.py": lambda m, s, *a: m.evaluate(loaded(m, "Agent", s, "agent", "obs_dim", "n_actions"), *a),
     "dqn.py": lambda m, s, *a: m.evaluate(loaded(m, "QNetwork", s, "q_network", "obs_dim", "n_actions"), *a),
-    "ppo_continuous.py": lambda m, s, *a: m.evaluate(loaded(m, "Agent", s, "agent", "obs_dim", "act_dim"),
+    "ppo_continuous.py": lambda m, s, *a: m.evaluate(loaded(m, "Agent", s, "agent", "obs_dim", "action_dim"),
                                                      rms(s["obs_rms"]), *a),
+    **{script: lambda m, s, *a: m.evaluate(loaded(m, "Actor", s, "actor", "obs_dim", "action_dim"), *a)
+       for script in ("ddpg_continuous.py", "sac_continuous.py", "td3_continuous.py")},
 }
 
 

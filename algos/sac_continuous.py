@@ -1,0 +1,462 @@
+"""SAC on continuous control (Hopper-v5 by default).
+
+Haarnoja et al. 2018, "Soft Actor-Critic Algorithms and Applications" (arXiv:1812.05905, SAC v2): a tanh-squashed
+Gaussian policy with the change-of-variables correction of its log-probability, two Q-functions whose minimum makes
+the soft Bellman target (clipped double Q), Polyak-averaged target Q-networks and automatic entropy tuning towards
+-dim(A). The paper's hyperparameters: 256x256 ReLU networks, Adam 3e-4 for the actor, the Q-functions and the
+temperature (CleanRL: 1e-3 for the Q-functions), batch 256, tau 0.005, every network updated on every step (CleanRL
+delays the actor as TD3 does); log_std clamped to [-20, 2] (softlearning, SB3); 5e3 steps of uniformly random actions
+before learning starts (CleanRL). Same-step autoreset vector env: the replay buffer stores the true final observation
+and only termination (not a time limit) cuts the bootstrap; with --num-envs N, global_step counts env steps.
+
+Run:    python algos/sac_continuous.py --env-id Hopper-v5 --seed 1
+Result: pending (no multi-seed MuJoCo run yet).
+"""
+import csv, difflib, json, math, os, random, subprocess, sys, tempfile, time, tomllib, warnings
+from dataclasses import asdict, dataclass
+from importlib.metadata import version
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import tyro
+from torch.utils.tensorboard import SummaryWriter
+from tqdm import tqdm
+
+
+@dataclass
+class Args:
+    env_id: str = "Hopper-v5"  # Gymnasium id of a continuous-action (bounded Box) env with a flat observation vector
+    total_timesteps: int = 1_000_000  # environment steps over all envs
+    num_envs: int = 1  # parallel environments (one synchronous vector env)
+    # ---- shared: args ----
+    seed: int = 1  # seed of torch, numpy, random and the envs
+    cuda: bool = False  # use CUDA if available (networks this small are faster on the CPU)
+    torch_deterministic: bool = True  # torch.backends.cudnn.deterministic and one CPU thread
+    track: bool = False  # log to Weights & Biases (works offline with WANDB_MODE=offline)
+    wandb_project_name: str = "canonrl"  # wandb project
+    wandb_entity: str | None = None  # wandb entity (team)
+    capture_video: bool = False  # record videos of the first env to <run_dir>/videos
+    save_model: bool = False  # save <run_dir>/model.pt at the end
+    eval_episodes: int = 10  # greedy evaluation episodes at the end (and at each --eval-every)
+    eval_every: int = 0  # also evaluate every this many steps (0: only at the end); logs charts/train_seconds too
+    run_dir: str | None = None  # where the run is written (default runs/<env>__<script>__<seed>__<time>); must be new
+    resume: str | None = None  # continue the run in this directory (its flags; --total-timesteps may extend it)
+    checkpoint_every: int = 50_000  # save <run_dir>/checkpoint.pt every this many steps (and at the end and on Ctrl-C)
+    # ---- end shared: args ----
+    learning_rate: float = 3e-4  # Adam learning rate of the actor, the Q-functions and the temperature
+    buffer_size: int = 1_000_000  # replay buffer capacity (transitions)
+    gamma: float = 0.99  # discount factor
+    tau: float = 0.005  # target network update rate (1.0: a hard copy)
+    batch_size: int = 256  # replay minibatch size
+    learning_starts: int = 5_000  # env steps of uniformly random actions before learning starts
+    gradient_steps: int = 1  # gradient updates after each vector-env step (--num-envs N: N for one per env step)
+    alpha: float = 1.0  # entropy temperature: fixed, or its initial value with --autotune (softlearning, SB3: 1.0)
+    autotune: bool = True  # tune the temperature towards the target entropy -dim(A) (SAC v2, eq. 18)
+
+
+# ---- shared: helpers ----
+SCRIPT, ALGOS = Path(__file__).name, Path(__file__).resolve().parent
+
+
+def fail(msg: str, *scripts: str):
+    """Bad input: one line on stderr, exit status 2. It suggests those of `scripts` that exist beside this one."""
+    found = [s for s in scripts if (ALGOS / s).is_file()]
+    print(f"error: {msg}" + (f"; use {' or '.join(found)}" if found else ""), file=sys.stderr)
+    sys.exit(2)
+
+
+def env_spaces(env_id: str):
+    """(observation space, action space) of env_id, or a one-line error. The env is made in a temporary directory
+    with stderr muted: MuJoCo prints warnings and leaves MUJOCO_LOG.TXT behind, which must not precede an error."""
+    if env_id not in gym.registry:
+        close = difflib.get_close_matches(env_id, list(gym.registry), n=1)
+        fail(f"unknown env id '{env_id}'" + (f"; did you mean '{close[0]}'?" if close else ""))
+    cwd, stderr_fd = os.getcwd(), os.dup(2)
+    with tempfile.TemporaryDirectory() as tmp, open(os.devnull, "w") as null, warnings.catch_warnings(action="ignore"):
+        os.chdir(tmp), os.dup2(null.fileno(), 2)
+        try:
+            with gym.make(env_id) as env:
+                return env.observation_space, env.action_space
+        except Exception as e:
+            error = f"cannot make env '{env_id}': {type(e).__name__}: {(str(e).strip() or ' ').splitlines()[0]}"
+        finally:
+            os.dup2(stderr_fd, 2), os.close(stderr_fd), os.chdir(cwd)
+    fail(error)
+
+
+def check_ranges(args, rules: dict):
+    """Fail on the first flag outside its range; a rule is a condition on x, the flag's value (e.g. "0 <= x <= 1")."""
+    rules = {"total_timesteps": "x >= 1", "eval_episodes": "x >= 0", "eval_every": "x >= 0",
+             "checkpoint_every": "x >= 1", **rules}
+    for name, rule in rules.items():
+        if (x := getattr(args, name)) is not None and not eval(rule, {"x": x}):  # the rules are literals of this file
+            fail(f"--{name.replace('_', '-')} {x} is out of range: it must satisfy {rule}")
+
+
+def start_run(args, check_args):
+    """Resume (--resume DIR: the run's saved flags; --total-timesteps may extend it), check the flags, choose the run
+    directory (a new run never writes into one that holds files), seed everything. Returns (args, checkpoint, dir)."""
+    ckpt = None
+    if args.resume:
+        path = Path(args.resume) / "checkpoint.pt"
+        if not path.is_file():
+            fail(f"no checkpoint at {path}; pass the run directory of an earlier {SCRIPT} run")
+        try:
+            ckpt = torch.load(path, weights_only=False)
+            saved = Args(**ckpt["args"])
+        except Exception as e:
+            fail(f"{path} is corrupt or not a {SCRIPT} checkpoint ({type(e).__name__}); delete it or start anew")
+        given = [k for k, v in asdict(args).items() if v != getattr(Args(), k) and k not in ("resume", "run_dir")]
+        if "total_timesteps" in given:
+            if args.total_timesteps < ckpt["global_step"]:
+                fail(f"--total-timesteps {args.total_timesteps} is below the {ckpt['global_step']} steps already done")
+            print(f"resume: --total-timesteps {args.total_timesteps} (was {saved.total_timesteps})", file=sys.stderr)
+            saved.total_timesteps = args.total_timesteps
+        if ignored := [f"--{k.replace('_', '-')}" for k in given if k != "total_timesteps"]:
+            print(f"resume: the run's saved flags are kept; ignored: {' '.join(ignored)}", file=sys.stderr)
+        args = saved
+        args.resume = args.run_dir = str(path.parent)
+    check_args(args)
+    name = f"{args.env_id.replace('/', '-')}__{SCRIPT[:-3]}__{args.seed}__{time.time():.0f}"
+    run_dir = Path(args.run_dir or f"runs/{name}")
+    if ckpt is None and run_dir.is_dir() and any(run_dir.iterdir()):
+        fail(f"--run-dir {run_dir} is not empty; continue that run with --resume {run_dir} or choose a new --run-dir")
+    random.seed(args.seed), np.random.seed(args.seed), torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    torch.set_num_threads(1 if args.torch_deterministic else torch.get_num_threads())  # 1: fastest for small nets
+    return args, ckpt, run_dir
+
+
+class RunLogger:
+    """What a run shows and leaves behind: config.json, metrics.csv (global_step, wall_time, name, value; append-only),
+    TensorBoard events, a wandb run with --track, the progress bar. Resuming drops the rows logged after the checkpoint
+    (those steps are redone): no step is logged twice. The training clock stops during evaluations."""
+
+    def __init__(self, args, run_dir: Path, total: int, step: int, resuming: bool):
+        run_dir.mkdir(parents=True, exist_ok=True)
+        metrics, header = run_dir / "metrics.csv", "global_step,wall_time,name,value\n"
+        if resuming:
+            lines = metrics.read_text().splitlines(keepends=True)[1:] if metrics.is_file() else []
+            (run_dir / "metrics.tmp").write_text(header + "".join(ln for ln in lines if int(ln.split(",")[0]) <= step))
+            os.replace(run_dir / "metrics.tmp", metrics)
+        else:
+            git = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ALGOS)
+            config = {"script": SCRIPT, "args": asdict(args), "git_commit": git.stdout.strip() or None,
+                      "versions": {p: version(p) for p in ("torch", "gymnasium", "numpy")}}
+            (run_dir / "config.json").write_text(json.dumps(config, indent=2))
+            metrics.write_text(header)
+        self.file = open(metrics, "a", newline="")
+        self.csv, self.tb = csv.writer(self.file), SummaryWriter(str(run_dir))
+        if args.track:
+            import wandb
+            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=asdict(args),
+                       name=run_dir.name, dir=str(run_dir), sync_tensorboard=True, id=run_dir.name, resume="allow")
+        self.bar = tqdm(total=total, initial=step, unit="step", mininterval=1.0)
+        self.first_step, self.start, self.eval_seconds, self.last_return = step, time.time(), 0.0, float("nan")
+
+    def log(self, step: int, metrics: dict):
+        for name, value in metrics.items():
+            self.csv.writerow([step, f"{time.time():.3f}", name, repr(float(value))])
+            self.tb.add_scalar(name, value, step)
+        self.file.flush()
+
+    def progress(self, step: int):
+        """Log charts/sps (environment steps per training second) and update the progress bar."""
+        sps = int((step - self.first_step) / max(time.time() - self.start - self.eval_seconds, 1e-9))
+        self.log(step, {"charts/sps": sps})
+        self.bar.update(step - self.bar.n)
+        self.bar.set_postfix(sps=sps, ret=f"{self.last_return:.1f}", refresh=False)
+
+    def evaluate(self, step: int, run_episodes) -> list:
+        """Log charts/train_seconds, then one eval/episodic_return row per episode of run_episodes()."""
+        self.log(step, {"charts/train_seconds": time.time() - self.start - self.eval_seconds})
+        start, returns = time.time(), run_episodes()
+        self.eval_seconds += time.time() - start
+        for value in returns:
+            self.log(step, {"eval/episodic_return": value})
+        return returns
+
+    def close(self, run_dir: Path, args, returns: list):
+        """Close the files; the last lines say the evaluation, where the run is and the script's reference."""
+        self.bar.close(), self.file.close(), self.tb.close()
+        if returns:
+            print(f"eval/episodic_return: {np.mean(returns):.2f} +- {np.std(returns):.2f} over {len(returns)} episodes")
+        print(f"run saved in {run_dir}" + (" (model.pt, checkpoint.pt)" if args.save_model else " (checkpoint.pt)"))
+        path = ALGOS.parent / "benchmark" / "references.toml"  # our multi-seed runs of each script, if present
+        refs = [r for r in tomllib.loads(path.read_text())["reference"] if (r["script"], r["env_id"], r["score"]) ==
+                (SCRIPT, args.env_id, "final_eval") and "values" in r] if path.is_file() else []
+        for r in sorted(refs, key=lambda r: abs(r["total_timesteps"] - args.total_timesteps))[:1]:
+            print(f"reference {r['id']} ({r['total_timesteps']:,} steps, final evaluation, {len(r['values'])} seeds): "
+                  f"{np.mean(r['values']):.2f} +- {np.std(r['values']):.2f}, lowest seed {min(r['values']):.2f}")
+        if not refs:
+            print(f"no reference for {SCRIPT} on {args.env_id} to compare with")
+# ---- end shared: helpers ----
+
+
+def check_args(args: Args):
+    obs_space, act_space = env_spaces(args.env_id)
+    if not isinstance(act_space, gym.spaces.Box) or len(act_space.shape) != 1:
+        fail(f"{SCRIPT} needs continuous (Box) actions but {args.env_id} has {act_space}", "dqn.py", "ppo.py")
+    if not (np.isfinite(act_space.low).all() and np.isfinite(act_space.high).all()):
+        fail(f"{SCRIPT} squashes actions into the env's bounds but {args.env_id} has unbounded actions {act_space}")
+    if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) != 1:
+        fail(f"{SCRIPT} needs flat vector observations but {args.env_id} has {obs_space}")
+    check_ranges(args, {"num_envs": "x >= 1", "batch_size": "x >= 1", "gradient_steps": "x >= 1",
+                        "learning_rate": "x > 0", "gamma": "0 <= x <= 1", "tau": "0 < x <= 1", "alpha": "x > 0",
+                        "learning_starts": "x >= 0", "buffer_size": "x >= 1"})
+    if args.batch_size > min(args.buffer_size, max(args.learning_starts, 1)):
+        fail(f"--batch-size {args.batch_size} must not exceed --learning-starts ({args.learning_starts}) or "
+             f"--buffer-size ({args.buffer_size}): the first minibatch is drawn when learning starts")
+    if args.total_timesteps <= args.learning_starts:
+        fail(f"--total-timesteps {args.total_timesteps} must exceed --learning-starts {args.learning_starts}")
+
+
+def make_env(env_id, idx, capture_video, run_dir):
+    def thunk():
+        if capture_video and idx == 0:
+            return gym.wrappers.RecordVideo(gym.make(env_id, render_mode="rgb_array"), f"{run_dir}/videos")
+        return gym.make(env_id)
+    return thunk
+
+
+class QNetwork(nn.Module):
+    """(obs, action) -> 256 -> 256 -> Q-value, ReLU (the SAC v2 and TD3 papers' critic); nn.Linear's default init."""
+
+    def __init__(self, obs_dim: int, action_dim: int):
+        super().__init__()
+        self.network = nn.Sequential(
+            nn.Linear(obs_dim + action_dim, 256), nn.ReLU(),
+            nn.Linear(256, 256), nn.ReLU(),
+            nn.Linear(256, 1),
+        )
+
+    def forward(self, obs, actions):
+        return self.network(torch.cat([obs, actions], dim=1)).squeeze(1)
+
+
+class Actor(nn.Module):
+    """obs -> 256 -> 256 -> mean and log_std of a Gaussian over u; the action tanh(u) is scaled to the env's bounds
+    (action_scale and action_bias are buffers: saved with the weights, so a saved actor needs no env to act)."""
+
+    def __init__(self, obs_dim: int, action_dim: int, action_low=-1.0, action_high=1.0):
+        super().__init__()
+        self.trunk = nn.Sequential(nn.Linear(obs_dim, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU())
+        self.mean, self.log_std = nn.Linear(256, action_dim), nn.Linear(256, action_dim)
+        low, high = (torch.tensor(x, dtype=torch.float32).expand(action_dim).clone() for x in (action_low, action_high))
+        self.register_buffer("action_scale", (high - low) / 2)
+        self.register_buffer("action_bias", (high + low) / 2)
+
+    def forward(self, obs):
+        hidden = self.trunk(obs)
+        return self.mean(hidden), self.log_std(hidden).clamp(-20.0, 2.0)
+
+    def get_action(self, obs):
+        """(a sampled action, its log-probability): reparameterised, so that gradients flow through the sample."""
+        mean, log_std = self(obs)
+        normal = torch.distributions.Normal(mean, log_std.exp(), validate_args=False)
+        u = normal.rsample()
+        return torch.tanh(u) * self.action_scale + self.action_bias, squashed_log_prob(normal.log_prob(u), u)
+
+    def mean_action(self, obs):
+        """The deterministic action of evaluation: the Gaussian's mean, squashed and scaled; it draws no noise."""
+        return torch.tanh(self(obs)[0]) * self.action_scale + self.action_bias
+
+
+class ReplayBuffer:
+    """A ring buffer of preallocated numpy arrays. next_obs is the true next observation (the last one of an episode
+    cut by a time limit), so that only `terminated` stops the bootstrap. Checkpointable through state_dict()."""
+    FIELDS = ("obs", "next_obs", "actions", "rewards", "terminated")
+
+    def __init__(self, size: int, obs_dim: int, action_dim: int, rng: np.random.Generator):
+        self.obs, self.next_obs = np.zeros((size, obs_dim), np.float32), np.zeros((size, obs_dim), np.float32)
+        self.actions, self.rewards, self.terminated = (np.zeros((size, action_dim), np.float32),
+                                                       np.zeros(size, np.float32), np.zeros(size, np.float32))
+        self.size, self.pos, self.full, self.rng = size, 0, False, rng
+
+    def add(self, obs, next_obs, actions, rewards, terminated):
+        idx = (self.pos + np.arange(len(obs))) % self.size
+        for name, value in zip(self.FIELDS, (obs, next_obs, actions, rewards, terminated)):
+            getattr(self, name)[idx] = value
+        self.full, self.pos = self.full or self.pos + len(obs) >= self.size, (self.pos + len(obs)) % self.size
+
+    def sample(self, batch_size: int, device):
+        """A uniform minibatch (obs, next_obs, actions, rewards, terminated) as tensors on `device`."""
+        idx = self.rng.integers(0, self.size if self.full else self.pos, batch_size)
+        return [torch.as_tensor(getattr(self, name)[idx], device=device) for name in self.FIELDS]
+
+    def state_dict(self):
+        return {name: getattr(self, name) for name in (*self.FIELDS, "pos", "full")}
+
+    def load_state_dict(self, state):
+        for name, value in state.items():
+            setattr(self, name, value)
+
+
+def squashed_log_prob(gaussian_log_prob, u):
+    """log pi(tanh(u)) = sum_i [log N(u_i) - log(1 - tanh(u_i)^2)] (arXiv:1801.01290, eq. 21), in the stable form
+    log(1 - tanh(u)^2) = 2 (log 2 - u - softplus(-2u)); the density is that of tanh(u) in [-1, 1], before scaling."""
+    return (gaussian_log_prob - 2.0 * (math.log(2.0) - u - F.softplus(-2.0 * u))).sum(dim=1)
+
+
+def sac_target(next_q1, next_q2, next_log_prob, rewards, terminated, gamma, alpha):
+    """Soft Bellman target r + gamma * (min(Q1', Q2')(s', a') - alpha * log pi(a'|s')), a' ~ pi(s') (SAC v2, eq. 3
+    with the clipped double Q of TD3); only termination stops the bootstrap: a time-limit truncation has a future."""
+    return rewards + gamma * (1.0 - terminated) * (torch.min(next_q1, next_q2) - alpha * next_log_prob)
+
+
+def temperature_loss(log_alpha, log_prob, target_entropy):
+    """J(alpha) = E[-alpha * (log pi(a|s) + target entropy)] (SAC v2, eq. 18): alpha grows when the policy's entropy
+    falls below the target and shrinks when it exceeds it."""
+    return -(log_alpha.exp() * (log_prob.detach() + target_entropy)).mean()
+
+
+@torch.no_grad()
+def evaluate(actor, env_id, episodes, seed, device="cpu"):
+    """Deterministic episodes (the mean action, squashed and scaled) on a fresh env; returns the episodic returns."""
+    env, returns = gym.make(env_id), []
+    for ep in range(episodes):
+        (obs, _), done, total = env.reset(seed=seed + ep), False, 0.0
+        while not done:
+            action = actor.mean_action(torch.as_tensor(obs, dtype=torch.float32, device=device)[None])
+            obs, reward, terminated, truncated, _ = env.step(action[0].cpu().numpy())
+            total, done = total + float(reward), terminated or truncated
+        returns.append(total)
+    env.close()
+    return returns
+
+
+def main(args: Args):
+    args, ckpt, run_dir = start_run(args, check_args)
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    envs = gym.vector.SyncVectorEnv(  # same-step autoreset: a finished episode's last observation is in infos
+        [make_env(args.env_id, i, args.capture_video, run_dir) for i in range(args.num_envs)],
+        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    obs_dim, action_dim = envs.single_observation_space.shape[0], envs.single_action_space.shape[0]
+    low, high = envs.single_action_space.low, envs.single_action_space.high
+    actor = Actor(obs_dim, action_dim, low, high).to(device)
+    qf1, qf2 = QNetwork(obs_dim, action_dim).to(device), QNetwork(obs_dim, action_dim).to(device)
+    qf1_target, qf2_target = QNetwork(obs_dim, action_dim).to(device), QNetwork(obs_dim, action_dim).to(device)
+    qf1_target.load_state_dict(qf1.state_dict()), qf2_target.load_state_dict(qf2.state_dict())
+    q_optimizer = torch.optim.Adam([*qf1.parameters(), *qf2.parameters()], lr=args.learning_rate, fused=True)
+    actor_optimizer = torch.optim.Adam(actor.parameters(), lr=args.learning_rate, fused=True)
+    target_entropy = -float(action_dim)  # SAC v2, section 5: -dim(A)
+    log_alpha = torch.full((1,), math.log(args.alpha), device=device, requires_grad=True)
+    alpha_optimizer = torch.optim.Adam([log_alpha], lr=args.learning_rate, fused=True)
+    rng = np.random.default_rng(args.seed)  # random actions before learning starts and replay sampling
+    rb = ReplayBuffer(args.buffer_size, obs_dim, action_dim, rng)
+    num_iterations = args.total_timesteps // args.num_envs  # one iteration = one step of every env
+    iteration, eval_seed = 0, args.seed + 100_000  # evaluation episodes are seeded apart from training
+    run_eval = lambda: evaluate(actor, args.env_id, args.eval_episodes, eval_seed, device)  # noqa: E731
+    if ckpt is not None:
+        try:
+            for key, obj in (("actor", actor), ("qf1", qf1), ("qf2", qf2), ("qf1_target", qf1_target),
+                             ("qf2_target", qf2_target), ("q_optimizer", q_optimizer),
+                             ("actor_optimizer", actor_optimizer), ("alpha_optimizer", alpha_optimizer), ("rb", rb)):
+                obj.load_state_dict(ckpt[key])
+            with torch.no_grad():
+                log_alpha.copy_(ckpt["log_alpha"])
+        except Exception as e:
+            fail(f"{run_dir / 'checkpoint.pt'} does not fit this network ({type(e).__name__}); delete it or start anew")
+        rng.bit_generator.state = ckpt["rng"]  # numpy: random actions and sampling; torch: the policy's noise
+        torch.set_rng_state(ckpt["torch_rng"])
+        iteration = ckpt["iteration"]
+    global_step = iteration * args.num_envs
+    logger = RunLogger(args, run_dir, num_iterations * args.num_envs, global_step, resuming=ckpt is not None)
+
+    def checkpoint(iteration):  # write, then rename: a crash never leaves a half-written checkpoint.pt
+        torch.save({"args": asdict(args), "iteration": iteration, "global_step": iteration * args.num_envs,
+                    "actor": actor.state_dict(), "qf1": qf1.state_dict(), "qf2": qf2.state_dict(),
+                    "qf1_target": qf1_target.state_dict(), "qf2_target": qf2_target.state_dict(),
+                    "q_optimizer": q_optimizer.state_dict(), "actor_optimizer": actor_optimizer.state_dict(),
+                    "alpha_optimizer": alpha_optimizer.state_dict(), "log_alpha": log_alpha.detach(),
+                    "rb": rb.state_dict(), "rng": rng.bit_generator.state, "torch_rng": torch.get_rng_state()},
+                   run_dir / "checkpoint.tmp")
+        os.replace(run_dir / "checkpoint.tmp", run_dir / "checkpoint.pt")
+
+    obs, _ = envs.reset(seed=args.seed + global_step)  # a resumed run starts fresh episodes
+    episode_return, episode_length = np.zeros(args.num_envs), np.zeros(args.num_envs, dtype=np.int64)
+    alpha = log_alpha.detach().exp()  # a tensor: reading it never waits for the host
+    try:
+        for iteration in range(iteration, num_iterations):
+            if global_step < args.learning_starts:  # uniform random actions fill the buffer first
+                actions = rng.uniform(low, high, (args.num_envs, action_dim)).astype(np.float32)
+            else:
+                with torch.no_grad():
+                    actions, _ = actor.get_action(torch.as_tensor(obs, dtype=torch.float32, device=device))
+                actions = actions.cpu().numpy()
+            next_obs, rewards, terminated, truncated, infos = envs.step(actions)
+            real_next_obs = next_obs.copy()  # same-step autoreset: store the true last observation, not the reset one
+            for i in np.flatnonzero(infos.get("_final_obs", [])):
+                real_next_obs[i] = infos["final_obs"][i]
+            rb.add(obs, real_next_obs, actions, rewards, terminated)
+            obs = next_obs
+            episode_return, episode_length = episode_return + rewards, episode_length + 1
+            global_step += args.num_envs
+            for i in np.flatnonzero(terminated | truncated):  # every finished episode of every sub-env
+                logger.last_return = episode_return[i]
+                logger.log(global_step, {"train/episodic_return": episode_return[i],
+                                         "train/episodic_length": episode_length[i]})
+                episode_return[i], episode_length[i] = 0.0, 0
+
+            if global_step > args.learning_starts:
+                for _ in range(args.gradient_steps):
+                    b_obs, b_next_obs, b_actions, b_rewards, b_terminated = rb.sample(args.batch_size, device)
+                    with torch.no_grad():
+                        next_actions, next_log_prob = actor.get_action(b_next_obs)
+                        target = sac_target(qf1_target(b_next_obs, next_actions), qf2_target(b_next_obs, next_actions),
+                                            next_log_prob, b_rewards, b_terminated, args.gamma, alpha)
+                    q1, q2 = qf1(b_obs, b_actions), qf2(b_obs, b_actions)
+                    qf1_loss, qf2_loss = F.mse_loss(q1, target), F.mse_loss(q2, target)
+                    q_optimizer.zero_grad()
+                    (qf1_loss + qf2_loss).backward()
+                    q_optimizer.step()
+
+                    pi, log_prob = actor.get_action(b_obs)
+                    qf1.requires_grad_(False), qf2.requires_grad_(False)  # no gradient for Q weights needed
+                    q_pi = torch.min(qf1(b_obs, pi), qf2(b_obs, pi))
+                    qf1.requires_grad_(True), qf2.requires_grad_(True)
+                    actor_loss = (alpha * log_prob - q_pi).mean()  # SAC v2, eq. 7 with the reparameterised action
+                    actor_optimizer.zero_grad()
+                    actor_loss.backward()
+                    actor_optimizer.step()
+                    if args.autotune:
+                        alpha_loss = temperature_loss(log_alpha, log_prob, target_entropy)
+                        alpha_optimizer.zero_grad()
+                        alpha_loss.backward()
+                        alpha_optimizer.step()
+                        alpha = log_alpha.detach().exp()
+
+                    with torch.no_grad():  # target <- tau * online + (1 - tau) * target
+                        for target_param, param in zip([*qf1_target.parameters(), *qf2_target.parameters()],
+                                                       [*qf1.parameters(), *qf2.parameters()]):
+                            target_param.lerp_(param, args.tau)
+            if iteration % 100 == 0:  # every 100 vector steps (the only host syncs of the losses)
+                if global_step > args.learning_starts:
+                    logger.log(global_step, {"losses/qf1_values": q1.mean(), "losses/qf2_values": q2.mean(),
+                                             "losses/qf1_loss": qf1_loss, "losses/qf2_loss": qf2_loss,
+                                             "losses/actor_loss": actor_loss, "losses/alpha": alpha,
+                                             **({"losses/alpha_loss": alpha_loss} if args.autotune else {})})
+                logger.progress(global_step)
+            if args.eval_every and iteration + 1 < num_iterations and global_step % args.eval_every < args.num_envs:
+                logger.evaluate(global_step, run_eval)
+            if (iteration + 1) % max(1, args.checkpoint_every // args.num_envs) == 0:
+                checkpoint(iteration + 1)
+    except KeyboardInterrupt:
+        checkpoint(iteration)  # the interrupted step is redone; the buffer holds every step before it
+        print(f"\ninterrupted: metrics kept, resume with --resume {run_dir}", file=sys.stderr)
+        sys.exit(130)
+    envs.close()
+    checkpoint(num_iterations)
+    eval_returns = logger.evaluate(global_step, run_eval)
+    if args.save_model:
+        torch.save({"actor": actor.state_dict(), "args": asdict(args), "eval_returns": eval_returns,
+                    "obs_dim": obs_dim, "action_dim": action_dim}, run_dir / "model.pt")
+    logger.close(run_dir, args, eval_returns)
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Args))
