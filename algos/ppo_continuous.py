@@ -10,8 +10,9 @@ and checkpoint.pt and used, frozen, at evaluation (CleanRL's saved models lose t
 evaluates to 3.8). Evaluation is deterministic: the mean action, clipped. Defaults: CleanRL's MuJoCo settings, 1M steps.
 
 Run:    python algos/ppo_continuous.py --env-id Hopper-v5 --seed 1
-Result: InvertedPendulum-v5, 40,960 steps, default flags: final 10-episode deterministic evaluation 1000 on seeds 1-6.
-        MuJoCo at 1M steps: pending (CleanRL, v4, last 100 training episodes: Hopper 2382.86 +- 271.74).
+Result: InvertedPendulum-v5, 40,960 steps: final 10-episode deterministic evaluation 1000 on each of seeds 1-10
+        (benchmark/references.toml, "ours-ppo_continuous-InvertedPendulum-v5-40k"). MuJoCo at 1M steps: not yet run
+        (CleanRL, v4, last 100 training episodes: Hopper 2382.86 +- 271.74).
 """
 import csv, difflib, json, os, random, subprocess, sys, tempfile, time, tomllib, warnings
 from dataclasses import asdict, dataclass

@@ -64,7 +64,7 @@ def test_new_run_refuses_a_directory_that_holds_a_run(script, tmp_path):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / "metrics.csv").write_text("global_step,wall_time,name,value\n1,0,train/x,1\n")
-    assert_clean_error(run_script(script, ["--total-timesteps", "2048"], run_dir), tmp_path / "nothing", "--resume")
+    assert_clean_error(run_script(script, SMOKE[script], run_dir), tmp_path / "nothing", "--resume")
     assert (run_dir / "metrics.csv").read_text().endswith("1,0,train/x,1\n") and len(list(run_dir.iterdir())) == 1
 
 
