@@ -118,3 +118,53 @@ def test_frozen_observation_statistics_do_not_move():
     assert np.allclose(obs, np.clip((raw - [1.0, 2.0, 3.0]) / np.sqrt(4.0 + 1e-8), -10, 10), atol=1e-6)
     env.step(env.action_space.sample())
     assert np.allclose(stats.mean, [1.0, 2.0, 3.0]) and np.allclose(stats.var, 4.0), "evaluation must not update them"
+
+
+sac, td3, ddpg = load_script("sac_continuous.py"), load_script("td3_continuous.py"), load_script("ddpg_continuous.py")
+
+
+def t(*x):
+    return torch.tensor(x, dtype=torch.float32)
+
+
+def test_off_policy_targets_by_hand():
+    # two transitions: the second terminated (no bootstrap); gamma 0.9, reward 0.5
+    assert torch.allclose(td3.td3_target(t(1.0, 5.0), t(2.0, 3.0), t(0.5, 0.5), t(0.0, 1.0), 0.9), t(0.5 + 0.9, 0.5))
+    assert torch.allclose(ddpg.ddpg_target(t(2.0, 3.0), t(1.0, 1.0), t(0.0, 1.0), 0.5), t(2.0, 1.0))
+    # SAC: min(Q1', Q2') - alpha * log pi = 1 - 0.2 * (-1) = 1.2
+    assert torch.allclose(sac.sac_target(t(1.0, 5.0), t(2.0, 3.0), t(-1.0, 0.0), t(0.5, 0.5), t(0.0, 1.0), 0.9, 0.2),
+                          t(0.5 + 0.9 * 1.2, 0.5))
+
+
+def test_td3_target_smoothing_clips_the_noise_and_the_action():
+    # noise 0.3 clipped to 0.5 -> 1.9 + 0.3 * 2 = 2.5, clipped to the bound 2; noise -5 clipped to -0.5 -> -1.0
+    a = td3.smoothed_target_action(t(1.9, 0.0), t(0.3, -5.0), 0.5, t(2.0, 2.0), t(0.0, 0.0))
+    assert torch.allclose(a, t(2.0, -1.0))
+
+
+def test_sac_squashed_log_prob_is_the_change_of_variables_and_a_density():
+    torch.manual_seed(0)
+    u, normal = torch.randn(1000, 3), torch.distributions.Normal(torch.zeros(3), torch.ones(3))
+    naive = (normal.log_prob(u) - torch.log(1 - torch.tanh(u) ** 2)).sum(1)
+    assert torch.allclose(sac.squashed_log_prob(normal.log_prob(u), u), naive, atol=1e-3)
+    y = torch.linspace(-0.9999, 0.9999, 200001)[:, None]
+    one_d = torch.distributions.Normal(torch.tensor([0.3]), torch.tensor([0.7]))
+    density = sac.squashed_log_prob(one_d.log_prob(torch.atanh(y)), torch.atanh(y)).exp()
+    assert float(torch.trapezoid(density, y[:, 0])) == pytest.approx(1.0, abs=1e-3)
+
+
+def test_sac_temperature_shrinks_when_the_entropy_is_above_its_target():
+    log_alpha = torch.zeros(1, requires_grad=True)
+    sac.temperature_loss(log_alpha, t(-0.5, -0.5), -1.0).backward()  # entropy 0.5 > target -1
+    assert log_alpha.grad > 0  # a gradient step lowers alpha
+
+
+def test_actors_stay_within_the_bounds_they_save():
+    actor = td3.Actor(3, 2, np.array([-2.0, 0.0]), np.array([2.0, 1.0]))
+    assert torch.allclose(actor.action_scale, t(2.0, 0.5)) and torch.allclose(actor.action_bias, t(0.0, 0.5))
+    out = actor(torch.randn(100, 3))
+    assert (out[:, 0].abs() <= 2).all() and (out[:, 1] >= 0).all() and (out[:, 1] <= 1).all()
+    stochastic = sac.Actor(3, 1, -2.0, 2.0)
+    actions, log_probs = stochastic.get_action(torch.randn(5, 3))
+    assert actions.shape == (5, 1) and log_probs.shape == (5,) and (actions.abs() <= 2).all()
+    assert "action_scale" in stochastic.state_dict(), "the bounds are saved with the weights"
