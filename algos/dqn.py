@@ -10,8 +10,7 @@ cuts the bootstrap. Defaults chosen on CartPole-v1 with seeds 201-208 (apart fro
 223, 255); with the soft update 3 of 3 stayed at 500 from 35-55k steps to the end.
 
 Run:    python algos/dqn.py --env-id CartPole-v1 --seed 1
-Result: CartPole-v1, 100k steps: final 10-episode greedy evaluation 500 on each of seeds 1-10
-        (benchmark/references.toml, "ours-dqn-CartPole-v1-100k").
+Result: CartPole-v1, 100k steps: final 10-episode greedy evaluation 500 on each of seeds 1-10 (references.toml)
 """
 import csv, difflib, json, os, random, subprocess, sys, tempfile, time, tomllib, warnings
 from dataclasses import asdict, dataclass
@@ -165,7 +164,8 @@ class RunLogger:
 
     def log(self, step: int, metrics: dict):
         for name, value in metrics.items():
-            self.csv.writerow([step, f"{time.time():.3f}", name, repr(float(value))])
+            value = float(value.detach() if torch.is_tensor(value) else value)  # a loss may still require grad
+            self.csv.writerow([step, f"{time.time():.3f}", name, repr(value)])
             self.tb.add_scalar(name, value, step)
         self.file.flush()
 

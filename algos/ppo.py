@@ -7,8 +7,7 @@ truncation is bootstrapped with V(final obs). Defaults: rl-zoo's CartPole-v1 set
 learning rate and clip range annealed) with a learning rate of 2e-3 (rl-zoo: 1e-3): it reaches 475 about 2x sooner.
 
 Run:    python algos/ppo.py --env-id CartPole-v1 --seed 1
-Result: CartPole-v1, 100k steps: final 10-episode greedy evaluation 500 on 9 of seeds 1-10, 381.9 on the tenth
-        (benchmark/references.toml, "ours-ppo-CartPole-v1-100k").
+Result: CartPole-v1, 100k steps: final greedy evaluation 500 on 9 of seeds 1-10, 381.9 on the tenth (references.toml)
 """
 import csv, difflib, json, os, random, subprocess, sys, tempfile, time, tomllib, warnings
 from dataclasses import asdict, dataclass
@@ -161,7 +160,8 @@ class RunLogger:
 
     def log(self, step: int, metrics: dict):
         for name, value in metrics.items():
-            self.csv.writerow([step, f"{time.time():.3f}", name, repr(float(value))])
+            value = float(value.detach() if torch.is_tensor(value) else value)  # a loss may still require grad
+            self.csv.writerow([step, f"{time.time():.3f}", name, repr(value)])
             self.tb.add_scalar(name, value, step)
         self.file.flush()
 

@@ -160,7 +160,8 @@ class RunLogger:
 
     def log(self, step: int, metrics: dict):
         for name, value in metrics.items():
-            self.csv.writerow([step, f"{time.time():.3f}", name, repr(float(value))])
+            value = float(value.detach() if torch.is_tensor(value) else value)  # a loss may still require grad
+            self.csv.writerow([step, f"{time.time():.3f}", name, repr(value)])
             self.tb.add_scalar(name, value, step)
         self.file.flush()
 
