@@ -10,7 +10,8 @@ Noise is in units of the action's half-range. Same-step autoreset vector env: th
 observation and only termination (not a time limit) cuts the bootstrap; with --num-envs N, global_step counts env steps.
 
 Run:    python algos/ddpg_continuous.py --env-id Hopper-v5 --seed 1
-Result: pending (no multi-seed MuJoCo run yet).
+Result: Pendulum-v1, 8k steps, --learning-starts 1000 --learning-rate 1e-3 --batch-size 128: final deterministic
+        evaluation -172.66 +- 21.34 over seeds 1-10, lowest -207.69 (references.toml). MuJoCo at 1M steps: not yet run.
 """
 import csv, difflib, json, os, random, subprocess, sys, tempfile, time, tomllib, warnings
 from dataclasses import asdict, dataclass

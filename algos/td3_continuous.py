@@ -10,7 +10,8 @@ autoreset vector env: the replay buffer stores the true final observation and on
 cuts the bootstrap; with --num-envs N, global_step counts env steps.
 
 Run:    python algos/td3_continuous.py --env-id Hopper-v5 --seed 1
-Result: pending (no multi-seed MuJoCo run yet).
+Result: Pendulum-v1, 12k steps, --learning-starts 1000 --learning-rate 1e-3 --batch-size 128: final deterministic
+        evaluation -178.07 +- 25.11 over seeds 1-10, lowest -229.56 (references.toml). MuJoCo at 1M steps: not yet run.
 """
 import csv, difflib, json, os, random, subprocess, sys, tempfile, time, tomllib, warnings
 from dataclasses import asdict, dataclass
