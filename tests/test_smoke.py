@@ -14,7 +14,6 @@ from benchmark.runs import load_script, read_metrics, read_rows, run_env, run_sc
 from conftest import LONG, SMOKE, smoke_env
 
 
-
 def rms(saved_stats: dict):
     """A gymnasium RunningMeanStd holding saved statistics (mean, var, count)."""
     from gymnasium.wrappers.utils import RunningMeanStd
@@ -47,9 +46,10 @@ def test_run_contract_and_saved_model(smoke_script, tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     assert f"run saved in {run_dir}" in out.stdout, "the last lines say where the run is"
     env_id = smoke_env(smoke_script)
-    expected = f"reference ours-{smoke_script[:-3]}-{env_id}" if env_id == "CartPole-v1" else "reference "
-    assert expected in out.stdout or f"no reference for {smoke_script} on {env_id}" in out.stdout, \
-        "and compare it with the script's reference (or say there is none)"
+    # CartPole-v1 has our multi-seed references; the smoke envs of the continuous scripts (Hopper-v5) have none yet
+    expected = (f"reference ours-{smoke_script[:-3]}-{env_id}" if env_id == "CartPole-v1" else
+                f"no reference for {smoke_script} on {env_id}")
+    assert expected in out.stdout, "and compare it with the script's reference (or say there is none)"
     config = json.loads((run_dir / "config.json").read_text())
     assert config["script"] == smoke_script and config["args"]["seed"] == 3 and "torch" in config["versions"]
     metrics = read_metrics(run_dir)
@@ -97,7 +97,8 @@ def test_ctrl_c_keeps_metrics_and_resume_continues(smoke_script, tmp_path):
     kept = [r for r in before if r["global_step"] <= ckpt_step]
     assert after[:len(kept)] == kept, "resuming keeps every row up to the checkpoint as it was"
     resumed = after[len(kept):]
-    assert resumed and resumed[-1]["name"] == "eval/episodic_return" and resumed[-1]["global_step"] >= 0.95 * LONG[smoke_script]
+    assert resumed and resumed[-1]["name"] == "eval/episodic_return"
+    assert resumed[-1]["global_step"] >= 0.95 * LONG[smoke_script], "the resumed run trains to the end of its budget"
     assert min(r["global_step"] for r in resumed) > ckpt_step, "a resumed run continues from its checkpoint"
     steps = [r["global_step"] for r in after]
     assert steps == sorted(steps), "the redone steps of the interrupted rollout are not logged twice"
