@@ -18,7 +18,7 @@ from benchmark import stats  # noqa: E402
 from benchmark.random_policy import load_random_scores  # noqa: E402
 from benchmark.references import Reference, find_reference, reference_stats, score  # noqa: E402
 from benchmark.report_path import new_report_path  # noqa: E402
-from benchmark.runs import git_commit, read_metrics  # noqa: E402
+from benchmark.runs import file_stem, git_commit, read_metrics  # noqa: E402
 
 CURVE = "train/episodic_return"
 SMOOTH_EPISODES = 10  # each run's curve is the trailing mean over this many episodes before interpolation
@@ -221,7 +221,7 @@ def write_report(suite, outcomes, missing: list[str], device: str, report_dir: P
               "mean ± std (a horizontal band at its own budget, whatever its metric).", ""]
     for c in table:
         dirs = [o.run_dir for o in c["runs"] if o.finished]
-        name = f"{c['script'].removesuffix('.py')}__{c['env_id'].replace('/', '-')}__{c['total_timesteps']}.png"
+        name = f"{file_stem(c['script'])}__{c['env_id'].replace('/', '-')}__{c['total_timesteps']}.png"
         if dirs and plot_curve(dirs, fig_dir / name, f"{c['script']} {c['env_id']} ({suite.name}, {device})",
                                c["reference"]):
             lines += [f"![{c['script']} {c['env_id']}]({stem}/{name})", ""]

@@ -34,7 +34,7 @@ if str(ROOT) not in sys.path:  # `python benchmark/run.py` puts benchmark/ first
 
 from tqdm import tqdm  # noqa: E402
 
-from benchmark.runs import ALGOS, run_finished, run_script  # noqa: E402
+from benchmark.runs import ALGOS, file_stem, run_finished, run_script  # noqa: E402
 
 SUITES = Path(__file__).resolve().parent / "suites.toml"
 REPORTS = Path(__file__).resolve().parent / "reports"
@@ -54,7 +54,7 @@ class RunSpec:
 
     @property
     def name(self) -> str:
-        return f"{self.script.removesuffix('.py')}__{self.env_id.replace('/', '-')}__{self.seed}"
+        return f"{file_stem(self.script)}__{self.env_id.replace('/', '-')}__{self.seed}"
 
     def command_flags(self, device: str) -> list[str]:
         return ["--env-id", self.env_id, "--total-timesteps", str(self.total_timesteps), "--seed", str(self.seed),
@@ -109,7 +109,7 @@ def plan(suite: Suite, seeds: int | None = None, scripts: list[str] | None = Non
     for r in suite.runs:
         if scripts and r["script"] not in scripts:
             continue
-        if not (ALGOS / r["script"]).is_file():
+        if not (ALGOS / r["script"].removeprefix("sb3:")).is_file():
             missing += [r["script"]] if r["script"] not in missing else []
             continue
         for seed in range(1, (seeds or suite.seeds) + 1):

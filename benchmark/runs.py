@@ -25,7 +25,13 @@ def run_env(**extra) -> dict:
 
 
 def script_command(script: str, flags: list[str], run_dir: Path | str | None) -> list[str]:
-    cmd = [sys.executable, str(script_path(script)), *flags]
+    """The command line of algos/<script>; "sb3:<script>" is SB3 with that script's hyperparameters
+    (benchmark/sb3_baseline.py)."""
+    if script.startswith("sb3:"):
+        script_path(script.removeprefix("sb3:"))
+        cmd = [sys.executable, str(ROOT / "benchmark" / "sb3_baseline.py"), "--same-as", script[4:], *flags]
+    else:
+        cmd = [sys.executable, str(script_path(script)), *flags]
     return cmd + (["--run-dir", str(run_dir)] if run_dir is not None else [])
 
 
@@ -68,6 +74,11 @@ def read_metrics(run_dir: Path | str) -> dict[str, tuple[np.ndarray, np.ndarray]
         series[row["name"]][0].append(row["global_step"])
         series[row["name"]][1].append(row["value"])
     return {k: (np.asarray(s, dtype=np.int64), np.asarray(v, dtype=np.float64)) for k, (s, v) in series.items()}
+
+
+def file_stem(script: str) -> str:
+    """A script's name for file names: "ppo.py" -> "ppo", "sb3:sac_continuous.py" -> "sb3-sac_continuous"."""
+    return script.removesuffix(".py").replace(":", "-")
 
 
 def load_script(script: str):

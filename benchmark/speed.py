@@ -29,105 +29,72 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from benchmark.sb3_baseline import DIFFERENCES, SAME, make_model  # noqa: E402
 from benchmark.runs import git_commit, load_script, read_rows, run_env, run_script, script_command, tail_rows  # noqa: E402
 
 REPORTS = Path(__file__).resolve().parent / "reports"
 
 
-# ---- how each of our scripts maps onto SB3 -------------------------------------------------------------------
-# SB3 kwargs are JSON: {"linear": x} is a schedule from x to 0 over training (rl-zoo's lin_x); "activation_fn"
-# inside policy_kwargs names a torch.nn class.
-
-def ppo_same(a) -> tuple[int, dict]:
-    """ppo.py's Args -> (n_envs, SB3 PPO kwargs) with the same hyperparameters."""
-    lin = (lambda x: {"linear": x}) if a.anneal_lr else (lambda x: x)
-    return a.num_envs, dict(
-        n_steps=a.num_steps, batch_size=a.num_envs * a.num_steps // a.num_minibatches, n_epochs=a.update_epochs,
-        learning_rate=lin(a.learning_rate), clip_range=lin(a.clip_coef), gamma=a.gamma, gae_lambda=a.gae_lambda,
-        ent_coef=a.ent_coef, vf_coef=a.vf_coef, max_grad_norm=a.max_grad_norm, target_kl=a.target_kl,
-        policy_kwargs={"net_arch": {"pi": [64, 64], "vf": [64, 64]}, "activation_fn": "Tanh"})
-
-
-def dqn_same(a) -> tuple[int, dict]:
-    """dqn.py's Args -> (n_envs, SB3 DQN kwargs) with the same hyperparameters (gradient_steps updates every
-    train_frequency vector steps, target update every target_network_frequency env steps, as ours)."""
-    import torch.nn as nn
-    layers = list(load_script("dqn.py").QNetwork(4, 2).network)  # the nn.Sequential as the script builds it now
-    sizes = [m.out_features for m in layers if isinstance(m, nn.Linear)][:-1]
-    activation = type(next(m for m in layers if not isinstance(m, nn.Linear))).__name__  # e.g. "ReLU"
-    return a.num_envs, dict(
-        learning_rate={"linear": a.learning_rate} if a.anneal_lr else a.learning_rate, buffer_size=a.buffer_size,
-        learning_starts=a.learning_starts, batch_size=a.batch_size, tau=a.tau, gamma=a.gamma,
-        train_freq=a.train_frequency, gradient_steps=a.gradient_steps, target_update_interval=a.target_network_frequency,
-        exploration_fraction=a.exploration_fraction, exploration_initial_eps=a.start_e,
-        exploration_final_eps=a.end_e, policy_kwargs={"net_arch": sizes, "activation_fn": activation})
-
-
 @dataclass
 class Entry:
     name: str
-    script: str
+    script: str  # our script; SB3's algorithm and the hyperparameter mapping are benchmark/sb3_baseline.py's SAME
     env_id: str
-    sb3_algo: str  # a class of stable_baselines3
-    same: Callable  # our script's default Args -> (n_envs, SB3 kwargs) with the same hyperparameters
     sps_steps: int  # budget of one SPS measurement (both sides)
-    best_sb3: tuple[int, dict]  # SB3's best settings (rl-zoo): (n_envs, kwargs)
-    sb3_budget: int  # rl-zoo's budget: SB3's time-to-threshold runs stop there
-    goal: str  # "sb3_median": ours < SB3's median on every seed; "sb3": ours <= SB3 on every seed;
-    #            "half_sb3_median": ours <= SB3's median / 2 on every seed
+    ours_flags: list[str] = field(default_factory=list)  # flags of both sides' SPS runs and of our best settings
+    sps_goal: float | None = None  # the goal on the median SPS ratio ours / SB3, if there is one
+    best_sb3: tuple[int, dict] | None = None  # SB3's best settings (rl-zoo): (n_envs, kwargs); None: SPS only
+    sb3_budget: int = 0  # rl-zoo's budget: SB3's time-to-threshold runs stop there
+    goal: str = ""  # "sb3_median": ours < SB3's median on every seed; "sb3": ours <= SB3 on every seed;
+    #                 "half_sb3_median": ours <= SB3's median / 2 on every seed
     threshold: float = 475.0
     eval_every: int = 1000
     eval_episodes: int = 5
-    ours_flags: list[str] = field(default_factory=list)  # our best settings: our defaults unless said here
-    differences: str = ""  # what the mapping cannot make identical
+
+    @property
+    def sb3_algo(self) -> str:
+        return SAME[self.script][0]
+
+    @property
+    def differences(self) -> str:
+        return DIFFERENCES[self.script]
 
 
 ENTRIES = [
-    Entry("ppo", "ppo.py", "CartPole-v1", "PPO", ppo_same, sps_steps=50_000,
+    Entry("ppo", "ppo.py", "CartPole-v1", sps_steps=50_000,
           best_sb3=(8, dict(n_steps=32, batch_size=256, gae_lambda=0.8, gamma=0.98, n_epochs=20, ent_coef=0.0,
                             learning_rate={"linear": 1e-3}, clip_range={"linear": 0.2})),
-          sb3_budget=100_000, goal="sb3_median",
-          differences="none of substance (same network, orthogonal init, Adam eps 1e-5, advantage normalisation "
-                      "per minibatch, clipping, GAE); ours bootstraps time-limit truncation inside GAE's reward, "
-                      "SB3 does the same in its rollout"),
-    Entry("dqn", "dqn.py", "CartPole-v1", "DQN", dqn_same, sps_steps=30_000,
+          sb3_budget=100_000, goal="sb3_median"),
+    Entry("dqn", "dqn.py", "CartPole-v1", sps_steps=30_000,
           best_sb3=(1, dict(learning_rate=2.3e-3, batch_size=64, buffer_size=100_000, learning_starts=1000,
                             gamma=0.99, target_update_interval=10, train_freq=256, gradient_steps=128,
                             exploration_fraction=0.16, exploration_final_eps=0.04,
                             policy_kwargs={"net_arch": [256, 256]})),
-          sb3_budget=50_000, goal="sb3_median",
-          differences="SB3 uses the Huber loss and clips gradients at norm 10, ours uses MSE without clipping "
-                      "(same cost per update)"),
+          sb3_budget=50_000, goal="sb3_median"),
+    # the continuous scripts: SPS only (the issue's goals on the ratio), learning from step 1000 so that the
+    # measurement is the update, not the random warm-up
+    Entry("ppo_continuous", "ppo_continuous.py", "Hopper-v5", sps_steps=20_480),
+    Entry("sac", "sac_continuous.py", "Pendulum-v1", sps_steps=4_000, ours_flags=["--learning-starts", "1000"],
+          sps_goal=1.5),
+    Entry("td3", "td3_continuous.py", "Pendulum-v1", sps_steps=6_000, ours_flags=["--learning-starts", "1000"],
+          sps_goal=1.3),
+    Entry("ddpg", "ddpg_continuous.py", "Pendulum-v1", sps_steps=6_000, ours_flags=["--learning-starts", "1000"],
+          sps_goal=1.3),
 ]
 
 
 # ---- SB3 side: runs in its own process -------------------------------------------------------------------------
 
-def _sb3_kwargs(kwargs: dict) -> dict:
-    import torch.nn as nn
-    out = {k: functools.partial(operator.mul, v["linear"]) if isinstance(v, dict) and "linear" in v else v
-           for k, v in kwargs.items()}
-    if "policy_kwargs" in out:
-        pk = dict(out["policy_kwargs"])
-        if "activation_fn" in pk:
-            pk["activation_fn"] = getattr(nn, pk["activation_fn"])
-        out["policy_kwargs"] = pk
-    return out
-
-
 def sb3_worker(job: dict) -> dict:
     """Train SB3 as `job` says; with job["threshold"], stop when the deterministic evaluation reaches it."""
     import gymnasium as gym
-    import stable_baselines3
     import torch
     from stable_baselines3.common.callbacks import BaseCallback
-    from stable_baselines3.common.env_util import make_vec_env
     from stable_baselines3.common.evaluation import evaluate_policy
     from stable_baselines3.common.monitor import Monitor
     torch.set_num_threads(1)
@@ -158,9 +125,7 @@ def sb3_worker(job: dict) -> dict:
                 return False
             return True
 
-    env = make_vec_env(job["env_id"], n_envs=job["n_envs"], seed=job["seed"])
-    model = getattr(stable_baselines3, job["algo"])("MlpPolicy", env, seed=job["seed"], device="cpu", verbose=0,
-                                                   **_sb3_kwargs(job["kwargs"]))
+    model = make_model(job["algo"], job["env_id"], job["n_envs"], job["kwargs"], job["seed"])
     callback = EvalUntil() if job.get("threshold") is not None else None
     start = time.perf_counter()
     model.learn(total_timesteps=job["steps"], callback=callback)
@@ -184,7 +149,8 @@ def run_sb3(job: dict) -> dict:
 def ours_sps(entry: Entry, seed: int, workdir: Path) -> dict:
     run_dir = workdir / f"{entry.name}-sps-{seed}"
     out = run_script(entry.script, ["--env-id", entry.env_id, "--seed", str(seed), "--total-timesteps",
-                                    str(entry.sps_steps), "--eval-episodes", "0", "--checkpoint-every", "1000000000"],
+                                    str(entry.sps_steps), "--eval-episodes", "0", "--checkpoint-every", "1000000000",
+                                    *entry.ours_flags],
                      run_dir)
     if out.returncode:
         raise RuntimeError(f"{entry.script} failed: {out.stderr[-2000:]}")
@@ -266,10 +232,14 @@ def _mmm(xs):
 
 def measure(entry: Entry, repeats: int, seeds: list[int], workdir: Path, log=print) -> dict:
     args = load_script(entry.script).Args()  # read at run time: the defaults may change
-    n_envs, same = entry.same(args)
+    for flag, value in zip(entry.ours_flags[::2], entry.ours_flags[1::2]):  # e.g. --learning-starts 1000
+        name = flag.removeprefix("--").replace("-", "_")
+        setattr(args, name, type(getattr(args, name))(value))
+    n_envs, same = SAME[entry.script][1](args)
     res = {"entry": entry.name, "script": entry.script, "env_id": entry.env_id, "sb3_algo": entry.sb3_algo,
            "ours_defaults": {k: v for k, v in vars(args).items()}, "sb3_same": {"n_envs": n_envs, **same},
-           "sb3_best": {"n_envs": entry.best_sb3[0], **entry.best_sb3[1]}, "sps": [], "ttt": []}
+           "sb3_best": {"n_envs": entry.best_sb3[0], **entry.best_sb3[1]} if entry.best_sb3 else None,
+           "sps": [], "ttt": []}
     res["raw_env_sps"] = raw_env_sps(entry.env_id, n_envs)
     log(f"[{entry.name}] raw env: {res['raw_env_sps']:.0f} steps/s with {n_envs} envs")
     for r in range(repeats):  # A B A B ...
@@ -278,7 +248,7 @@ def measure(entry: Entry, repeats: int, seeds: list[int], workdir: Path, log=pri
                        "seed": r + 1, "steps": entry.sps_steps})
         res["sps"].append({"ours": ours, "sb3": sb3})
         log(f"[{entry.name}] SPS repeat {r + 1}: ours {ours['sps']:.0f}, SB3 {sb3['sps']:.0f}")
-    for seed in seeds:
+    for seed in seeds if entry.best_sb3 else []:
         ours = ours_time_to_threshold(entry, seed, workdir)
         sb3 = run_sb3({"algo": entry.sb3_algo, "env_id": entry.env_id, "n_envs": entry.best_sb3[0],
                        "kwargs": entry.best_sb3[1], "seed": seed, "steps": entry.sb3_budget,
@@ -316,16 +286,18 @@ def render(results: list[dict], date: str, repeats: int, seeds: int, load=(float
              "## 1. Implementation speed (same hyperparameters, no evaluation)", "",
              f"SPS = environment steps / training seconds (ours: final `charts/train_seconds`, start-up excluded; "
              f"SB3: time inside `learn()`). {repeats} repeats each side, min / median / max. Ratio = ours / SB3 per "
-             "repeat (no goal: the scripts keep the readable shape, whatever that costs). Ceiling: random actions in a gymnasium SyncVectorEnv with the same "
-             "number of envs.", "",
-             "| entry | env | steps | ours SPS | SB3 SPS | ratio ours/SB3 | raw env SPS (ceiling) |",
-             "|---|---|---|---|---|---|---|"]
+             "repeat; a goal on it only where an issue set one (the scripts keep the readable shape, whatever that "
+             "costs). Ours and SB3 get the same flags (`flags`: both sides). Ceiling: random actions in a gymnasium "
+             "SyncVectorEnv with the same number of envs.", "",
+             "| entry | env | steps | flags | ours SPS | SB3 SPS | ratio ours/SB3 | raw env SPS (ceiling) |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in results:
         ours = _mmm([x["ours"]["sps"] for x in r["sps"]])
         sb3 = _mmm([x["sb3"]["sps"] for x in r["sps"]])
         ratio = _mmm([x["ours"]["sps"] / x["sb3"]["sps"] for x in r["sps"]])
         steps = r["sps"][0]["ours"]["steps"]
-        lines.append(f"| {r['script']} vs SB3 {r['sb3_algo']} | {r['env_id']} | {steps:,} | "
+        flags = " ".join(next(e for e in ENTRIES if e.name == r["entry"]).ours_flags) or "defaults"
+        lines.append(f"| {r['script']} vs SB3 {r['sb3_algo']} | {r['env_id']} | {steps:,} | {flags} | "
                      + " | ".join("{} / {} / {}".format(*(_f(v) for v in t)) for t in (ours, sb3)) + " | "
                      + "{} / {} / {}".format(*(_f(v, '{:.2f}x') for v in ratio)) + " | "
                      f"{r['raw_env_sps']:,.0f} |")
@@ -336,6 +308,8 @@ def render(results: list[dict], date: str, repeats: int, seeds: int, load=(float
     lines += ["", "## 2. Time to threshold (each side's best settings)", ""]
     for r in results:
         e = next(e for e in ENTRIES if e.name == r["entry"])
+        if not r["ttt"]:
+            continue
         lines += [f"### {r['script']} vs SB3 {r['sb3_algo']} on {r['env_id']}", "",
                   f"Training seconds (start-up and evaluation excluded) until a {e.eval_episodes}-episode "
                   f"deterministic evaluation, every {e.eval_every:,} steps, first reaches {e.threshold:g}. Ours: "
@@ -372,8 +346,14 @@ def _summary(results: list[dict]) -> list[str]:
         seeds = [t["seed"] for t in r["ttt"]]
         sb3_t = [t["sb3"]["reached"][1] if t["sb3"]["reached"] else None for t in r["ttt"]]
         om, sm = _mmm(ours_t), _mmm(sb3_t)
-        out.append(f"- **{r['script']} vs SB3 {r['sb3_algo']}**: SPS ratio ours/SB3 median {ratio[1]:.2f}x "
-                   f"(min {ratio[0]:.2f}x, max {ratio[2]:.2f}x). Time to "
+        line = (f"- **{r['script']} vs SB3 {r['sb3_algo']}** on {r['env_id']}: SPS ratio ours/SB3 median "
+                f"{ratio[1]:.2f}x (min {ratio[0]:.2f}x, max {ratio[2]:.2f}x)")
+        if e.sps_goal:
+            line += (f"; goal >= {e.sps_goal:g}x: **" + ("met" if ratio[1] >= e.sps_goal else "missed") + "**")
+        if not r["ttt"]:
+            out.append(line + ".")
+            continue
+        out.append(line + ". Time to "
                    f"{e.threshold:g}: ours median {_f(om[1], '{:.1f}')} s ({sum(x is not None for x in ours_t)}/"
                    f"{len(ours_t)} seeds reached), SB3 median {_f(sm[1], '{:.1f}')} s "
                    f"({sum(x is not None for x in sb3_t)}/{len(sb3_t)}). Goal: {_goal_verdict(e.goal, ours_t, sb3_t, seeds)}")

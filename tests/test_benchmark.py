@@ -20,7 +20,7 @@ import torch
 from scipy import stats as scipy_stats
 
 from benchmark import run as bench
-from benchmark import speed, stats
+from benchmark import sb3_baseline, speed, stats
 from benchmark.random_policy import load_random_scores, random_returns
 from benchmark.references import Reference, find_reference, load_references, score
 from benchmark.report import judge, write_report
@@ -464,11 +464,11 @@ def test_find_reference_prefers_same_budget():
 def test_speed_maps_our_defaults_onto_sb3():
     from benchmark.runs import load_script
     a = load_script("ppo.py").Args()
-    n_envs, kw = speed.ppo_same(a)
+    n_envs, kw = sb3_baseline.ppo_same(a)
     assert n_envs == a.num_envs and kw["n_steps"] == a.num_steps and kw["n_epochs"] == a.update_epochs
     assert kw["batch_size"] == a.num_envs * a.num_steps // a.num_minibatches and kw["gae_lambda"] == a.gae_lambda
     d = load_script("dqn.py").Args()
-    n_envs, kw = speed.dqn_same(d)
+    n_envs, kw = sb3_baseline.dqn_same(d)
     assert (n_envs, kw["batch_size"], kw["train_freq"], kw["gradient_steps"]) == (d.num_envs, d.batch_size,
                                                                                  d.train_frequency, d.gradient_steps)
     assert kw["target_update_interval"] == d.target_network_frequency and kw["buffer_size"] == d.buffer_size
@@ -480,13 +480,57 @@ def test_speed_maps_our_defaults_onto_sb3():
     for layer in ours[:-1]:
         h = getattr(torch.nn, kw["policy_kwargs"]["activation_fn"])()(layer(h))
     assert torch.allclose(net(x), ours[-1](h))
-    sched = speed._sb3_kwargs({"learning_rate": {"linear": 1e-3}})["learning_rate"]
+    sched = sb3_baseline.sb3_kwargs({"learning_rate": {"linear": 1e-3}})["learning_rate"]
     assert sched(1.0) == pytest.approx(1e-3) and sched(0.5) == pytest.approx(5e-4)
+
+
+def test_sb3_maps_the_continuous_scripts():
+    """SB3 gets each off-policy script's hyperparameters and its 256x256 ReLU networks; PPO gets normalisation."""
+    from benchmark.runs import load_script
+    for script, algo in [("sac_continuous.py", "SAC"), ("td3_continuous.py", "TD3"), ("ddpg_continuous.py", "DDPG")]:
+        mod = load_script(script)
+        a = mod.Args()
+        assert sb3_baseline.SAME[script][0] == algo
+        n_envs, kw = sb3_baseline.SAME[script][1](a)
+        assert (n_envs, kw["learning_rate"], kw["batch_size"], kw["learning_starts"], kw["tau"], kw["gamma"]) == (
+            a.num_envs, a.learning_rate, a.batch_size, a.learning_starts, a.tau, a.gamma)
+        linears = [m for m in mod.QNetwork(3, 1).network if isinstance(m, torch.nn.Linear)]
+        assert [m.out_features for m in linears[:-1]] == kw["policy_kwargs"]["net_arch"]
+        assert any(isinstance(m, getattr(torch.nn, kw["policy_kwargs"]["activation_fn"]))
+                   for m in mod.QNetwork(3, 1).network)
+    a = load_script("sac_continuous.py").Args()
+    assert sb3_baseline.sac_same(a)[1]["ent_coef"] == f"auto_{a.alpha}"
+    t = load_script("td3_continuous.py").Args()
+    kw = sb3_baseline.td3_same(t)[1]
+    assert (kw["policy_delay"], kw["target_policy_noise"], kw["target_noise_clip"]) == (
+        t.policy_frequency, t.policy_noise, t.noise_clip)
+    noise = sb3_baseline.sb3_kwargs(kw, action_dim=2)["action_noise"]
+    assert noise._sigma.tolist() == [t.exploration_noise] * 2
+    kw = sb3_baseline.ppo_continuous_same(load_script("ppo_continuous.py").Args())[1]
+    assert kw["normalize"] and "normalize" not in sb3_baseline.sb3_kwargs(kw)
+
+
+def test_sb3_baseline_runs_in_a_suite(tmp_path):
+    """"sb3:<script>" in a suite runs SB3 with that script's flags and leaves a run the report can score."""
+    from benchmark.run import RunSpec, execute
+    spec = RunSpec("sb3:td3_continuous.py", "Pendulum-v1", 1, 600, "final_eval",
+                   ("--learning-starts", "400", "--eval-every", "400", "--eval-episodes", "2"))
+    out = execute(spec, tmp_path / spec.name)
+    assert out.status == "ok", out.error
+    assert spec.name == "sb3-td3_continuous__Pendulum-v1__1"
+    m = read_metrics(tmp_path / spec.name)
+    assert m["eval/episodic_return"][0].tolist() == [400, 400, 600, 600]
+    assert len(m["train/episodic_return"][1]) == 3  # Pendulum's episodes are 200 steps
+    config = json.loads((tmp_path / spec.name / "config.json").read_text())
+    assert config["sb3_algo"] == "TD3" and config["args"]["learning_starts"] == 400
+    bad = execute(RunSpec("sb3:td3_continuous.py", "Pendulum-v1", 1, 600, "final_eval", ("--no-such-flag", "1")),
+                  tmp_path / "bad")
+    assert bad.status == "failed" and "no flag --no-such-flag" in bad.error
 
 
 def test_speed_time_to_threshold_plumbing(tmp_path):
     """Both sides stop at the first evaluation reaching the threshold and report its training seconds."""
-    entry = speed.Entry("t", "ppo.py", "CartPole-v1", "PPO", speed.ppo_same, sps_steps=512, best_sb3=(4, {
+    entry = speed.Entry("t", "ppo.py", "CartPole-v1", sps_steps=512, best_sb3=(4, {
         "n_steps": 32, "batch_size": 128, "n_epochs": 1}), sb3_budget=2048, goal="sb3", threshold=0.0,
         eval_every=256, eval_episodes=2, ours_flags=["--total-timesteps", "400000", "--num-envs", "4", "--update-epochs", "1"])
     ours = speed.ours_time_to_threshold(entry, 1, tmp_path)

@@ -1,0 +1,241 @@
+"""Stable-Baselines3 with one of our scripts' hyperparameters, run the way our scripts run: learning curves of both
+side by side in one benchmark report, and the mapping benchmark/speed.py measures SPS with.
+
+    python benchmark/sb3_baseline.py --same-as sac_continuous.py --env-id Hopper-v5 --total-timesteps 100000 \\
+        --seed 1 --eval-every 5000 --run-dir runs/sb3-sac-hopper-1
+
+In a suite (benchmark/suites.toml) the script "sb3:<our script>" runs this file with --same-as <our script>.
+The hyperparameters are our script's defaults (read from its `Args` at run time, with the flags given here that
+both share: --learning-starts, --learning-rate, --batch-size, --num-envs, ...), mapped flag by flag onto SB3's
+algorithm by SAME below. The run leaves what the benchmark reads from ours: config.json (the flags) and metrics.csv
+(global_step, wall_time, name, value) with train/episodic_return per training episode, charts/train_seconds
+(evaluation excluded) and eval/episodic_return per episode of a deterministic evaluation on a separate env
+(seeds seed + 100000 + episode) every --eval-every steps and at the end.
+"""
+import argparse
+import csv
+import functools
+import json
+import operator
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmark.runs import load_script  # noqa: E402
+
+
+# ---- our script's Args -> (SB3 algorithm, n_envs, SB3 kwargs) ---------------------------------------------------
+# kwargs are JSON: {"linear": x} is a schedule from x to 0 over training (rl-zoo's lin_x); "activation_fn" inside
+# policy_kwargs names a torch.nn class; "action_noise": sigma is Gaussian exploration noise of that std (in SB3's
+# [-1, 1] action space, as ours scales it by the action bounds); "normalize": true wraps the env in VecNormalize.
+
+def ppo_same(a) -> tuple[int, dict]:
+    """ppo.py's Args -> (n_envs, SB3 PPO kwargs) with the same hyperparameters."""
+    lin = (lambda x: {"linear": x}) if a.anneal_lr else (lambda x: x)
+    return a.num_envs, dict(
+        n_steps=a.num_steps, batch_size=a.num_envs * a.num_steps // a.num_minibatches, n_epochs=a.update_epochs,
+        learning_rate=lin(a.learning_rate), clip_range=lin(a.clip_coef), gamma=a.gamma, gae_lambda=a.gae_lambda,
+        ent_coef=a.ent_coef, vf_coef=a.vf_coef, max_grad_norm=a.max_grad_norm, target_kl=a.target_kl,
+        policy_kwargs={"net_arch": {"pi": [64, 64], "vf": [64, 64]}, "activation_fn": "Tanh"})
+
+
+def ppo_continuous_same(a) -> tuple[int, dict]:
+    """ppo_continuous.py's Args -> (n_envs, SB3 PPO kwargs): ppo.py's mapping, the value clipped as the surrogate
+    and observations and rewards normalised (VecNormalize with the same gamma)."""
+    n_envs, kw = ppo_same(a)
+    if a.clip_vloss:
+        kw["clip_range_vf"] = kw["clip_range"]
+    return n_envs, {**kw, "normalize": True}
+
+
+def dqn_same(a) -> tuple[int, dict]:
+    """dqn.py's Args -> (n_envs, SB3 DQN kwargs) with the same hyperparameters (gradient_steps updates every
+    train_frequency vector steps, target update every target_network_frequency env steps, as ours)."""
+    import torch.nn as nn
+    layers = list(load_script("dqn.py").QNetwork(4, 2).network)  # the nn.Sequential as the script builds it now
+    sizes = [m.out_features for m in layers if isinstance(m, nn.Linear)][:-1]
+    activation = type(next(m for m in layers if not isinstance(m, nn.Linear))).__name__  # e.g. "ReLU"
+    return a.num_envs, dict(
+        learning_rate={"linear": a.learning_rate} if a.anneal_lr else a.learning_rate, buffer_size=a.buffer_size,
+        learning_starts=a.learning_starts, batch_size=a.batch_size, tau=a.tau, gamma=a.gamma,
+        train_freq=a.train_frequency, gradient_steps=a.gradient_steps, target_update_interval=a.target_network_frequency,
+        exploration_fraction=a.exploration_fraction, exploration_initial_eps=a.start_e,
+        exploration_final_eps=a.end_e, policy_kwargs={"net_arch": sizes, "activation_fn": activation})
+
+
+def _off_policy_same(a) -> dict:
+    """What sac/td3/ddpg_continuous.py share: 256x256 ReLU networks, one update per env step, soft target updates."""
+    return dict(learning_rate=a.learning_rate, buffer_size=a.buffer_size, learning_starts=a.learning_starts,
+                batch_size=a.batch_size, tau=a.tau, gamma=a.gamma, train_freq=1, gradient_steps=a.gradient_steps,
+                policy_kwargs={"net_arch": [256, 256], "activation_fn": "ReLU"})
+
+
+def sac_same(a) -> tuple[int, dict]:
+    """sac_continuous.py's Args -> (n_envs, SB3 SAC kwargs): temperature tuned from alpha towards -dim(A)."""
+    return a.num_envs, dict(**_off_policy_same(a), ent_coef=f"auto_{a.alpha}" if a.autotune else a.alpha,
+                            target_entropy="auto")
+
+
+def td3_same(a) -> tuple[int, dict]:
+    """td3_continuous.py's Args -> (n_envs, SB3 TD3 kwargs)."""
+    return a.num_envs, dict(**_off_policy_same(a), action_noise=a.exploration_noise, policy_delay=a.policy_frequency,
+                            target_policy_noise=a.policy_noise, target_noise_clip=a.noise_clip)
+
+
+def ddpg_same(a) -> tuple[int, dict]:
+    """ddpg_continuous.py's Args -> (n_envs, SB3 DDPG kwargs)."""
+    return a.num_envs, dict(**_off_policy_same(a), action_noise=a.exploration_noise)
+
+
+SAME = {"ppo.py": ("PPO", ppo_same), "dqn.py": ("DQN", dqn_same), "ppo_continuous.py": ("PPO", ppo_continuous_same),
+        "sac_continuous.py": ("SAC", sac_same), "td3_continuous.py": ("TD3", td3_same),
+        "ddpg_continuous.py": ("DDPG", ddpg_same)}
+
+DIFFERENCES = {
+    "ppo.py": "none of substance (same network, orthogonal init, Adam eps 1e-5, advantage normalisation per "
+              "minibatch, clipping, GAE); ours bootstraps time-limit truncation inside GAE's reward, SB3 does the "
+              "same in its rollout",
+    "dqn.py": "SB3 uses the Huber loss and clips gradients at norm 10, ours uses MSE without clipping (same cost "
+              "per update)",
+    "ppo_continuous.py": "SB3 clips the value prediction and takes the squared error of the clipped one only, ours "
+                         "the larger of the clipped and unclipped errors (CleanRL); SB3's VecNormalize normalises "
+                         "over the vector env, ours per env with shared statistics",
+    "sac_continuous.py": "SB3 trains both Q-functions with one Adam and clamps log_std to [-20, 2] as ours; none of "
+                         "substance",
+    "td3_continuous.py": "none of substance (SB3's Gaussian noise is in [-1, 1] action units, ours scaled by the "
+                         "action bounds: the same on envs with symmetric bounds)",
+    "ddpg_continuous.py": "none of substance (the TD3 paper's DDPG with Gaussian noise on both sides)",
+}
+
+
+def sb3_kwargs(kwargs: dict, action_dim: int | None = None) -> dict:
+    """The JSON kwargs of SAME as SB3 objects (schedules, activation classes, action noise); "normalize" removed."""
+    import numpy as np
+    import torch.nn as nn
+    out = {k: functools.partial(operator.mul, v["linear"]) if isinstance(v, dict) and "linear" in v else v
+           for k, v in kwargs.items() if k != "normalize"}
+    if "policy_kwargs" in out:
+        pk = dict(out["policy_kwargs"])
+        if "activation_fn" in pk:
+            pk["activation_fn"] = getattr(nn, pk["activation_fn"])
+        out["policy_kwargs"] = pk
+    if "action_noise" in out:
+        from stable_baselines3.common.noise import NormalActionNoise
+        out["action_noise"] = NormalActionNoise(np.zeros(action_dim), out["action_noise"] * np.ones(action_dim))
+    return out
+
+
+def make_model(algo: str, env_id: str, n_envs: int, kwargs: dict, seed: int):
+    """SB3's `algo` on a vector env of `env_id` (Monitor-wrapped; VecNormalize when kwargs say "normalize")."""
+    import stable_baselines3
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.vec_env import VecNormalize
+    env = make_vec_env(env_id, n_envs=n_envs, seed=seed)
+    if kwargs.get("normalize"):
+        env = VecNormalize(env, gamma=kwargs.get("gamma", 0.99))
+    action_dim = env.action_space.shape[0] if env.action_space.shape else None
+    return getattr(stable_baselines3, algo)("MlpPolicy", env, seed=seed, device="cpu", verbose=0,
+                                            **sb3_kwargs(kwargs, action_dim))
+
+
+# ---- a run with our run contract ---------------------------------------------------------------------------------
+
+def evaluate(model, env_id: str, episodes: int, seed: int) -> list[float]:
+    """Deterministic episodes on a fresh env (observations normalised with the training statistics, frozen)."""
+    import gymnasium as gym
+    from stable_baselines3.common.vec_env import VecNormalize
+    env, returns = gym.make(env_id), []
+    norm = model.get_vec_normalize_env()
+    for ep in range(episodes):
+        (obs, _), done, total = env.reset(seed=seed + ep), False, 0.0
+        while not done:
+            action, _ = model.predict(norm.normalize_obs(obs) if isinstance(norm, VecNormalize) else obs,
+                                      deterministic=True)
+            obs, reward, terminated, truncated, _ = env.step(action)
+            total, done = total + float(reward), terminated or truncated
+        returns.append(total)
+    env.close()
+    return returns
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--same-as", required=True, choices=sorted(SAME), help="our script whose hyperparameters to use")
+    p.add_argument("--env-id", required=True)
+    p.add_argument("--total-timesteps", type=int, required=True)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--eval-every", type=int, default=0, help="also evaluate every this many steps (0: only at the end)")
+    p.add_argument("--eval-episodes", type=int, default=10)
+    p.add_argument("--run-dir", type=Path, required=True, help="a new directory for config.json and metrics.csv")
+    p.add_argument("--cuda", action=argparse.BooleanOptionalAction, default=False, help="ignored: SB3 runs on the CPU")
+    a, rest = p.parse_known_args(argv)
+    ours = load_script(a.same_as).Args()
+    for flag, value in zip(rest[::2], rest[1::2]):  # flags of our script: --learning-starts 1000 ...
+        name = flag.removeprefix("--").replace("-", "_")
+        if not flag.startswith("--") or not hasattr(ours, name):
+            p.error(f"{a.same_as} has no flag {flag}")
+        setattr(ours, name, type(getattr(ours, name))(value))
+    if len(rest) % 2:
+        p.error(f"flag {rest[-1]} needs a value")
+    if a.run_dir.exists():
+        p.error(f"--run-dir {a.run_dir} exists; give a new directory")
+
+    import torch
+    torch.set_num_threads(1)
+    from stable_baselines3.common.callbacks import BaseCallback
+    algo, same = SAME[a.same_as]
+    n_envs, kwargs = same(ours)
+    a.run_dir.mkdir(parents=True)
+    (a.run_dir / "config.json").write_text(json.dumps({
+        "script": f"sb3:{a.same_as}", "sb3_algo": algo, "sb3_kwargs": kwargs, "n_envs": n_envs,
+        "args": {**vars(ours), "env_id": a.env_id, "total_timesteps": a.total_timesteps, "seed": a.seed,
+                 "eval_every": a.eval_every, "eval_episodes": a.eval_episodes, "num_envs": n_envs,
+                 "num_steps": kwargs.get("n_steps", 1), "run_dir": str(a.run_dir)}}, indent=2, default=str))
+    f = open(a.run_dir / "metrics.csv", "w", newline="")
+    writer = csv.writer(f)
+    writer.writerow(["global_step", "wall_time", "name", "value"])
+    model = make_model(algo, a.env_id, n_envs, kwargs, a.seed)
+
+    class Log(BaseCallback):
+        """Training episodes as they end; evaluations every eval_every steps (their time is not training time)."""
+        def _on_training_start(self):
+            self.start, self.eval_seconds, self.next_eval = time.time(), 0.0, a.eval_every or float("inf")
+
+        def evaluate(self):
+            step = self.num_timesteps
+            writer.writerow([step, time.time(), "charts/train_seconds", time.time() - self.start - self.eval_seconds])
+            t = time.time()
+            returns = evaluate(self.model, a.env_id, a.eval_episodes, a.seed + 100_000)
+            self.eval_seconds += time.time() - t
+            writer.writerows([step, time.time(), "eval/episodic_return", r] for r in returns)
+            f.flush()
+            return returns
+
+        def _on_step(self):
+            for info in self.locals["infos"]:
+                if "episode" in info:
+                    writer.writerow([self.num_timesteps, time.time(), "train/episodic_return", info["episode"]["r"]])
+                    writer.writerow([self.num_timesteps, time.time(), "train/episodic_length", info["episode"]["l"]])
+            if self.num_timesteps >= self.next_eval and self.num_timesteps < a.total_timesteps:
+                while self.next_eval <= self.num_timesteps:
+                    self.next_eval += a.eval_every
+                self.evaluate()
+            return True
+
+    log = Log()
+    model.learn(total_timesteps=a.total_timesteps, callback=log)
+    returns = log.evaluate() if a.eval_episodes > 0 else []
+    f.close()
+    if returns:
+        print(f"eval/episodic_return: {sum(returns) / len(returns):.2f} over {len(returns)} episodes "
+              f"(SB3 {algo} with {a.same_as}'s hyperparameters)")
+    print(f"run saved in {a.run_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
