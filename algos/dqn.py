@@ -350,9 +350,9 @@ def main(args: Args):
             for i in np.flatnonzero(infos.get("_final_obs", [])):
                 real_next_obs[i] = infos["final_obs"][i]
             rb.add(obs, real_next_obs, actions, rewards, terminated)
+            global_step += args.num_envs  # right after rb.add: on Ctrl-C the steps counted are the steps stored
             obs = next_obs
             episode_return, episode_length = episode_return + rewards, episode_length + 1
-            global_step += args.num_envs
             for i in np.flatnonzero(terminated | truncated):  # every finished episode of every sub-env
                 logger.last_return = episode_return[i]
                 logger.log(global_step, {"train/episodic_return": episode_return[i],
@@ -384,7 +384,7 @@ def main(args: Args):
             if (iteration + 1) % max(1, args.checkpoint_every // args.num_envs) == 0:
                 checkpoint(iteration + 1)
     except KeyboardInterrupt:
-        checkpoint(iteration)  # the interrupted step is redone; the buffer holds every step before it
+        checkpoint(global_step // args.num_envs)  # a step interrupted before rb.add is redone
         print(f"\ninterrupted: metrics kept, resume with --resume {run_dir}", file=sys.stderr)
         sys.exit(130)
     envs.close()

@@ -89,7 +89,10 @@ def test_ctrl_c_keeps_metrics_and_resume_continues(smoke_script, tmp_path):
     assert "--resume" in stderr
     before = read_rows(run_dir)
     assert before and (run_dir / "checkpoint.pt").is_file()
-    ckpt_step = torch.load(run_dir / "checkpoint.pt", weights_only=False)["global_step"]
+    ckpt = torch.load(run_dir / "checkpoint.pt", weights_only=False)
+    ckpt_step = ckpt["global_step"]
+    if "rb" in ckpt and not ckpt["rb"]["full"]:  # replay: the steps the checkpoint counts are the steps it stores
+        assert ckpt["rb"]["pos"] == ckpt_step, "a transition stored twice (or lost) across Ctrl-C and resume"
 
     out = run_script(smoke_script, ["--resume", str(run_dir)])
     assert out.returncode == 0, out.stderr[-2000:]
