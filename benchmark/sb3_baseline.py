@@ -44,11 +44,13 @@ def ppo_same(a) -> tuple[int, dict]:
 
 
 def ppo_continuous_same(a) -> tuple[int, dict]:
-    """ppo_continuous.py's Args -> (n_envs, SB3 PPO kwargs): ppo.py's mapping, the value clipped as the surrogate
-    and observations and rewards normalised (VecNormalize with the same gamma)."""
+    """ppo_continuous.py's Args -> (n_envs, SB3 PPO kwargs): ppo.py's mapping but a constant clip coefficient
+    (only the learning rate is annealed, as CleanRL), the value clipped by it too, observations and rewards
+    normalised (VecNormalize with the same gamma) and SB3's default networks (64x64 tanh, separate)."""
     n_envs, kw = ppo_same(a)
+    kw["clip_range"] = a.clip_coef
     if a.clip_vloss:
-        kw["clip_range_vf"] = kw["clip_range"]
+        kw["clip_range_vf"] = a.clip_coef
     return n_envs, {**kw, "normalize": True}
 
 

@@ -79,11 +79,11 @@ ENTRIES = [
     # the continuous scripts: SPS only (the goals on the ratio), learning from step 1000 so that the
     # measurement is the update, not the random warm-up
     Entry("ppo_continuous", "ppo_continuous.py", "Hopper-v5", sps_steps=20_480),
-    Entry("sac", "sac_continuous.py", "Pendulum-v1", sps_steps=4_000, ours_flags=["--learning-starts", "1000"],
+    Entry("sac", "sac_continuous.py", "Pendulum-v1", sps_steps=3_000, ours_flags=["--learning-starts", "1000"],
           sps_goal=1.5),
-    Entry("td3", "td3_continuous.py", "Pendulum-v1", sps_steps=6_000, ours_flags=["--learning-starts", "1000"],
+    Entry("td3", "td3_continuous.py", "Pendulum-v1", sps_steps=4_000, ours_flags=["--learning-starts", "1000"],
           sps_goal=1.3),
-    Entry("ddpg", "ddpg_continuous.py", "Pendulum-v1", sps_steps=6_000, ours_flags=["--learning-starts", "1000"],
+    Entry("ddpg", "ddpg_continuous.py", "Pendulum-v1", sps_steps=4_000, ours_flags=["--learning-starts", "1000"],
           sps_goal=1.3),
 ]
 

@@ -512,6 +512,7 @@ def test_sb3_maps_the_continuous_scripts():
     assert noise._sigma.tolist() == [t.exploration_noise] * 2
     kw = sb3_baseline.ppo_continuous_same(load_script("ppo_continuous.py").Args())[1]
     assert kw["normalize"] and "normalize" not in sb3_baseline.sb3_kwargs(kw)
+    assert kw["clip_range"] == kw["clip_range_vf"] == 0.2, "ppo_continuous.py anneals the learning rate only"
 
 
 def test_sb3_baseline_runs_in_a_suite(tmp_path):
