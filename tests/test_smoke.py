@@ -11,7 +11,7 @@ import torch
 
 from benchmark.references import score
 from benchmark.runs import load_script, read_metrics, read_rows, run_env, run_script, script_command
-from conftest import LONG, SMOKE, smoke_env
+from conftest import DISCRETE, LONG, SMOKE, smoke_env
 
 
 def rms(saved_stats: dict):
@@ -64,6 +64,20 @@ def test_run_contract_and_saved_model(smoke_script, tmp_path):
     returns = RELOAD[smoke_script](load_script(smoke_script), saved, env_id, len(saved["eval_returns"]), 3 + 100_000)
     assert returns == saved["eval_returns"], "the reloaded model must evaluate exactly as it did when saved"
     assert np.mean(returns) == pytest.approx(score(metrics, "final_eval"))
+
+
+@pytest.mark.parametrize("script", sorted(set(SMOKE) - DISCRETE))
+def test_continuous_scripts_run_on_halfcheetah(script, tmp_path):
+    """The second MuJoCo env of the smoke tier: 17-dim observations, 6-dim actions, no early termination (no
+    training episode ends within the smoke budget), so the scripts must not rely on one ending."""
+    flags = list(SMOKE[script])
+    flags[flags.index("--env-id") + 1] = "HalfCheetah-v5"
+    out = run_script(script, flags + ["--save-model"], tmp_path / "run")
+    assert out.returncode == 0, out.stderr[-2000:]
+    steps, returns = read_metrics(tmp_path / "run")["eval/episodic_return"]
+    assert len(returns) == 2 and np.isfinite(returns).all()
+    saved = torch.load(tmp_path / "run" / "model.pt", weights_only=False)
+    assert (saved["obs_dim"], saved["action_dim"]) == (17, 6)
 
 
 def test_track_offline_wandb(tmp_path):

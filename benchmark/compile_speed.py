@@ -1,0 +1,160 @@
+"""Does torch.compile pay for the off-policy updates on this CPU? SAC's and TD3's update as the scripts write it,
+eager against torch.compile of its loss functions (forward and backward; the fused Adam steps stay eager), on
+random minibatches of Hopper-v5's sizes, compile time counted.
+
+    python benchmark/compile_speed.py --updates 300 --blocks 3
+
+One process, one torch thread; eager and compiled blocks of `updates` updates are interleaved (A B A B ...) so
+that both see the same load. Prints a markdown table: ms per update (median block), compile seconds (the first
+compiled call), and the updates after which compiling has paid for itself (never, when it is not faster).
+"""
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import importlib
+
+ALGOS = Path(__file__).resolve().parents[1] / "algos"
+sys.path.insert(0, str(ALGOS))  # imported as modules (torch.compile traces through their functions by module name)
+
+
+def sac_update_fns(m, obs_dim, action_dim, batch):
+    """SAC's update from sac_continuous.py: (q_loss_fn, actor_loss_fn, step) where step runs one whole update."""
+    import torch
+    import torch.nn.functional as F
+    low, high = -torch.ones(action_dim).numpy(), torch.ones(action_dim).numpy()
+    actor = m.Actor(obs_dim, action_dim, low, high)
+    qf1, qf2, qf1_t, qf2_t = (m.QNetwork(obs_dim, action_dim) for _ in range(4))
+    q_opt = torch.optim.Adam([*qf1.parameters(), *qf2.parameters()], lr=3e-4, fused=True)
+    a_opt = torch.optim.Adam(actor.parameters(), lr=3e-4, fused=True)
+    log_alpha = torch.zeros(1, requires_grad=True)
+    t_opt = torch.optim.Adam([log_alpha], lr=3e-4, fused=True)
+
+    def q_loss(b_obs, b_next_obs, b_actions, b_rewards, b_terminated, alpha):
+        with torch.no_grad():
+            next_actions, next_log_prob = actor.get_action(b_next_obs)
+            target = m.sac_target(qf1_t(b_next_obs, next_actions), qf2_t(b_next_obs, next_actions), next_log_prob,
+                                  b_rewards, b_terminated, 0.99, alpha)
+        return F.mse_loss(qf1(b_obs, b_actions), target) + F.mse_loss(qf2(b_obs, b_actions), target)
+
+    def actor_loss(b_obs, alpha):
+        pi, log_prob = actor.get_action(b_obs)
+        q_pi = torch.min(qf1(b_obs, pi), qf2(b_obs, pi))
+        return (alpha * log_prob - q_pi).mean(), log_prob
+
+    def step(q_loss_fn, actor_loss_fn):
+        alpha = log_alpha.detach().exp()
+        loss = q_loss_fn(*batch, alpha)
+        q_opt.zero_grad()
+        loss.backward()
+        q_opt.step()
+        qf1.requires_grad_(False), qf2.requires_grad_(False)
+        a_loss, log_prob = actor_loss_fn(batch[0], alpha)
+        qf1.requires_grad_(True), qf2.requires_grad_(True)
+        a_opt.zero_grad()
+        a_loss.backward()
+        a_opt.step()
+        t_loss = m.temperature_loss(log_alpha, log_prob, -float(action_dim))
+        t_opt.zero_grad()
+        t_loss.backward()
+        t_opt.step()
+        with torch.no_grad():
+            for tp, p in zip([*qf1_t.parameters(), *qf2_t.parameters()], [*qf1.parameters(), *qf2.parameters()]):
+                tp.lerp_(p, 0.005)
+    return q_loss, actor_loss, step
+
+
+def td3_update_fns(m, obs_dim, action_dim, batch):
+    """TD3's update from td3_continuous.py (the actor and targets every second update)."""
+    import torch
+    import torch.nn.functional as F
+    low, high = -torch.ones(action_dim).numpy(), torch.ones(action_dim).numpy()
+    actor, actor_t = m.Actor(obs_dim, action_dim, low, high), m.Actor(obs_dim, action_dim, low, high)
+    qf1, qf2, qf1_t, qf2_t = (m.QNetwork(obs_dim, action_dim) for _ in range(4))
+    q_opt = torch.optim.Adam([*qf1.parameters(), *qf2.parameters()], lr=3e-4, fused=True)
+    a_opt = torch.optim.Adam(actor.parameters(), lr=3e-4, fused=True)
+    count = [0]
+
+    def q_loss(b_obs, b_next_obs, b_actions, b_rewards, b_terminated):
+        with torch.no_grad():
+            noise = torch.randn_like(b_actions) * 0.2
+            next_actions = m.smoothed_target_action(actor_t(b_next_obs), noise, 0.5, actor.action_scale,
+                                                    actor.action_bias)
+            target = m.td3_target(qf1_t(b_next_obs, next_actions), qf2_t(b_next_obs, next_actions), b_rewards,
+                                  b_terminated, 0.99)
+        return F.mse_loss(qf1(b_obs, b_actions), target) + F.mse_loss(qf2(b_obs, b_actions), target)
+
+    def actor_loss(b_obs):
+        return -qf1(b_obs, actor(b_obs)).mean()
+
+    def step(q_loss_fn, actor_loss_fn):
+        loss = q_loss_fn(*batch)
+        q_opt.zero_grad()
+        loss.backward()
+        q_opt.step()
+        count[0] += 1
+        if count[0] % 2 == 0:
+            qf1.requires_grad_(False)
+            a_loss = actor_loss_fn(batch[0])
+            qf1.requires_grad_(True)
+            a_opt.zero_grad()
+            a_loss.backward()
+            a_opt.step()
+            with torch.no_grad():
+                for tp, p in zip([*actor_t.parameters(), *qf1_t.parameters(), *qf2_t.parameters()],
+                                 [*actor.parameters(), *qf1.parameters(), *qf2.parameters()]):
+                    tp.lerp_(p, 0.005)
+    return q_loss, actor_loss, step
+
+
+def measure(name, fns, updates, blocks):
+    import torch
+    q_loss, actor_loss, step = fns
+    compiled = (torch.compile(q_loss), torch.compile(actor_loss))
+    t = time.perf_counter()
+    for _ in range(3):  # first calls compile (requires_grad toggles may recompile once)
+        step(*compiled)
+    compile_s = time.perf_counter() - t
+    for _ in range(3):
+        step(q_loss, actor_loss)
+    eager, comp = [], []
+    for _ in range(blocks):
+        for fns_, out in (((q_loss, actor_loss), eager), (compiled, comp)):
+            t = time.perf_counter()
+            for _ in range(updates):
+                step(*fns_)
+            out.append((time.perf_counter() - t) / updates * 1000)
+    e, c = statistics.median(eager), statistics.median(comp)
+    gain = (e - c) / 1000
+    pays = f"{compile_s / gain:,.0f}" if gain > 0 else "never"
+    return f"| {name} | {e:.2f} | {c:.2f} | {e / c:.2f}x | {compile_s:.1f} | {pays} |"
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--updates", type=int, default=300, help="updates per block")
+    p.add_argument("--blocks", type=int, default=3, help="eager/compiled block pairs")
+    a = p.parse_args(argv)
+    os.environ["OMP_NUM_THREADS"] = "1"
+    import torch
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    obs_dim, action_dim, n = 11, 3, 256  # Hopper-v5, batch 256
+    batch = [torch.randn(n, obs_dim), torch.randn(n, obs_dim), torch.rand(n, action_dim) * 2 - 1, torch.randn(n),
+             torch.zeros(n)]
+    print(f"torch {torch.__version__}, one thread, load average {os.getloadavg()[0]:.2f}, {a.blocks} x {a.updates} "
+          "updates per side\n")
+    print("| update | eager ms/update | compiled ms/update | speed-up | compile s | updates to pay back |")
+    print("|---|---|---|---|---|---|")
+    print(measure("sac_continuous.py", sac_update_fns(importlib.import_module("sac_continuous"), obs_dim, action_dim, batch),
+                  a.updates, a.blocks), flush=True)
+    print(measure("td3_continuous.py", td3_update_fns(importlib.import_module("td3_continuous"), obs_dim, action_dim, batch),
+                  a.updates, a.blocks), flush=True)
+    print(f"\nload average at the end {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
