@@ -1,6 +1,7 @@
 """Does torch.compile pay for the off-policy updates on this CPU? SAC's and TD3's update as the scripts write it,
 eager against torch.compile of its loss functions (forward and backward; the fused Adam steps stay eager), on
-random minibatches of Hopper-v5's sizes, compile time counted.
+random minibatches of Hopper-v5's sizes, compile time counted
+(a fresh inductor cache each run, so the compile seconds are a cold start's).
 
     python benchmark/compile_speed.py --updates 300 --blocks 3
 
@@ -12,6 +13,7 @@ import argparse
 import os
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -139,6 +141,7 @@ def main(argv=None):
     p.add_argument("--blocks", type=int, default=3, help="eager/compiled block pairs")
     a = p.parse_args(argv)
     os.environ["OMP_NUM_THREADS"] = "1"
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="inductor-")  # cold: compile time all counted
     import torch
     torch.set_num_threads(1)
     torch.manual_seed(0)

@@ -33,6 +33,7 @@ def loaded(module, cls: str, saved: dict, key: str, *sizes: str):
 RELOAD = {
     "ppo.py": lambda m, s, *a: m.evaluate(loaded(m, "Agent", s, "agent", "obs_dim", "n_actions"), *a),
     "dqn.py": lambda m, s, *a: m.evaluate(loaded(m, "QNetwork", s, "q_network", "obs_dim", "n_actions"), *a),
+    "dqn_atari.py": lambda m, s, *a: m.evaluate(loaded(m, "QNetwork", s, "q_network", "n_actions"), *a),
     "ppo_continuous.py": lambda m, s, *a: m.evaluate(loaded(m, "Agent", s, "agent", "obs_dim", "action_dim"),
                                                      rms(s["obs_rms"]), *a),
     **{script: lambda m, s, *a: m.evaluate(loaded(m, "Actor", s, "actor", "obs_dim", "action_dim"), *a)
@@ -105,8 +106,10 @@ def test_ctrl_c_keeps_metrics_and_resume_continues(smoke_script, tmp_path):
     assert before and (run_dir / "checkpoint.pt").is_file()
     ckpt = torch.load(run_dir / "checkpoint.pt", weights_only=False)
     ckpt_step = ckpt["global_step"]
-    if "rb" in ckpt and not ckpt["rb"]["full"]:  # replay: the steps the checkpoint counts are the steps it stores
-        assert ckpt["rb"]["pos"] == ckpt_step, "a transition stored twice (or lost) across Ctrl-C and resume"
+    rb = ckpt.get("rb")  # replay: the steps the checkpoint counts are the steps it stores (before the ring wraps)
+    if rb is not None and not torch.as_tensor(rb["full"]).any():
+        stored = int(rb["valid"].sum()) if "valid" in rb else rb["pos"]  # dqn_atari: frames, one per step + episode ends
+        assert stored == ckpt_step, "a transition stored twice (or lost) across Ctrl-C and resume"
 
     out = run_script(smoke_script, ["--resume", str(run_dir)])
     assert out.returncode == 0, out.stderr[-2000:]

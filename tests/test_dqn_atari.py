@@ -1,0 +1,140 @@
+"""dqn_atari.py without training: the replay buffer rebuilds exactly the frame stacks the env returned, the Nature CNN's
+shapes, the logged return is the unclipped score of a whole game, and a non-Atari env id is refused."""
+import gymnasium as gym
+import numpy as np
+import torch
+
+from benchmark.runs import load_script, run_script
+
+m = load_script("dqn_atari.py")
+SAME_STEP = gym.vector.AutoresetMode.SAME_STEP
+
+
+def test_rebuilt_stacks_equal_the_env_stacks(tmp_path):
+    """Two envs stored as the script stores them into a ring of 40 slots per env that wraps many times; env 1 is also
+    cut by a time limit every 45 steps. At every check, each slot the buffer may sample holds the last transition
+    stored there, and its rebuilt obs and next_obs are the stacks the env returned: the first steps of an episode
+    (padded with the first frame), the true final observation of an episode that ended (life lost, game over) or was
+    truncated, across the ring's end."""
+    make = m.make_env("ALE/Breakout-v5", 0, False, None)
+    envs = gym.vector.SyncVectorEnv([make, lambda: gym.wrappers.TimeLimit(make(), 45)], autoreset_mode=SAME_STEP)
+    envs.action_space.seed(0)
+    rb = m.ReplayBuffer(80, 2, envs.single_observation_space.shape, np.random.default_rng(0))
+    stored = [{}, {}]  # per env: slot -> (obs, next_obs, action, reward, terminated) of the transition stored there
+    seen = {"first": 0, "terminated": 0, "truncated": 0, "near_start": 0}
+    obs, _ = envs.reset(seed=0)
+    first = np.ones(2, dtype=bool)
+    for step in range(700):
+        actions = envs.action_space.sample()
+        next_obs, rewards, terminated, truncated, infos = envs.step(actions)
+        real_next_obs = next_obs.copy()
+        for i in np.flatnonzero(infos.get("_final_obs", [])):
+            real_next_obs[i] = infos["final_obs"][i]
+        pos = rb.pos.copy()
+        rb.add(obs, real_next_obs, actions, rewards, terminated, first)
+        for i in range(2):
+            for k in range(1 + first[i]):  # the slots written: the frames they held are gone
+                stored[i].pop((pos[i] + k) % rb.size, None)
+            t = (rb.pos[i] - 2) % rb.size
+            stored[i][t] = (obs[i], real_next_obs[i], actions[i], np.float32(rewards[i]), float(terminated[i]))
+            assert rb.valid[i, t], "the newest transition can be sampled"
+        if not rb.full.any():
+            assert rb.valid.sum() == 2 * (step + 1), "before the ring wraps, every transition stored can be sampled"
+        obs, first = next_obs, terminated | truncated
+        if step % 5 == 0 or first.any():
+            for i in range(2):
+                slots = np.flatnonzero(rb.valid[i])
+                assert set(slots) <= set(stored[i]), "a slot without a transition (or a stale one) could be sampled"
+                env = np.full(len(slots), i)
+                o, n, a, r, d = (np.array(x) for x in zip(*(stored[i][t] for t in slots)))
+                assert np.array_equal(rb.stacks(env, slots), o), f"an obs rebuilt wrong at step {step}"
+                assert np.array_equal(rb.stacks(env, (slots + 1) % rb.size), n), f"a next_obs wrong at step {step}"
+                assert (rb.actions[i, slots] == a).all() and (rb.rewards[i, slots] == r).all()
+                assert (rb.terminated[i, slots] == d).all()
+                seen["near_start"] += (rb.steps[i, slots] < 3).sum()
+                if rb.full[i]:
+                    assert len(slots) >= rb.size - 12, "no more than an episode's final slot or so is lost per episode"
+        seen["first"] += first.sum()
+        seen["terminated"] += terminated.sum()
+        seen["truncated"] += (truncated & ~terminated).sum()
+    assert rb.full.all() and (2 * 700 + seen["first"]) / (2 * rb.size) > 10, "the ring wrapped many times"
+    assert seen["terminated"] >= 10 and seen["truncated"] >= 5 and seen["near_start"] > 100, seen
+
+    # the minibatch is drawn from those transitions, and the buffer survives a checkpoint
+    def sample(buffer):
+        return buffer.sample(64, "cpu")
+    saved = tmp_path / "rb.pt"
+    torch.save({"rb": rb.state_dict(), "rng": rb.rng.bit_generator.state}, saved)
+    batch = sample(rb)
+    assert batch[0].shape == batch[1].shape == (64, 4, 84, 84) and batch[0].dtype == torch.uint8
+    everything = [x for per_env in stored for t, x in per_env.items()]
+    for o, n, a, r, d in zip(*(x.numpy() for x in batch)):
+        assert any((o == x[0]).all() and (n == x[1]).all() and (a, r, d) == x[2:] for x in everything)
+    ckpt = torch.load(saved, weights_only=False)
+    restored = m.ReplayBuffer(80, 2, envs.single_observation_space.shape, np.random.default_rng())
+    restored.load_state_dict(ckpt["rb"])
+    restored.rng.bit_generator.state = ckpt["rng"]
+    for x, y in zip(batch, sample(restored)):
+        assert torch.equal(x, y)
+    envs.close()
+
+
+def test_a_million_transitions_take_under_7_gib():
+    rb = m.ReplayBuffer(1_000_000, 1, (4, 84, 84), np.random.default_rng(0))  # np.zeros: nothing touched, no memory
+    nbytes = sum(getattr(rb, name).nbytes for name in m.ReplayBuffer.FIELDS)
+    assert rb.frames.nbytes == 1_000_000 * 84 * 84
+    assert nbytes / 2**30 < 6.6, f"{nbytes / 2**30:.2f} GiB"  # stacked obs and next_obs would take 52.6 GiB
+    del rb
+
+
+def test_q_network_maps_uint8_stacks_to_one_value_per_action():
+    q = m.QNetwork(6)
+    x = torch.randint(0, 256, (5, 4, 84, 84), dtype=torch.uint8)
+    assert q(x).shape == (5, 6) and q(x).dtype == torch.float32
+    assert torch.allclose(q(x), q.network(x.float() / 255))
+    convs = [layer for layer in q.network if isinstance(layer, torch.nn.Conv2d)]
+    assert [(c.out_channels, c.kernel_size, c.stride) for c in convs] == [(32, (8, 8), (4, 4)), (64, (4, 4), (2, 2)),
+                                                                          (64, (3, 3), (1, 1))]
+
+
+def test_logged_return_is_the_unclipped_score_of_a_whole_game():
+    """SpaceInvaders: 3 lives, 5 to 30 points an invader. The vector env as in the script; the raw env's rewards are
+    summed beneath every wrapper, and the game's score in final_info must be that sum (the learner sees -1/0/1)."""
+    envs = gym.vector.SyncVectorEnv([m.make_env("ALE/SpaceInvaders-v5", 0, False, None)], autoreset_mode=SAME_STEP)
+    raw, raw_sum, clipped_sum, lives_lost = envs.envs[0].unwrapped, [0.0], 0.0, 0
+    raw_step = raw.step
+
+    def counting_step(action):
+        out = raw_step(action)
+        raw_sum[0] += out[1]
+        return out
+    raw.step = counting_step
+    envs.action_space.seed(1)
+    envs.reset(seed=1)
+    raw_sum[0] = 0.0  # the no-ops at reset score nothing anyway
+    for _ in range(3000):
+        _, rewards, terminated, truncated, infos = envs.step(envs.action_space.sample())
+        clipped_sum, lives_lost = clipped_sum + rewards[0], lives_lost + int(terminated[0])
+        assert abs(rewards[0]) <= 1
+        games = infos.get("final_info", {})
+        if games.get("_episode", [False])[0]:
+            break
+    else:
+        raise AssertionError("no game ended in 3000 steps")
+    score = games["episode"]["r"][0]
+    assert score == raw_sum[0] and score > clipped_sum > 0 and lives_lost >= 3, (score, raw_sum, clipped_sum)
+    envs.close()
+
+
+def test_evaluation_plays_whole_games_reproducibly():
+    torch.manual_seed(0)
+    q = m.QNetwork(4)
+    scores = m.evaluate(q, "ALE/Breakout-v5", 1, seed=7)
+    assert scores == m.evaluate(q, "ALE/Breakout-v5", 1, seed=7) and isinstance(scores[0], float)
+
+
+def test_non_atari_env_id_is_refused(tmp_path):
+    out = run_script("dqn_atari.py", ["--env-id", "CartPole-v1"], tmp_path / "run")
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 1 and lines[0].startswith("error:"), out.stderr
+    assert "CartPole-v1" in lines[0] and "dqn.py" in lines[0] and not (tmp_path / "run").exists()
