@@ -1,0 +1,444 @@
+"""C51 (categorical DQN) on classic control (CartPole-v1 by default).
+
+Bellemare et al. 2017, "A Distributional Perspective on Reinforcement Learning" (ICML): dqn.py with the return's
+distribution learnt in place of its mean. The network gives, for each action, the logits of a categorical
+distribution over n_atoms fixed returns z_i (linspace(v_min, v_max)); Q(s, a) = sum_i p_i(s, a) z_i picks the action.
+The target is the target network's distribution at its greedy next action, shifted and shrunk to r + gamma * z_i
+(r alone where terminated) and projected back onto the support (eq. 7, categorical_projection); the loss is the
+cross-entropy between it and the predicted distribution of the action taken (in place of dqn.py's squared TD error).
+Atoms and Adam's eps = 0.01 / batch_size as CleanRL's c51.py (101 atoms in [-100, 100]); the rest is dqn.py's
+faster schedule (CleanRL's lr 2.5e-4 and hard copy every 500 steps need 500k steps). Checked on CartPole-v1 with
+seeds 201-210 (apart from the gate's): 9 of 10 ended at 500 (one at 489); with torch's default Adam eps (1e-8) in place
+of 0.01 / batch_size, 8 of 10 (two at 261 and 342).
+
+Run:    python algos/c51.py --env-id CartPole-v1 --seed 1
+Result: RESULT
+"""
+import csv, difflib, json, os, random, subprocess, sys, tempfile, time, tomllib, warnings
+from dataclasses import asdict, dataclass
+from importlib.metadata import version
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import tyro
+from torch.utils.tensorboard import SummaryWriter
+from tqdm import tqdm
+
+
+@dataclass
+class Args:
+    env_id: str = "CartPole-v1"  # Gymnasium id of a discrete-action env with a flat observation vector
+    total_timesteps: int = 100_000  # environment steps over all envs
+    num_envs: int = 1  # parallel environments (one synchronous vector env)
+    # ---- shared: args ----
+    seed: int = 1  # seed of torch, numpy, random and the envs
+    cuda: bool = False  # use CUDA if available (networks this small are faster on the CPU)
+    torch_deterministic: bool = True  # torch.backends.cudnn.deterministic and one CPU thread
+    track: bool = False  # log to Weights & Biases (works offline with WANDB_MODE=offline)
+    wandb_project_name: str = "canonrl"  # wandb project
+    wandb_entity: str | None = None  # wandb entity (team)
+    capture_video: bool = False  # record videos of the first env to <run_dir>/videos
+    save_model: bool = False  # save <run_dir>/model.pt at the end
+    eval_episodes: int = 10  # greedy evaluation episodes at the end (and at each --eval-every)
+    eval_every: int = 0  # also evaluate every this many steps (0: only at the end); logs charts/train_seconds too
+    run_dir: str | None = None  # where the run is written (default runs/<env>__<script>__<seed>__<time>); must be new
+    resume: str | None = None  # continue the run in this directory (its flags; --total-timesteps may extend it)
+    checkpoint_every: int = 50_000  # save <run_dir>/checkpoint.pt every this many steps (and at the end and on Ctrl-C)
+    # ---- end shared: args ----
+    learning_rate: float = 2.3e-3  # Adam learning rate
+    adam_eps: float = 0.01  # Adam epsilon times batch_size (the paper's eps = 0.01 / 32 for batch 32)
+    anneal_lr: bool = True  # anneal the learning rate linearly to 0
+    buffer_size: int = 100_000  # replay buffer capacity (transitions)
+    gamma: float = 0.99  # discount factor
+    tau: float = 0.005  # target network update rate (1.0: a hard copy)
+    target_network_frequency: int = 1  # env steps between target network updates
+    batch_size: int = 128  # replay minibatch size
+    start_e: float = 1.0  # initial exploration epsilon
+    end_e: float = 0.04  # final exploration epsilon
+    exploration_fraction: float = 0.08  # fraction of total_timesteps over which epsilon goes from start_e to end_e
+    learning_starts: int = 1_000  # env steps before learning starts
+    train_frequency: int = 32  # vector-env steps between training phases
+    gradient_steps: int = 8  # gradient updates per training phase
+    n_atoms: int = 101  # atoms of the categorical return distribution (the paper's 51)
+    v_min: float = -100.0  # lowest return of the support (CartPole-v1's discounted return is in [0, 100])
+    v_max: float = 100.0  # highest return of the support
+
+
+# ---- shared: helpers ----
+SCRIPT, ALGOS = Path(__file__).name, Path(__file__).resolve().parent
+
+
+def fail(msg: str, *scripts: str):
+    """Bad input: one line on stderr, exit status 2. It suggests those of `scripts` that exist beside this one."""
+    found = [s for s in scripts if (ALGOS / s).is_file()]
+    print(f"error: {msg}" + (f"; use {' or '.join(found)}" if found else ""), file=sys.stderr)
+    sys.exit(2)
+
+
+def env_spaces(env_id: str):
+    """(observation space, action space) of env_id, or a one-line error. The env is made in a temporary directory
+    with stderr muted: MuJoCo prints warnings and leaves MUJOCO_LOG.TXT behind, which must not precede an error."""
+    if env_id not in gym.registry:
+        close = difflib.get_close_matches(env_id, list(gym.registry), n=1)
+        fail(f"unknown env id '{env_id}'" + (f"; did you mean '{close[0]}'?" if close else ""))
+    cwd, stderr_fd = os.getcwd(), os.dup(2)
+    with tempfile.TemporaryDirectory() as tmp, open(os.devnull, "w") as null, warnings.catch_warnings(action="ignore"):
+        os.chdir(tmp), os.dup2(null.fileno(), 2)
+        try:
+            with gym.make(env_id) as env:
+                return env.observation_space, env.action_space
+        except Exception as e:
+            error = f"cannot make env '{env_id}': {type(e).__name__}: {(str(e).strip() or ' ').splitlines()[0]}"
+        finally:
+            os.dup2(stderr_fd, 2), os.close(stderr_fd), os.chdir(cwd)
+    fail(error)
+
+
+def check_ranges(args, rules: dict):
+    """Fail on the first flag outside its range; a rule is a condition on x, the flag's value (e.g. "0 <= x <= 1")."""
+    rules = {"total_timesteps": "x >= 1", "eval_episodes": "x >= 0", "eval_every": "x >= 0",
+             "checkpoint_every": "x >= 1", **rules}
+    for name, rule in rules.items():
+        if (x := getattr(args, name)) is not None and not eval(rule, {"x": x}):  # the rules are literals of this file
+            fail(f"--{name.replace('_', '-')} {x} is out of range: it must satisfy {rule}")
+
+
+def start_run(args, check_args):
+    """Resume (--resume DIR: the run's saved flags; --total-timesteps may extend it), check the flags, choose the run
+    directory (a new run never writes into one that holds files), seed everything. Returns (args, checkpoint, dir)."""
+    ckpt = None
+    if args.resume:
+        path = Path(args.resume) / "checkpoint.pt"
+        if not path.is_file():
+            fail(f"no checkpoint at {path}; pass the run directory of an earlier {SCRIPT} run")
+        try:
+            ckpt = torch.load(path, weights_only=False)
+            saved = Args(**ckpt["args"])
+        except Exception as e:
+            fail(f"{path} is corrupt or not a {SCRIPT} checkpoint ({type(e).__name__}); delete it or start anew")
+        given = [k for k, v in asdict(args).items() if v != getattr(Args(), k) and k not in ("resume", "run_dir")]
+        if "total_timesteps" in given:
+            if args.total_timesteps < ckpt["global_step"]:
+                fail(f"--total-timesteps {args.total_timesteps} is below the {ckpt['global_step']} steps already done")
+            print(f"resume: --total-timesteps {args.total_timesteps} (was {saved.total_timesteps})", file=sys.stderr)
+            saved.total_timesteps = args.total_timesteps
+        if ignored := [f"--{k.replace('_', '-')}" for k in given if k != "total_timesteps"]:
+            print(f"resume: the run's saved flags are kept; ignored: {' '.join(ignored)}", file=sys.stderr)
+        args = saved
+        args.resume = args.run_dir = str(path.parent)
+    check_args(args)
+    name = f"{args.env_id.replace('/', '-')}__{SCRIPT[:-3]}__{args.seed}__{time.time():.0f}"
+    run_dir = Path(args.run_dir or f"runs/{name}")
+    if ckpt is None and run_dir.is_dir() and any(run_dir.iterdir()):
+        fail(f"--run-dir {run_dir} is not empty; continue that run with --resume {run_dir} or choose a new --run-dir")
+    random.seed(args.seed), np.random.seed(args.seed), torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    torch.set_num_threads(1 if args.torch_deterministic else torch.get_num_threads())  # 1: fastest for small nets
+    return args, ckpt, run_dir
+
+
+class RunLogger:
+    """What a run shows and leaves behind: config.json, metrics.csv (global_step, wall_time, name, value; append-only),
+    TensorBoard events, a wandb run with --track, the progress bar. Resuming drops the rows logged after the checkpoint
+    (those steps are redone): no step is logged twice. The training clock stops during evaluations."""
+
+    def __init__(self, args, run_dir: Path, total: int, step: int, resuming: bool):
+        run_dir.mkdir(parents=True, exist_ok=True)
+        metrics, header = run_dir / "metrics.csv", "global_step,wall_time,name,value\n"
+        if resuming:
+            lines = metrics.read_text().splitlines(keepends=True)[1:] if metrics.is_file() else []
+            (run_dir / "metrics.tmp").write_text(header + "".join(ln for ln in lines if int(ln.split(",")[0]) <= step))
+            os.replace(run_dir / "metrics.tmp", metrics)
+        else:
+            git = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ALGOS)
+            config = {"script": SCRIPT, "args": asdict(args), "git_commit": git.stdout.strip() or None,
+                      "versions": {p: version(p) for p in ("torch", "gymnasium", "numpy")}}
+            (run_dir / "config.json").write_text(json.dumps(config, indent=2))
+            metrics.write_text(header)
+        self.file = open(metrics, "a", newline="")
+        self.csv, self.tb = csv.writer(self.file), SummaryWriter(str(run_dir))
+        if args.track:
+            import wandb
+            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=asdict(args),
+                       name=run_dir.name, dir=str(run_dir), sync_tensorboard=True, id=run_dir.name, resume="allow")
+        self.bar = tqdm(total=total, initial=step, unit="step", mininterval=1.0)
+        self.first_step, self.start, self.eval_seconds, self.last_return = step, time.time(), 0.0, float("nan")
+
+    def log(self, step: int, metrics: dict):
+        for name, value in metrics.items():
+            value = float(value.detach() if torch.is_tensor(value) else value)  # a loss may still require grad
+            self.csv.writerow([step, f"{time.time():.3f}", name, repr(value)])
+            self.tb.add_scalar(name, value, step)
+        self.file.flush()
+
+    def progress(self, step: int):
+        """Log charts/sps (environment steps per training second) and update the progress bar."""
+        sps = int((step - self.first_step) / max(time.time() - self.start - self.eval_seconds, 1e-9))
+        self.log(step, {"charts/sps": sps})
+        self.bar.update(step - self.bar.n)
+        self.bar.set_postfix(sps=sps, ret=f"{self.last_return:.1f}", refresh=False)
+
+    def evaluate(self, step: int, run_episodes) -> list:
+        """Log charts/train_seconds, then one eval/episodic_return row per episode of run_episodes()."""
+        self.log(step, {"charts/train_seconds": time.time() - self.start - self.eval_seconds})
+        start, returns = time.time(), run_episodes()
+        self.eval_seconds += time.time() - start
+        for value in returns:
+            self.log(step, {"eval/episodic_return": value})
+        return returns
+
+    def close(self, run_dir: Path, args, returns: list):
+        """Close the files; the last lines say the evaluation, where the run is and the script's reference."""
+        self.bar.close(), self.file.close(), self.tb.close()
+        if returns:
+            print(f"eval/episodic_return: {np.mean(returns):.2f} +- {np.std(returns):.2f} over {len(returns)} episodes")
+        print(f"run saved in {run_dir}" + (" (model.pt, checkpoint.pt)" if args.save_model else " (checkpoint.pt)"))
+        path = ALGOS.parent / "benchmark" / "references.toml"  # our multi-seed runs of each script, if present
+        refs = [r for r in tomllib.loads(path.read_text())["reference"] if (r["script"], r["env_id"], r["score"]) ==
+                (SCRIPT, args.env_id, "final_eval") and "values" in r] if path.is_file() else []
+        for r in sorted(refs, key=lambda r: abs(r["total_timesteps"] - args.total_timesteps))[:1]:
+            print(f"reference {r['id']} ({r['total_timesteps']:,} steps, final evaluation, {len(r['values'])} seeds): "
+                  f"{np.mean(r['values']):.2f} +- {np.std(r['values']):.2f}, lowest seed {min(r['values']):.2f}")
+        if not refs:
+            print(f"no reference for {SCRIPT} on {args.env_id} to compare with")
+# ---- end shared: helpers ----
+
+
+def check_args(args: Args):
+    obs_space, act_space = env_spaces(args.env_id)
+    if not isinstance(act_space, gym.spaces.Discrete):
+        fail(f"{SCRIPT} needs discrete actions but {args.env_id} has {act_space}", "sac_continuous.py",
+             "td3_continuous.py")
+    if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) != 1:
+        fail(f"{SCRIPT} needs flat vector observations but {args.env_id} has {obs_space}", "dqn_atari.py")
+    check_ranges(args, {"num_envs": "x >= 1", "batch_size": "x >= 1", "train_frequency": "x >= 1",
+                        "gradient_steps": "x >= 1", "target_network_frequency": "x >= 1", "learning_rate": "x > 0",
+                        "gamma": "0 <= x <= 1", "tau": "0 < x <= 1", "start_e": "0 <= x <= 1", "end_e": "0 <= x <= 1",
+                        "exploration_fraction": "0 < x <= 1", "learning_starts": "x >= 0", "buffer_size": "x >= 1",
+                        "n_atoms": "x >= 2", "adam_eps": "x > 0"})
+    if args.v_min >= args.v_max:
+        fail(f"--v-min {args.v_min} must be below --v-max {args.v_max}: they are the ends of the return's support")
+    if args.end_e > args.start_e:
+        fail(f"--end-e {args.end_e} is above --start-e {args.start_e}: epsilon is annealed down")
+    if args.batch_size > min(args.buffer_size, max(args.learning_starts, 1)):
+        fail(f"--batch-size {args.batch_size} must not exceed --learning-starts ({args.learning_starts}) or "
+             f"--buffer-size ({args.buffer_size}): the first minibatch is drawn when learning starts")
+    if args.total_timesteps <= args.learning_starts:
+        fail(f"--total-timesteps {args.total_timesteps} must exceed --learning-starts {args.learning_starts}")
+
+
+def make_env(env_id, idx, capture_video, run_dir):
+    def thunk():
+        if capture_video and idx == 0:
+            return gym.wrappers.RecordVideo(gym.make(env_id, render_mode="rgb_array"), f"{run_dir}/videos")
+        return gym.make(env_id)
+    return thunk
+
+
+class QNetwork(nn.Module):
+    """obs -> 120 -> 84 -> n_atoms logits per action, ReLU (CleanRL's network); nn.Linear's default init. The atoms
+    z_i are a buffer: saved with the weights. forward() gives Q(s, a) = sum_i p_i(s, a) z_i, whose argmax acts."""
+
+    def __init__(self, obs_dim: int, n_actions: int, n_atoms: int = 101, v_min: float = -100.0, v_max: float = 100.0):
+        super().__init__()
+        self.n_actions, self.n_atoms = n_actions, n_atoms
+        self.register_buffer("atoms", torch.linspace(v_min, v_max, n_atoms))
+        self.network = nn.Sequential(
+            nn.Linear(obs_dim, 120), nn.ReLU(),
+            nn.Linear(120, 84), nn.ReLU(),
+            nn.Linear(84, n_actions * n_atoms),
+        )
+
+    def logits(self, x):
+        """(batch, n_actions, n_atoms) logits of the return distribution of each action."""
+        return self.network(x).view(-1, self.n_actions, self.n_atoms)
+
+    def forward(self, x):
+        return (self.logits(x).softmax(dim=-1) * self.atoms).sum(dim=-1)
+
+
+class ReplayBuffer:
+    """A ring buffer of preallocated numpy arrays. next_obs is the true next observation (the last one of an episode
+    cut by a time limit), so that only `terminated` stops the bootstrap. Checkpointable through state_dict()."""
+    FIELDS = ("obs", "next_obs", "actions", "rewards", "terminated")
+
+    def __init__(self, size: int, obs_dim: int, rng: np.random.Generator):
+        self.obs, self.next_obs = np.zeros((size, obs_dim), np.float32), np.zeros((size, obs_dim), np.float32)
+        self.actions, self.rewards, self.terminated = (np.zeros(size, t) for t in (np.int64, np.float32, np.float32))
+        self.size, self.pos, self.full, self.rng = size, 0, False, rng
+
+    def add(self, obs, next_obs, actions, rewards, terminated):
+        idx = (self.pos + np.arange(len(obs))) % self.size
+        for name, value in zip(self.FIELDS, (obs, next_obs, actions, rewards, terminated)):
+            getattr(self, name)[idx] = value
+        self.full, self.pos = self.full or self.pos + len(obs) >= self.size, (self.pos + len(obs)) % self.size
+
+    def sample(self, batch_size: int, device):
+        """A uniform minibatch (obs, next_obs, actions, rewards, terminated) as tensors on `device`."""
+        idx = self.rng.integers(0, self.size if self.full else self.pos, batch_size)
+        return [torch.as_tensor(getattr(self, name)[idx], device=device) for name in self.FIELDS]
+
+    def state_dict(self):
+        return {name: getattr(self, name) for name in (*self.FIELDS, "pos", "full")}
+
+    def load_state_dict(self, state):
+        for name, value in state.items():
+            setattr(self, name, value)
+
+
+def linear_schedule(start_e: float, end_e: float, duration: float, t: int):
+    return max(end_e, start_e + (end_e - start_e) * t / duration)
+
+
+def greedy_pmfs(next_logits, atoms):
+    """The distribution p(s', a*) of the greedy action a* = argmax_a sum_i p_i(s', a) z_i, from (batch, actions,
+    atoms) logits: (batch, atoms)."""
+    pmfs = next_logits.softmax(dim=-1)
+    return pmfs[torch.arange(len(pmfs)), (pmfs * atoms).sum(dim=-1).argmax(dim=1)]
+
+
+def categorical_projection(next_pmfs, rewards, terminated, gamma, atoms):
+    """The paper's projection (eq. 7, Algorithm 1) of the target distribution: atom z_j of next_pmfs moves to
+    Tz_j = r + gamma * z_j (r alone where terminated: a time-limit truncation still has a future), clipped to
+    [v_min, v_max], and its mass is split between the two atoms around Tz_j in proportion to closeness (all of it to
+    one atom when Tz_j lands on it: floor == ceil). (batch, atoms) pmfs in, (batch, atoms) pmfs out."""
+    v_min, v_max, n_atoms = atoms[0], atoms[-1], len(atoms)
+    tz = (rewards[:, None] + gamma * (1.0 - terminated[:, None]) * atoms).clamp(v_min, v_max)
+    b = ((tz - v_min) / ((v_max - v_min) / (n_atoms - 1))).clamp(0, n_atoms - 1)  # index of Tz_j (clamp: rounding)
+    lower, upper = b.floor().long(), b.ceil().long()
+    target = torch.zeros_like(next_pmfs)
+    target.scatter_add_(1, lower, next_pmfs * (upper - b + (lower == upper)))  # lower == upper: all to that atom
+    target.scatter_add_(1, upper, next_pmfs * (b - lower))
+    return target
+
+
+def categorical_loss(logits, target_pmfs):
+    """Cross-entropy -sum_i m_i log p_i between the projected target m and the predicted distribution p (its logits)
+    of the action taken, averaged over the batch."""
+    return -(target_pmfs * F.log_softmax(logits, dim=-1)).sum(dim=-1).mean()
+
+
+@torch.no_grad()
+def evaluate(q_network, env_id, episodes, seed, device="cpu"):
+    """Greedy (argmax of the expected return) episodes on a fresh env; returns the list of episodic returns."""
+    env, returns = gym.make(env_id), []
+    for ep in range(episodes):
+        (obs, _), done, total = env.reset(seed=seed + ep), False, 0.0
+        while not done:
+            q_values = q_network(torch.as_tensor(obs, dtype=torch.float32, device=device)[None])
+            obs, reward, terminated, truncated, _ = env.step(int(q_values.argmax()))
+            total, done = total + float(reward), terminated or truncated
+        returns.append(total)
+    env.close()
+    return returns
+
+
+def main(args: Args):
+    args, ckpt, run_dir = start_run(args, check_args)
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    envs = gym.vector.SyncVectorEnv(  # same-step autoreset: a finished episode's last observation is in infos
+        [make_env(args.env_id, i, args.capture_video, run_dir) for i in range(args.num_envs)],
+        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    obs_dim, n_actions = envs.single_observation_space.shape[0], int(envs.single_action_space.n)
+    support = (args.n_atoms, args.v_min, args.v_max)
+    q_network = QNetwork(obs_dim, n_actions, *support).to(device)
+    target_network = QNetwork(obs_dim, n_actions, *support).to(device)
+    target_network.load_state_dict(q_network.state_dict())
+    optimizer = torch.optim.Adam(q_network.parameters(), lr=args.learning_rate, eps=args.adam_eps / args.batch_size,
+                                 fused=True)  # fused: 4x faster step
+    rng = np.random.default_rng(args.seed)  # exploration and replay sampling
+    rb = ReplayBuffer(args.buffer_size, obs_dim, rng)
+    num_iterations = args.total_timesteps // args.num_envs  # one iteration = one step of every env
+    iteration, eval_seed = 0, args.seed + 100_000  # evaluation episodes are seeded apart from training
+    run_eval = lambda: evaluate(q_network, args.env_id, args.eval_episodes, eval_seed, device)  # noqa: E731
+    if ckpt is not None:
+        try:
+            for key, obj in (("q_network", q_network), ("target_network", target_network), ("optimizer", optimizer),
+                             ("rb", rb)):
+                obj.load_state_dict(ckpt[key])
+        except Exception as e:
+            fail(f"{run_dir / 'checkpoint.pt'} does not fit this network ({type(e).__name__}); delete it or start anew")
+        rng.bit_generator.state = ckpt["rng"]  # the only RNG used after seeding: envs are seeded on reset
+        iteration = ckpt["iteration"]
+    global_step = iteration * args.num_envs
+    logger = RunLogger(args, run_dir, num_iterations * args.num_envs, global_step, resuming=ckpt is not None)
+
+    def checkpoint(iteration):  # write, then rename: a crash never leaves a half-written checkpoint.pt
+        torch.save({"args": asdict(args), "iteration": iteration, "global_step": iteration * args.num_envs,
+                    "q_network": q_network.state_dict(), "target_network": target_network.state_dict(),
+                    "optimizer": optimizer.state_dict(), "rb": rb.state_dict(), "rng": rng.bit_generator.state},
+                   run_dir / "checkpoint.tmp")
+        os.replace(run_dir / "checkpoint.tmp", run_dir / "checkpoint.pt")
+
+    obs, _ = envs.reset(seed=args.seed + global_step)  # a resumed run starts fresh episodes
+    episode_return, episode_length = np.zeros(args.num_envs), np.zeros(args.num_envs, dtype=np.int64)
+    try:
+        for iteration in range(iteration, num_iterations):
+            epsilon = linear_schedule(args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps,
+                                      global_step)
+            actions = rng.integers(0, n_actions, args.num_envs)
+            if (exploit := rng.random(args.num_envs) >= epsilon).any():  # the network is asked only where it acts
+                with torch.no_grad():
+                    q_values = q_network(torch.as_tensor(obs, dtype=torch.float32, device=device))
+                actions = np.where(exploit, q_values.argmax(dim=1).cpu().numpy(), actions)
+            next_obs, rewards, terminated, truncated, infos = envs.step(actions)
+            real_next_obs = next_obs.copy()  # same-step autoreset: store the true last observation, not the reset one
+            for i in np.flatnonzero(infos.get("_final_obs", [])):
+                real_next_obs[i] = infos["final_obs"][i]
+            rb.add(obs, real_next_obs, actions, rewards, terminated)
+            global_step += args.num_envs  # right after rb.add: on Ctrl-C the steps counted are the steps stored
+            obs = next_obs
+            episode_return, episode_length = episode_return + rewards, episode_length + 1
+            for i in np.flatnonzero(terminated | truncated):  # every finished episode of every sub-env
+                logger.last_return = episode_return[i]
+                logger.log(global_step, {"train/episodic_return": episode_return[i],
+                                         "train/episodic_length": episode_length[i]})
+                episode_return[i], episode_length[i] = 0.0, 0
+
+            if global_step > args.learning_starts and iteration % args.train_frequency == 0:
+                if args.anneal_lr:
+                    optimizer.param_groups[0]["lr"] = args.learning_rate * (1.0 - iteration / num_iterations)
+                for _ in range(args.gradient_steps):
+                    b_obs, b_next_obs, b_actions, b_rewards, b_terminated = rb.sample(args.batch_size, device)
+                    with torch.no_grad():
+                        next_pmfs = greedy_pmfs(target_network.logits(b_next_obs), target_network.atoms)
+                        target = categorical_projection(next_pmfs, b_rewards, b_terminated, args.gamma,
+                                                        target_network.atoms)
+                    logits = q_network.logits(b_obs)[torch.arange(args.batch_size), b_actions]
+                    loss = categorical_loss(logits, target)
+                    optimizer.zero_grad()
+                    loss.backward()
+                    optimizer.step()
+                if (iteration // args.train_frequency) % max(1, 100 // args.gradient_steps) == 0:  # every ~100 updates
+                    q_pred = (logits.softmax(dim=-1) * q_network.atoms).sum(dim=-1)  # Q of the actions taken
+                    logger.log(global_step, {"losses/loss": loss, "losses/q_values": q_pred.mean(), "charts/epsilon":
+                                             epsilon, "charts/learning_rate": optimizer.param_groups[0]["lr"]})
+                    logger.progress(global_step)
+            if global_step > args.learning_starts and global_step % args.target_network_frequency < args.num_envs:
+                with torch.no_grad():  # target <- tau * online + (1 - tau) * target (tau = 1: a copy)
+                    for target_param, param in zip(target_network.parameters(), q_network.parameters()):
+                        target_param.lerp_(param, args.tau)
+            if args.eval_every and iteration + 1 < num_iterations and global_step % args.eval_every < args.num_envs:
+                logger.evaluate(global_step, run_eval)
+            if (iteration + 1) % max(1, args.checkpoint_every // args.num_envs) == 0:
+                checkpoint(iteration + 1)
+    except KeyboardInterrupt:
+        checkpoint(global_step // args.num_envs)  # a step interrupted before rb.add is redone
+        print(f"\ninterrupted: metrics kept, resume with --resume {run_dir}", file=sys.stderr)
+        sys.exit(130)
+    envs.close()
+    checkpoint(num_iterations)
+    eval_returns = logger.evaluate(global_step, run_eval)
+    if args.save_model:
+        torch.save({"q_network": q_network.state_dict(), "args": asdict(args), "eval_returns": eval_returns,
+                    "obs_dim": obs_dim, "n_actions": n_actions, "n_atoms": args.n_atoms, "v_min": args.v_min,
+                    "v_max": args.v_max}, run_dir / "model.pt")
+    logger.close(run_dir, args, eval_returns)
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Args))
