@@ -31,7 +31,8 @@ from benchmark.runs import load_script  # noqa: E402
 # ---- our script's Args -> (SB3 algorithm, n_envs, SB3 kwargs) ---------------------------------------------------
 # kwargs are JSON: {"linear": x} is a schedule from x to 0 over training (rl-zoo's lin_x); "activation_fn" inside
 # policy_kwargs names a torch.nn class; "action_noise": sigma is Gaussian exploration noise of that std (in SB3's
-# [-1, 1] action space, as ours scales it by the action bounds); "normalize": true wraps the env in VecNormalize.
+# [-1, 1] action space, as ours scales it by the action bounds); "normalize": true wraps the env in VecNormalize;
+# "atari": true makes SB3's Atari env (make_atari_env: AtariWrapper, then VecFrameStack 4) and a CnnPolicy.
 
 def ppo_same(a) -> tuple[int, dict]:
     """ppo.py's Args -> (n_envs, SB3 PPO kwargs) with the same hyperparameters."""
@@ -52,6 +53,18 @@ def ppo_continuous_same(a) -> tuple[int, dict]:
     if a.clip_vloss:
         kw["clip_range_vf"] = a.clip_coef
     return n_envs, {**kw, "normalize": True}
+
+
+def ppo_atari_same(a) -> tuple[int, dict]:
+    """ppo_atari.py's Args -> (n_envs, SB3 PPO kwargs): ppo.py's mapping with the clip coefficient annealed only if
+    ours anneals it, the value clipped by it too, and SB3's CnnPolicy (the Nature CNN shared by both heads, as ours)
+    on SB3's AtariWrapper with 4-frame stacks."""
+    n_envs, kw = ppo_same(a)
+    del kw["policy_kwargs"]
+    kw["clip_range"] = {"linear": a.clip_coef} if a.anneal_clip else a.clip_coef
+    if a.clip_vloss:
+        kw["clip_range_vf"] = a.clip_coef
+    return n_envs, {**kw, "atari": True}
 
 
 def dqn_same(a) -> tuple[int, dict]:
@@ -95,7 +108,7 @@ def ddpg_same(a) -> tuple[int, dict]:
 
 SAME = {"ppo.py": ("PPO", ppo_same), "dqn.py": ("DQN", dqn_same), "ppo_continuous.py": ("PPO", ppo_continuous_same),
         "sac_continuous.py": ("SAC", sac_same), "td3_continuous.py": ("TD3", td3_same),
-        "ddpg_continuous.py": ("DDPG", ddpg_same)}
+        "ddpg_continuous.py": ("DDPG", ddpg_same), "ppo_atari.py": ("PPO", ppo_atari_same)}
 
 DIFFERENCES = {
     "ppo.py": "none of substance (same network, orthogonal init, Adam eps 1e-5, advantage normalisation per "
@@ -111,15 +124,19 @@ DIFFERENCES = {
     "td3_continuous.py": "none of substance (SB3's Gaussian noise is in [-1, 1] action units, ours scaled by the "
                          "action bounds: the same on envs with symmetric bounds)",
     "ddpg_continuous.py": "none of substance (the TD3 paper's DDPG with Gaussian noise on both sides)",
+    "ppo_atari.py": "SB3 clips the value prediction and takes the squared error of the clipped one only, ours the "
+                    "larger of the clipped and unclipped errors (CleanRL); SB3's VecFrameStack pads a new episode's "
+                    "stack with zeros, ours with its first frame; SB3 steps a DummyVecEnv, ours a SyncVectorEnv",
 }
 
 
 def sb3_kwargs(kwargs: dict, action_dim: int | None = None) -> dict:
-    """The JSON kwargs of SAME as SB3 objects (schedules, activation classes, action noise); "normalize" removed."""
+    """The JSON kwargs of SAME as SB3 objects (schedules, activation classes, action noise); "normalize" and
+    "atari" removed."""
     import numpy as np
     import torch.nn as nn
     out = {k: functools.partial(operator.mul, v["linear"]) if isinstance(v, dict) and "linear" in v else v
-           for k, v in kwargs.items() if k != "normalize"}
+           for k, v in kwargs.items() if k not in ("normalize", "atari")}
     if "policy_kwargs" in out:
         pk = dict(out["policy_kwargs"])
         if "activation_fn" in pk:
@@ -132,24 +149,35 @@ def sb3_kwargs(kwargs: dict, action_dim: int | None = None) -> dict:
 
 
 def make_model(algo: str, env_id: str, n_envs: int, kwargs: dict, seed: int):
-    """SB3's `algo` on a vector env of `env_id` (Monitor-wrapped; VecNormalize when kwargs say "normalize")."""
+    """SB3's `algo` on a vector env of `env_id` (Monitor-wrapped; VecNormalize when kwargs say "normalize"; Atari
+    preprocessing, 4-frame stacks and a CnnPolicy when they say "atari")."""
     import stable_baselines3
-    from stable_baselines3.common.env_util import make_vec_env
-    from stable_baselines3.common.vec_env import VecNormalize
-    env = make_vec_env(env_id, n_envs=n_envs, seed=seed)
+    from stable_baselines3.common.env_util import make_atari_env, make_vec_env
+    from stable_baselines3.common.vec_env import VecFrameStack, VecNormalize
+    if kwargs.get("atari"):  # frameskip=1: AtariWrapper skips (as ppo_atari.py makes ALE/<Game>-v5 ids)
+        import ale_py
+        import gymnasium as gym
+        gym.register_envs(ale_py)
+        env = VecFrameStack(make_atari_env(env_id, n_envs=n_envs, seed=seed, env_kwargs={"frameskip": 1}), n_stack=4)
+    else:
+        env = make_vec_env(env_id, n_envs=n_envs, seed=seed)
     if kwargs.get("normalize"):
         env = VecNormalize(env, gamma=kwargs.get("gamma", 0.99))
     action_dim = env.action_space.shape[0] if env.action_space.shape else None
-    return getattr(stable_baselines3, algo)("MlpPolicy", env, seed=seed, device="cpu", verbose=0,
+    policy = "CnnPolicy" if kwargs.get("atari") else "MlpPolicy"
+    return getattr(stable_baselines3, algo)(policy, env, seed=seed, device="cpu", verbose=0,
                                             **sb3_kwargs(kwargs, action_dim))
 
 
 # ---- a run with our run contract ---------------------------------------------------------------------------------
 
 def evaluate(model, env_id: str, episodes: int, seed: int) -> list[float]:
-    """Deterministic episodes on a fresh env (observations normalised with the training statistics, frozen)."""
+    """Deterministic episodes on a fresh env (observations normalised with the training statistics, frozen). Atari
+    (image observations): whole games (all lives) preprocessed as ppo_atari.py's, unclipped scores."""
     import gymnasium as gym
     from stable_baselines3.common.vec_env import VecNormalize
+    if len(model.observation_space.shape) == 3:
+        return evaluate_atari(model, env_id, episodes, seed)
     env, returns = gym.make(env_id), []
     norm = model.get_vec_normalize_env()
     for ep in range(episodes):
@@ -160,6 +188,20 @@ def evaluate(model, env_id: str, episodes: int, seed: int) -> list[float]:
             obs, reward, terminated, truncated, _ = env.step(action)
             total, done = total + float(reward), terminated or truncated
         returns.append(total)
+    env.close()
+    return returns
+
+
+def evaluate_atari(model, env_id: str, episodes: int, seed: int) -> list[float]:
+    """evaluate() for Atari: ppo_atari.py's env ((4, 84, 84) stacks, as SB3's policy takes them) and game loop."""
+    env, returns = load_script("ppo_atari.py").make_env(env_id, 0, False, None)(), []
+    for ep in range(episodes):
+        obs, info = env.reset(seed=seed + ep)
+        while "episode" not in info:  # RecordEpisodeStatistics's record of the game, when it ends
+            obs, _, terminated, truncated, info = env.step(int(model.predict(obs, deterministic=True)[0]))
+            if (terminated or truncated) and "episode" not in info:  # a life lost: the game goes on
+                obs, _ = env.reset()
+        returns.append(float(info["episode"]["r"]))
     env.close()
     return returns
 

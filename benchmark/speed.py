@@ -8,7 +8,8 @@ Two measures per entry of ENTRIES (a later script adds one entry):
    (mapped flag by flag in the entry), no evaluation, one torch thread each, SB3 on the CPU, each in a fresh
    process, interleaved A B A B ...; SPS = environment steps / training seconds (ours: the final
    charts/train_seconds, which excludes start-up; SB3: the time spent in learn()). The ceiling is the raw step
-   rate of a gymnasium SyncVectorEnv with the same number of envs taking random actions.
+   rate of a gymnasium SyncVectorEnv with the same number of envs taking random actions (envs made by gym.make, or
+   by the script's own make_env where the entry says so: Atari preprocessing and frame stacks).
 2. time to threshold with each side's best settings (ours: our defaults; SB3: rl-zoo's): training seconds,
    start-up and evaluation excluded, until a deterministic evaluation every `eval_every` steps first reaches
    `threshold` (ours: --eval-every/--eval-episodes and charts/train_seconds; SB3: a callback that evaluates on a
@@ -55,6 +56,7 @@ class Entry:
     threshold: float = 475.0
     eval_every: int = 1000
     eval_episodes: int = 5
+    raw_env_of_script: bool = False  # the ceiling steps the script's make_env (e.g. Atari preprocessing), not gym.make
 
     @property
     def sb3_algo(self) -> str:
@@ -85,6 +87,8 @@ ENTRIES = [
           sps_goal=1.3),
     Entry("ddpg", "ddpg_continuous.py", "Pendulum-v1", sps_steps=4_000, ours_flags=["--learning-starts", "1000"],
           sps_goal=1.3),
+    # Atari: SPS only; the ceiling is the preprocessed env the script trains on (AtariWrapper, 4-frame stacks)
+    Entry("ppo_atari", "ppo_atari.py", "ALE/Breakout-v5", sps_steps=20_480, raw_env_of_script=True),
 ]
 
 
@@ -204,11 +208,13 @@ def ours_time_to_threshold(entry: Entry, seed: int, workdir: Path) -> dict:
             "best_eval": max((sum(v) / len(v) for v in evals.values()), default=None)}
 
 
-def raw_env_sps(env_id: str, num_envs: int, seconds: float = 3.0) -> float:
-    """Random actions in a gymnasium SyncVectorEnv (same-step autoreset, as our scripts): the ceiling."""
+def raw_env_sps(env_id: str, num_envs: int, seconds: float = 3.0, script: str | None = None) -> float:
+    """Random actions in a gymnasium SyncVectorEnv (same-step autoreset, as our scripts): the ceiling. The envs are
+    gym.make(env_id), or with `script` that script's make_env(env_id, ...) (e.g. its Atari preprocessing)."""
     import gymnasium as gym
     import numpy as np
-    envs = gym.vector.SyncVectorEnv([lambda: gym.make(env_id) for _ in range(num_envs)],
+    make = load_script(script).make_env(env_id, 0, False, None) if script else lambda: gym.make(env_id)
+    envs = gym.vector.SyncVectorEnv([make for _ in range(num_envs)],
                                     autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     envs.reset(seed=0)
     envs.single_action_space.seed(0)
@@ -240,7 +246,7 @@ def measure(entry: Entry, repeats: int, seeds: list[int], workdir: Path, log=pri
            "ours_defaults": {k: v for k, v in vars(args).items()}, "sb3_same": {"n_envs": n_envs, **same},
            "sb3_best": {"n_envs": entry.best_sb3[0], **entry.best_sb3[1]} if entry.best_sb3 else None,
            "sps": [], "ttt": []}
-    res["raw_env_sps"] = raw_env_sps(entry.env_id, n_envs)
+    res["raw_env_sps"] = raw_env_sps(entry.env_id, n_envs, script=entry.script if entry.raw_env_of_script else None)
     log(f"[{entry.name}] raw env: {res['raw_env_sps']:.0f} steps/s with {n_envs} envs")
     for r in range(repeats):  # A B A B ...
         ours = ours_sps(entry, r + 1, workdir)
