@@ -128,3 +128,19 @@ def test_bad_support_is_a_one_line_error(flags, expected, capsys):
         c51.check_args(c51.Args(**flags))
     lines = capsys.readouterr().err.strip().splitlines()
     assert exit_.value.code == 2 and len(lines) == 1 and lines[0].startswith("error:") and expected in lines[0]
+
+
+def test_c51_atari_has_the_same_maths_and_its_network_gives_a_distribution_per_action():
+    """c51_atari.py's target, projection and loss are c51.py's, line for line (so the cases above cover them); its
+    Nature CNN gives n_atoms logits per action, and forward() is the expectation under their softmax."""
+    import inspect
+    atari = load_script("c51_atari.py")
+    for name in ("greedy_pmfs", "categorical_projection", "categorical_loss"):
+        assert inspect.getsource(getattr(atari, name)) == inspect.getsource(getattr(c51, name)), name
+    torch.manual_seed(0)
+    net = atari.QNetwork(4)  # the paper's Atari support: 51 atoms in [-10, 10]
+    x = torch.randint(0, 256, (3, 4, 84, 84), dtype=torch.uint8)
+    logits = net.logits(x)
+    assert logits.shape == (3, 4, 51) and torch.equal(net.atoms, torch.linspace(-10, 10, 51))
+    assert torch.allclose(net(x), (logits.softmax(-1) * net.atoms).sum(-1))
+    assert atari.Args().n_atoms == 51 and (atari.Args().v_min, atari.Args().v_max) == (-10.0, 10.0)

@@ -138,3 +138,28 @@ def test_non_atari_env_id_is_refused(tmp_path):
     lines = out.stderr.strip().splitlines()
     assert out.returncode == 2 and len(lines) == 1 and lines[0].startswith("error:"), out.stderr
     assert "CartPole-v1" in lines[0] and "dqn.py" in lines[0] and not (tmp_path / "run").exists()
+
+
+def test_double_q_target_by_hand():
+    """The online network picks the next action, the target network values it: here the online argmax (action 0) is
+    not the target's (action 1), so Double DQN's target is below DQN's max; termination stops the bootstrap."""
+    ddqn = load_script("ddqn_atari.py")
+    online = torch.tensor([[3.0, 1.0, 0.0], [0.0, 0.0, 5.0]])
+    target = torch.tensor([[2.0, 4.0, 0.0], [1.0, 1.0, 1.5]])
+    got = ddqn.double_q_target(online, target, torch.tensor([1.0, -1.0]), torch.tensor([0.0, 1.0]), 0.9)
+    assert torch.allclose(got, torch.tensor([1.0 + 0.9 * 2.0, -1.0]))
+    assert got[0] < m.td_target(target, torch.tensor([1.0]), torch.tensor([0.0]), 0.9)[0], "DQN takes the max: 4"
+
+
+def test_ddqn_atari_is_dqn_atari_but_for_its_target():
+    """ddqn_atari.py differs from dqn_atari.py in its docstring and the target only, so the replay buffer, network and
+    game accounting tests above hold for it too; a change to one file's other lines must be made to both."""
+    import difflib
+    from benchmark.runs import ALGOS
+    a, b = ((ALGOS / s).read_text().split('"""', 2)[2].splitlines() for s in ("dqn_atari.py", "ddqn_atari.py"))
+    changed = [line for line in difflib.unified_diff(a, b, lineterm="", n=0)
+               if line[:1] in "+-" and not line.startswith(("+++", "---"))]
+    assert changed and all("td_target" in line or "double_q_target" in line or "next_actions" in line
+                           or "target_q_next" in line or "online network picks" in line or "Q-learning target" in line
+                           or "stops the bootstrap" in line or "b_terminated, args.gamma" in line
+                           for line in changed), "\n".join(changed)

@@ -35,7 +35,10 @@ RELOAD = {
     "dqn.py": lambda m, s, *a: m.evaluate(loaded(m, "QNetwork", s, "q_network", "obs_dim", "n_actions"), *a),
     "c51.py": lambda m, s, *a: m.evaluate(loaded(m, "QNetwork", s, "q_network", "obs_dim", "n_actions", "n_atoms",
                                                 "v_min", "v_max"), *a),
-    "dqn_atari.py": lambda m, s, *a: m.evaluate(loaded(m, "QNetwork", s, "q_network", "n_actions"), *a),
+    **{script: lambda m, s, *a: m.evaluate(loaded(m, "QNetwork", s, "q_network", "n_actions"), *a)
+       for script in ("dqn_atari.py", "ddqn_atari.py")},
+    "c51_atari.py": lambda m, s, *a: m.evaluate(loaded(m, "QNetwork", s, "q_network", "n_actions", "n_atoms", "v_min",
+                                                      "v_max"), *a),
     "ppo_atari.py": lambda m, s, *a: m.evaluate(loaded(m, "Agent", s, "agent", "n_actions"), *a),
     "ppo_continuous.py": lambda m, s, *a: m.evaluate(loaded(m, "Agent", s, "agent", "obs_dim", "action_dim"),
                                                      rms(s["obs_rms"]), *a),
