@@ -37,6 +37,8 @@ RELOAD = {
                                                 "v_min", "v_max"), *a),
     **{script: lambda m, s, *a: m.evaluate(loaded(m, "QNetwork", s, "q_network", "n_actions"), *a)
        for script in ("dqn_atari.py", "ddqn_atari.py")},
+    "iqn_atari.py": lambda m, s, *a: m.evaluate(loaded(m, "QNetwork", s, "q_network", "n_actions", "n_cos",
+                                                      "n_policy_quantiles"), *a),
     "c51_atari.py": lambda m, s, *a: m.evaluate(loaded(m, "QNetwork", s, "q_network", "n_actions", "n_atoms", "v_min",
                                                       "v_max"), *a),
     "ppo_atari.py": lambda m, s, *a: m.evaluate(loaded(m, "Agent", s, "agent", "n_actions"), *a),
