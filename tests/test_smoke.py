@@ -37,6 +37,7 @@ RELOAD = {
                                                 "v_min", "v_max"), *a),
     **{script: lambda m, s, *a: m.evaluate(loaded(m, "QNetwork", s, "q_network", "n_actions"), *a)
        for script in ("dqn_atari.py", "ddqn_atari.py")},
+    "sac_atari.py": lambda m, s, *a: m.evaluate(loaded(m, "Actor", s, "actor", "n_actions"), *a),
     "iqn_atari.py": lambda m, s, *a: m.evaluate(loaded(m, "QNetwork", s, "q_network", "n_actions", "n_cos",
                                                       "n_policy_quantiles"), *a),
     "c51_atari.py": lambda m, s, *a: m.evaluate(loaded(m, "QNetwork", s, "q_network", "n_actions", "n_atoms", "v_min",
