@@ -82,6 +82,17 @@ def dqn_same(a) -> tuple[int, dict]:
         exploration_final_eps=a.end_e, policy_kwargs={"net_arch": sizes, "activation_fn": activation})
 
 
+def dqn_atari_same(a) -> tuple[int, dict]:
+    """dqn_atari.py's Args -> (n_envs, SB3 DQN kwargs): the same schedule on SB3's Atari env with its CnnPolicy (the
+    Nature CNN, then one linear layer to the Q-values, as ours)."""
+    return a.num_envs, dict(
+        learning_rate={"linear": a.learning_rate} if a.anneal_lr else a.learning_rate, buffer_size=a.buffer_size,
+        learning_starts=a.learning_starts, batch_size=a.batch_size, tau=a.tau, gamma=a.gamma,
+        train_freq=a.train_frequency, gradient_steps=a.gradient_steps, target_update_interval=a.target_network_frequency,
+        exploration_fraction=a.exploration_fraction, exploration_initial_eps=a.start_e,
+        exploration_final_eps=a.end_e, atari=True)
+
+
 def _off_policy_same(a) -> dict:
     """What sac/td3/ddpg_continuous.py share: 256x256 ReLU networks, one update per env step, soft target updates."""
     return dict(learning_rate=a.learning_rate, buffer_size=a.buffer_size, learning_starts=a.learning_starts,
@@ -108,7 +119,8 @@ def ddpg_same(a) -> tuple[int, dict]:
 
 SAME = {"ppo.py": ("PPO", ppo_same), "dqn.py": ("DQN", dqn_same), "ppo_continuous.py": ("PPO", ppo_continuous_same),
         "sac_continuous.py": ("SAC", sac_same), "td3_continuous.py": ("TD3", td3_same),
-        "ddpg_continuous.py": ("DDPG", ddpg_same), "ppo_atari.py": ("PPO", ppo_atari_same)}
+        "ddpg_continuous.py": ("DDPG", ddpg_same), "ppo_atari.py": ("PPO", ppo_atari_same),
+        "dqn_atari.py": ("DQN", dqn_atari_same)}
 
 DIFFERENCES = {
     "ppo.py": "none of substance (same network, orthogonal init, Adam eps 1e-5, advantage normalisation per "
@@ -124,6 +136,9 @@ DIFFERENCES = {
     "td3_continuous.py": "none of substance (SB3's Gaussian noise is in [-1, 1] action units, ours scaled by the "
                          "action bounds: the same on envs with symmetric bounds)",
     "ddpg_continuous.py": "none of substance (the TD3 paper's DDPG with Gaussian noise on both sides)",
+    "dqn_atari.py": "SB3 minimises the Huber loss and clips the gradient norm at 10, ours the squared error unclipped "
+                    "(CleanRL); SB3's replay stores both stacks of every transition, ours each frame once; SB3's "
+                    "VecFrameStack pads a new episode's stack with zeros, ours with its first frame",
     "ppo_atari.py": "SB3 clips the value prediction and takes the squared error of the clipped one only, ours the "
                     "larger of the clipped and unclipped errors (CleanRL); SB3's VecFrameStack pads a new episode's "
                     "stack with zeros, ours with its first frame; SB3 steps a DummyVecEnv, ours a SyncVectorEnv",

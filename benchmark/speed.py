@@ -89,6 +89,9 @@ ENTRIES = [
           sps_goal=1.3),
     # Atari: SPS only; the ceiling is the preprocessed env the script trains on (AtariWrapper, 4-frame stacks)
     Entry("ppo_atari", "ppo_atari.py", "ALE/Breakout-v5", sps_steps=20_480, raw_env_of_script=True),
+    # learning from step 2000 with a buffer of the run's size, so that the measurement is mostly the update
+    Entry("dqn_atari", "dqn_atari.py", "ALE/Breakout-v5", sps_steps=10_000, raw_env_of_script=True,
+          ours_flags=["--learning-starts", "2000", "--buffer-size", "10000"]),
 ]
 
 

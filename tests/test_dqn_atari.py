@@ -163,3 +163,20 @@ def test_ddqn_atari_is_dqn_atari_but_for_its_target():
                            or "target_q_next" in line or "online network picks" in line or "Q-learning target" in line
                            or "stops the bootstrap" in line or "b_terminated, args.gamma" in line
                            for line in changed), "\n".join(changed)
+
+
+def test_sb3_baseline_gets_the_same_hyperparameters_and_network():
+    """benchmark/sb3_baseline.py's mapping: SB3 DQN with our defaults on SB3's Atari env, a CnnPolicy with as many
+    parameters as our QNetwork (the Nature CNN, then one linear layer)."""
+    from benchmark import sb3_baseline
+    algo, same = sb3_baseline.SAME["dqn_atari.py"]
+    args = m.Args()
+    args.buffer_size = 1000  # SB3 allocates its buffer up front
+    n_envs, kw = same(args)
+    assert (algo, n_envs, kw["atari"], kw["learning_rate"], kw["learning_starts"], kw["train_freq"]) == (
+        "DQN", 1, True, 1e-4, 80_000, 4)
+    assert (kw["target_update_interval"], kw["exploration_fraction"], kw["exploration_final_eps"]) == (1000, 0.1, 0.01)
+    model = sb3_baseline.make_model(algo, "ALE/Breakout-v5", 1, kw, seed=0)
+    assert model.observation_space.shape == (4, 84, 84)
+    assert sum(p.numel() for p in model.q_net.parameters()) == sum(p.numel() for p in m.QNetwork(4).parameters())
+    model.env.close()
