@@ -26,21 +26,22 @@ SMOKE = {
     "iqn_atari.py": ["--env-id", "ALE/Breakout-v5", "--total-timesteps", "600", "--learning-starts", "200",
                      "--batch-size", "32", "--buffer-size", "1000", "--eval-episodes", "1", "--n-quantiles", "8",
                      "--n-target-quantiles", "8"],
-    "ppo_atari.py": ["--env-id", "ALE/Breakout-v5", "--total-timesteps", "512", "--num-envs", "2", "--num-steps", "64",
-                     "--num-minibatches", "2", "--update-epochs", "1", "--eval-episodes", "1"],
+    **{script: ["--env-id", "ALE/Breakout-v5", "--total-timesteps", "512", "--num-envs", "2", "--num-steps", "64",
+                "--num-minibatches", "2", "--update-epochs", "1", "--eval-episodes", "1"]
+       for script in ("ppo_atari.py", "ppo_atari_envpool.py")},
     **{script: ["--env-id", "Hopper-v5", "--total-timesteps", "600", "--learning-starts", "200", "--batch-size", "32",
                 "--buffer-size", "1000", "--eval-episodes", "2"]
        for script in ("ddpg_continuous.py", "sac_continuous.py", "td3_continuous.py")},
 }
 # An env of the action space the script does not handle, and a word its error line must contain.
 DISCRETE = {"ppo.py", "dqn.py", "c51.py", "dqn_atari.py", "ddqn_atari.py", "c51_atari.py", "iqn_atari.py",
-            "ppo_atari.py", "sac_atari.py"}
+            "ppo_atari.py", "ppo_atari_envpool.py", "sac_atari.py"}
 WRONG_ENV = {s: ("Hopper-v4", "discrete") if s in DISCRETE else ("CartPole-v1", "continuous") for s in SMOKE}
 # The budget of the Ctrl-C test: long enough that the run is still training when Ctrl-C comes (after its first
 # update), short enough that the resumed run finishes in seconds.
 LONG = {"ppo.py": 30_000, "dqn.py": 30_000, "c51.py": 30_000, "dqn_atari.py": 1500, "ddqn_atari.py": 1500,
         "c51_atari.py": 1500, "iqn_atari.py": 1500, "ppo_atari.py": 1536,
-        "sac_atari.py": 1500, "ppo_continuous.py": 4096,
+        "ppo_atari_envpool.py": 1536, "sac_atari.py": 1500, "ppo_continuous.py": 4096,
         "ddpg_continuous.py": 2000, "sac_continuous.py": 2000, "td3_continuous.py": 2000}
 
 

@@ -42,7 +42,8 @@ RELOAD = {
                                                       "n_policy_quantiles"), *a),
     "c51_atari.py": lambda m, s, *a: m.evaluate(loaded(m, "QNetwork", s, "q_network", "n_actions", "n_atoms", "v_min",
                                                       "v_max"), *a),
-    "ppo_atari.py": lambda m, s, *a: m.evaluate(loaded(m, "Agent", s, "agent", "n_actions"), *a),
+    **{script: lambda m, s, *a: m.evaluate(loaded(m, "Agent", s, "agent", "n_actions"), *a)
+       for script in ("ppo_atari.py", "ppo_atari_envpool.py")},
     "ppo_continuous.py": lambda m, s, *a: m.evaluate(loaded(m, "Agent", s, "agent", "obs_dim", "action_dim"),
                                                      rms(s["obs_rms"]), *a),
     **{script: lambda m, s, *a: m.evaluate(loaded(m, "Actor", s, "actor", "obs_dim", "action_dim"), *a)

@@ -1,0 +1,452 @@
+"""PPO on Atari with envpool (ALE/Breakout-v5 by default): ppo_atari.py with envpool's C++ vector env.
+
+The algorithm, network and defaults are ppo_atari.py's (Schulman et al. 2017 with the Atari details of Huang et al.
+2022: a Nature CNN trunk shared by the actor and critic heads, GAE, clipped surrogate and value loss, CleanRL's 8 envs x
+128 steps, 4 minibatches, 4 epochs, learning rate 2.5e-4 annealed, clip 0.1, entropy 0.01). What differs is the env:
+envpool (Weng et al. 2022) steps all games in C++ threads with its own Atari preprocessing (up to 30 no-ops at reset,
+each action repeated for 4 frames with a max over the last two, a lost life ends the episode, FIRE at reset, 84x84
+grayscale, 4-frame stacks, rewards clipped to their sign for learning, 108k frames at most per game), sticky actions
+(0.25) for ALE/<Game>-v5 ids and none for <Game>NoFrameskip-v4 ids, as the ALE's own ids. envpool resets an env on the
+step AFTER its episode ends: that step returns the new episode's first observation, reward 0, and ignores the action
+taken, so the rollout keeps such steps out of the update (`valid`); a time-limit truncation returns its final
+observation in the step itself, which bootstraps it. train/episodic_return and eval/episodic_return are unclipped
+scores of whole games (all lives, summed from envpool's raw rewards); train/episodic_length counts a game's steps. A
+step is one agent step (4 frames) of one env, envpool's reset steps included. No --capture-video (envpool renders no
+frames): use ppo_atari.py for videos.
+
+Run:    python algos/ppo_atari_envpool.py --env-id ALE/Breakout-v5 --seed 1 --cuda
+Result: no multi-seed reference yet (benchmark/references.toml)
+"""
+import csv, difflib, json, os, random, subprocess, sys, tempfile, time, tomllib, warnings
+from dataclasses import asdict, dataclass
+from importlib.metadata import version
+from pathlib import Path
+
+import ale_py
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn as nn
+import tyro
+from torch.distributions import Categorical
+from torch.utils.tensorboard import SummaryWriter
+from tqdm import tqdm
+
+gym.register_envs(ale_py)  # the ALE/<Game>-v5 and <Game>NoFrameskip-v4 ids, checked before envpool makes the game
+try:
+    import envpool
+except ImportError:  # an optional dependency: a one-line error, as for any bad input
+    print('error: ppo_atari_envpool.py needs envpool: pip install -e ".[envpool]"', file=sys.stderr)
+    sys.exit(2)
+
+
+@dataclass
+class Args:
+    env_id: str = "ALE/Breakout-v5"  # an Atari game: ALE/<Game>-v5 (sticky actions) or <Game>NoFrameskip-v4
+    total_timesteps: int = 10_000_000  # environment steps over all envs (agent steps: 4 frames each)
+    num_envs: int = 8  # parallel environments (one synchronous vector env)
+    # ---- shared: args ----
+    seed: int = 1  # seed of torch, numpy, random and the envs
+    cuda: bool = False  # use CUDA if available (networks this small are faster on the CPU)
+    torch_deterministic: bool = True  # torch.backends.cudnn.deterministic and one CPU thread
+    track: bool = False  # log to Weights & Biases (works offline with WANDB_MODE=offline)
+    wandb_project_name: str = "canonrl"  # wandb project
+    wandb_entity: str | None = None  # wandb entity (team)
+    capture_video: bool = False  # record videos of the first env to <run_dir>/videos
+    save_model: bool = False  # save <run_dir>/model.pt at the end
+    eval_episodes: int = 10  # greedy evaluation episodes at the end (and at each --eval-every)
+    eval_every: int = 0  # also evaluate every this many steps (0: only at the end); logs charts/train_seconds too
+    run_dir: str | None = None  # where the run is written (default runs/<env>__<script>__<seed>__<time>); must be new
+    resume: str | None = None  # continue the run in this directory (its flags; --total-timesteps may extend it)
+    checkpoint_every: int = 50_000  # save <run_dir>/checkpoint.pt every this many steps (and at the end and on Ctrl-C)
+    # ---- end shared: args ----
+    learning_rate: float = 2.5e-4  # Adam learning rate
+    anneal_lr: bool = True  # anneal the learning rate linearly to 0
+    anneal_clip: bool = False  # anneal the clip coefficient linearly to 0 too (ppo.py does; CleanRL's ppo_atari not)
+    num_steps: int = 128  # steps per env per rollout
+    gamma: float = 0.99  # discount factor
+    gae_lambda: float = 0.95  # lambda of GAE
+    num_minibatches: int = 4  # minibatches per epoch (must divide num_envs * num_steps)
+    update_epochs: int = 4  # epochs over each rollout
+    clip_coef: float = 0.1  # surrogate clipping coefficient
+    clip_vloss: bool = True  # clip the value update around the rollout's values by clip_coef too
+    ent_coef: float = 0.01  # entropy bonus coefficient
+    vf_coef: float = 0.5  # value loss coefficient
+    max_grad_norm: float = 0.5  # global gradient norm clip
+    target_kl: float | None = None  # stop the epochs of an update early when the approximate KL exceeds this
+
+
+# ---- shared: helpers ----
+SCRIPT, ALGOS = Path(__file__).name, Path(__file__).resolve().parent
+
+
+def fail(msg: str, *scripts: str):
+    """Bad input: one line on stderr, exit status 2. It suggests those of `scripts` that exist beside this one."""
+    found = [s for s in scripts if (ALGOS / s).is_file()]
+    print(f"error: {msg}" + (f"; use {' or '.join(found)}" if found else ""), file=sys.stderr)
+    sys.exit(2)
+
+
+def env_spaces(env_id: str):
+    """(observation space, action space) of env_id, or a one-line error. The env is made in a temporary directory
+    with stderr muted: MuJoCo prints warnings and leaves MUJOCO_LOG.TXT behind, which must not precede an error."""
+    if env_id not in gym.registry:
+        close = difflib.get_close_matches(env_id, list(gym.registry), n=1)
+        fail(f"unknown env id '{env_id}'" + (f"; did you mean '{close[0]}'?" if close else ""))
+    cwd, stderr_fd = os.getcwd(), os.dup(2)
+    with tempfile.TemporaryDirectory() as tmp, open(os.devnull, "w") as null, warnings.catch_warnings(action="ignore"):
+        os.chdir(tmp), os.dup2(null.fileno(), 2)
+        try:
+            with gym.make(env_id) as env:
+                return env.observation_space, env.action_space
+        except Exception as e:
+            error = f"cannot make env '{env_id}': {type(e).__name__}: {(str(e).strip() or ' ').splitlines()[0]}"
+        finally:
+            os.dup2(stderr_fd, 2), os.close(stderr_fd), os.chdir(cwd)
+    fail(error)
+
+
+def check_ranges(args, rules: dict):
+    """Fail on the first flag outside its range; a rule is a condition on x, the flag's value (e.g. "0 <= x <= 1")."""
+    rules = {"total_timesteps": "x >= 1", "eval_episodes": "x >= 0", "eval_every": "x >= 0",
+             "checkpoint_every": "x >= 1", **rules}
+    for name, rule in rules.items():
+        if (x := getattr(args, name)) is not None and not eval(rule, {"x": x}):  # the rules are literals of this file
+            fail(f"--{name.replace('_', '-')} {x} is out of range: it must satisfy {rule}")
+
+
+def start_run(args, check_args):
+    """Resume (--resume DIR: the run's saved flags; --total-timesteps may extend it), check the flags, choose the run
+    directory (a new run never writes into one that holds files), seed everything. Returns (args, checkpoint, dir)."""
+    ckpt = None
+    if args.resume:
+        path = Path(args.resume) / "checkpoint.pt"
+        if not path.is_file():
+            fail(f"no checkpoint at {path}; pass the run directory of an earlier {SCRIPT} run")
+        try:
+            ckpt = torch.load(path, weights_only=False)
+            saved = Args(**ckpt["args"])
+        except Exception as e:
+            fail(f"{path} is corrupt or not a {SCRIPT} checkpoint ({type(e).__name__}); delete it or start anew")
+        given = [k for k, v in asdict(args).items() if v != getattr(Args(), k) and k not in ("resume", "run_dir")]
+        if "total_timesteps" in given:
+            if args.total_timesteps < ckpt["global_step"]:
+                fail(f"--total-timesteps {args.total_timesteps} is below the {ckpt['global_step']} steps already done")
+            print(f"resume: --total-timesteps {args.total_timesteps} (was {saved.total_timesteps})", file=sys.stderr)
+            saved.total_timesteps = args.total_timesteps
+        if ignored := [f"--{k.replace('_', '-')}" for k in given if k != "total_timesteps"]:
+            print(f"resume: the run's saved flags are kept; ignored: {' '.join(ignored)}", file=sys.stderr)
+        args = saved
+        args.resume = args.run_dir = str(path.parent)
+    check_args(args)
+    name = f"{args.env_id.replace('/', '-')}__{SCRIPT[:-3]}__{args.seed}__{time.time():.0f}"
+    run_dir = Path(args.run_dir or f"runs/{name}")
+    if ckpt is None and run_dir.is_dir() and any(run_dir.iterdir()):
+        fail(f"--run-dir {run_dir} is not empty; continue that run with --resume {run_dir} or choose a new --run-dir")
+    random.seed(args.seed), np.random.seed(args.seed), torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    torch.set_num_threads(1 if args.torch_deterministic else torch.get_num_threads())  # 1: fastest for small nets
+    return args, ckpt, run_dir
+
+
+class RunLogger:
+    """What a run shows and leaves behind: config.json, metrics.csv (global_step, wall_time, name, value; append-only),
+    TensorBoard events, a wandb run with --track, the progress bar. Resuming drops the rows logged after the checkpoint
+    (those steps are redone): no step is logged twice. The training clock stops during evaluations."""
+
+    def __init__(self, args, run_dir: Path, total: int, step: int, resuming: bool):
+        run_dir.mkdir(parents=True, exist_ok=True)
+        metrics, header = run_dir / "metrics.csv", "global_step,wall_time,name,value\n"
+        if resuming:
+            lines = metrics.read_text().splitlines(keepends=True)[1:] if metrics.is_file() else []
+            (run_dir / "metrics.tmp").write_text(header + "".join(ln for ln in lines if int(ln.split(",")[0]) <= step))
+            os.replace(run_dir / "metrics.tmp", metrics)
+        else:
+            git = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ALGOS)
+            config = {"script": SCRIPT, "args": asdict(args), "git_commit": git.stdout.strip() or None,
+                      "versions": {p: version(p) for p in ("torch", "gymnasium", "numpy")}}
+            (run_dir / "config.json").write_text(json.dumps(config, indent=2))
+            metrics.write_text(header)
+        self.file = open(metrics, "a", newline="")
+        self.csv, self.tb = csv.writer(self.file), SummaryWriter(str(run_dir))
+        if args.track:
+            import wandb
+            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=asdict(args),
+                       name=run_dir.name, dir=str(run_dir), sync_tensorboard=True, id=run_dir.name, resume="allow")
+        self.bar = tqdm(total=total, initial=step, unit="step", mininterval=1.0)
+        self.first_step, self.start, self.eval_seconds, self.last_return = step, time.time(), 0.0, float("nan")
+
+    def log(self, step: int, metrics: dict):
+        for name, value in metrics.items():
+            value = float(value.detach() if torch.is_tensor(value) else value)  # a loss may still require grad
+            self.csv.writerow([step, f"{time.time():.3f}", name, repr(value)])
+            self.tb.add_scalar(name, value, step)
+        self.file.flush()
+
+    def progress(self, step: int):
+        """Log charts/sps (environment steps per training second) and update the progress bar."""
+        sps = int((step - self.first_step) / max(time.time() - self.start - self.eval_seconds, 1e-9))
+        self.log(step, {"charts/sps": sps})
+        self.bar.update(step - self.bar.n)
+        self.bar.set_postfix(sps=sps, ret=f"{self.last_return:.1f}", refresh=False)
+
+    def evaluate(self, step: int, run_episodes) -> list:
+        """Log charts/train_seconds, then one eval/episodic_return row per episode of run_episodes()."""
+        self.log(step, {"charts/train_seconds": time.time() - self.start - self.eval_seconds})
+        start, returns = time.time(), run_episodes()
+        self.eval_seconds += time.time() - start
+        for value in returns:
+            self.log(step, {"eval/episodic_return": value})
+        return returns
+
+    def close(self, run_dir: Path, args, returns: list):
+        """Close the files; the last lines say the evaluation, where the run is and the script's reference."""
+        self.bar.close(), self.file.close(), self.tb.close()
+        if returns:
+            print(f"eval/episodic_return: {np.mean(returns):.2f} +- {np.std(returns):.2f} over {len(returns)} episodes")
+        print(f"run saved in {run_dir}" + (" (model.pt, checkpoint.pt)" if args.save_model else " (checkpoint.pt)"))
+        path = ALGOS.parent / "benchmark" / "references.toml"  # our multi-seed runs of each script, if present
+        refs = [r for r in tomllib.loads(path.read_text())["reference"] if (r["script"], r["env_id"], r["score"]) ==
+                (SCRIPT, args.env_id, "final_eval") and "values" in r] if path.is_file() else []
+        for r in sorted(refs, key=lambda r: abs(r["total_timesteps"] - args.total_timesteps))[:1]:
+            print(f"reference {r['id']} ({r['total_timesteps']:,} steps, final evaluation, {len(r['values'])} seeds): "
+                  f"{np.mean(r['values']):.2f} +- {np.std(r['values']):.2f}, lowest seed {min(r['values']):.2f}")
+        if not refs:
+            print(f"no reference for {SCRIPT} on {args.env_id} to compare with")
+# ---- end shared: helpers ----
+
+
+def check_args(args: Args):
+    obs_space, act_space = env_spaces(args.env_id)
+    if not isinstance(act_space, gym.spaces.Discrete):
+        fail(f"{SCRIPT} needs discrete actions but {args.env_id} has {act_space}", "ppo_continuous.py")
+    if gym.spec(args.env_id).entry_point != "ale_py.env:AtariEnv" or len(obs_space.shape) != 3:
+        fail(f"{SCRIPT} needs an Atari game with image observations (ALE/<Game>-v5 or <Game>NoFrameskip-v4) but "
+             f"{args.env_id} is not one", "ppo.py")
+    if envpool_id(args.env_id) not in envpool.list_all_envs():
+        fail(f"envpool has no game {envpool_id(args.env_id)} for {args.env_id}", "ppo_atari.py")
+    if args.capture_video:
+        fail("envpool renders no frames, so --capture-video cannot record the games", "ppo_atari.py")
+    check_ranges(args, {"num_envs": "x >= 1", "num_steps": "x >= 1", "num_minibatches": "x >= 1",
+                        "update_epochs": "x >= 1", "learning_rate": "x > 0", "gamma": "0 <= x <= 1",
+                        "gae_lambda": "0 <= x <= 1", "clip_coef": "x > 0", "ent_coef": "x >= 0", "vf_coef": "x >= 0",
+                        "max_grad_norm": "x > 0", "target_kl": "x > 0"})
+    batch = args.num_envs * args.num_steps
+    if batch % args.num_minibatches:
+        fail(f"--num-minibatches {args.num_minibatches} does not divide the batch num_envs*num_steps = {batch}")
+    if args.total_timesteps < batch:
+        fail(f"--total-timesteps {args.total_timesteps} is less than one rollout (num_envs*num_steps = {batch})")
+
+
+def envpool_id(env_id):
+    """envpool's id of the game of an ALE id: ALE/Breakout-v5 and BreakoutNoFrameskip-v4 -> Breakout-v5."""
+    return env_id.removeprefix("ALE/").removesuffix("-v5").removesuffix("NoFrameskip-v4") + "-v5"
+
+
+def make_env(env_id, num_envs, seed, episodic_life=True, reward_clip=True):
+    """envpool's vector env of num_envs games (env i seeded seed + i), preprocessed as the docstring says; sticky
+    actions as the ALE id has them."""
+    return envpool.make(envpool_id(env_id), env_type="gymnasium", num_envs=num_envs, seed=seed,
+                        episodic_life=episodic_life, reward_clip=reward_clip, noop_max=30, frame_skip=4, stack_num=4,
+                        img_height=84, img_width=84, gray_scale=True, use_fire_reset=True, max_episode_steps=27_000,
+                        repeat_action_probability=0.25 if env_id.startswith("ALE/") else 0.0)
+
+
+def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
+    nn.init.orthogonal_(layer.weight, std)
+    nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+class Agent(nn.Module):
+    """Nature DQN's CNN shared by both heads, as in CleanRL and SB3: uint8 stacks (N, 4, 84, 84) scaled to [0, 1]
+    -> 32 8x8 filters stride 4 -> 64 4x4 stride 2 -> 64 3x3 stride 1 -> 512 (ReLU) -> logits / value."""
+
+    def __init__(self, n_actions: int):
+        super().__init__()
+        self.network = nn.Sequential(
+            layer_init(nn.Conv2d(4, 32, 8, stride=4)), nn.ReLU(),
+            layer_init(nn.Conv2d(32, 64, 4, stride=2)), nn.ReLU(),
+            layer_init(nn.Conv2d(64, 64, 3, stride=1)), nn.ReLU(), nn.Flatten(),
+            layer_init(nn.Linear(64 * 7 * 7, 512)), nn.ReLU())
+        self.actor = layer_init(nn.Linear(512, n_actions), std=0.01)  # std 0.01: a near-uniform first policy
+        self.critic = layer_init(nn.Linear(512, 1), std=1.0)
+
+    def get_value(self, x):
+        return self.critic(self.network(x / 255.0)).squeeze(-1)
+
+    def get_action_and_value(self, x, action=None):
+        """Sample an action (or take the given one); return it with its log-probability, the entropy and V(x)."""
+        hidden = self.network(x / 255.0)
+        dist = Categorical(logits=self.actor(hidden), validate_args=False)
+        if action is None:
+            action = dist.sample()
+        return action, dist.log_prob(action), dist.entropy(), self.critic(hidden).squeeze(-1)
+
+
+def compute_gae(rewards, values, dones, next_value, gamma, gae_lambda):
+    """GAE (Schulman et al. 2016, eq. 16) on tensors of shape (T, N). dones[t]: the episode ended at step t
+    (terminated or truncated; a truncation was already bootstrapped into rewards[t]). Returns (advantages, returns)."""
+    advantages, last = torch.zeros_like(rewards), torch.zeros_like(next_value)
+    for t in reversed(range(len(rewards))):
+        next_values, nonterminal = next_value if t == len(rewards) - 1 else values[t + 1], 1.0 - dones[t]
+        delta = rewards[t] + gamma * next_values * nonterminal - values[t]
+        advantages[t] = last = delta + gamma * gae_lambda * nonterminal * last
+    return advantages, advantages + values
+
+
+def bootstrap_time_limits(reward, terminated, truncated, next_obs, value_fn, gamma):
+    """A time limit is not part of the task (Pardo et al. 2018): where an episode was truncated, add gamma * V(s_final)
+    to its last reward, one value_fn call for all (envpool returns s_final as next_obs, and resets on the next step)."""
+    idx = np.flatnonzero(truncated & ~terminated)
+    if len(idx) == 0:
+        return reward
+    return reward + np.bincount(idx, gamma * value_fn(next_obs[idx]), len(reward))
+
+
+def ppo_loss(agent, obs, actions, old_logprobs, advantages, returns, old_values, clip_coef, ent_coef, vf_coef,
+             clip_vloss):
+    """Clipped surrogate objective (PPO paper, eq. 7) + value MSE - entropy bonus; returns (loss, statistics). With
+    clip_vloss the value error is the larger of those of V and of V kept within clip_coef of old_values (CleanRL)."""
+    _, logprob, entropy, value = agent.get_action_and_value(obs, actions)
+    logratio = logprob - old_logprobs
+    ratio = logratio.exp()
+    pg_loss = -torch.min(advantages * ratio, advantages * ratio.clamp(1 - clip_coef, 1 + clip_coef)).mean()
+    v_loss = (value - returns) ** 2
+    if clip_vloss:
+        v_loss = torch.max(v_loss, (old_values + (value - old_values).clamp(-clip_coef, clip_coef) - returns) ** 2)
+    v_loss = 0.5 * v_loss.mean()
+    loss = pg_loss + vf_coef * v_loss - ent_coef * entropy.mean()
+    with torch.no_grad():  # approx_kl: the k3 estimator of Schulman's note "Approximating KL divergence"
+        stats = {"policy_loss": pg_loss, "value_loss": v_loss, "entropy": entropy.mean(), "approx_kl":
+                 ((ratio - 1) - logratio).mean(), "clipfrac": ((ratio - 1).abs() > clip_coef).float().mean()}
+    return loss, {k: v.detach() for k, v in stats.items()}
+
+
+@torch.no_grad()
+def evaluate(agent, env_id, episodes, seed, device="cpu"):
+    """Greedy (argmax) whole games on fresh envs preprocessed as in training, each life started with FIRE where the
+    game has it, as ppo_atari.py's evaluation does (SB3's FireResetEnv): envpool's own FIRE at reset can leave the ball
+    unlaunched, and a greedy policy that never fires would wait for the 108k-frame limit. Returns the list of game
+    scores, summed from envpool's unclipped rewards until the game is over."""
+    with gym.make(env_id) as ale:
+        meanings = ale.unwrapped.get_action_meanings()
+    fire = meanings.index("FIRE") if "FIRE" in meanings else None
+    returns = []
+    for ep in range(episodes):
+        env = make_env(env_id, 1, seed + ep)
+        (obs, _), total, game_over, steps_to_fire = env.reset(), 0.0, False, 0
+        while not game_over:
+            action = agent.actor(agent.network(torch.as_tensor(obs, device=device) / 255.0)).argmax(dim=1).cpu().numpy()
+            if steps_to_fire == 0 and fire is not None:
+                action[0] = fire
+            obs, _, terminated, truncated, info = env.step(action)
+            total, game_over = total + float(info["reward"][0]), bool(info["terminated"][0] or truncated[0])
+            steps_to_fire = 1 if terminated[0] else steps_to_fire - 1  # after a lost life, envpool's reset step first
+        returns.append(total)
+        env.close()
+    return returns
+
+
+def main(args: Args):
+    args, ckpt, run_dir = start_run(args, check_args)
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    start_step = ckpt["global_step"] if ckpt is not None else 0
+    envs = make_env(args.env_id, args.num_envs, args.seed + start_step)  # a resumed run starts fresh games
+    obs_shape, n_actions = envs.observation_space.shape, int(envs.action_space.n)  # of one env
+    agent = Agent(n_actions).to(device)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)  # fused: 4x faster
+    batch_size = args.num_envs * args.num_steps
+    num_iterations = args.total_timesteps // batch_size
+    iteration, eval_seed = 0, args.seed + 100_000  # evaluation episodes are seeded apart from training
+    run_eval = lambda: evaluate(agent, args.env_id, args.eval_episodes, eval_seed, device)  # noqa: E731
+    if ckpt is not None:
+        try:
+            agent.load_state_dict(ckpt["agent"]), optimizer.load_state_dict(ckpt["optimizer"])
+        except Exception as e:
+            fail(f"{run_dir / 'checkpoint.pt'} does not fit this network ({type(e).__name__}); delete it or start anew")
+        torch.set_rng_state(ckpt["torch_rng"])  # action sampling and minibatch shuffling; envs are seeded on reset
+        iteration = ckpt["iteration"]
+    global_step = iteration * batch_size
+    logger = RunLogger(args, run_dir, num_iterations * batch_size, global_step, resuming=ckpt is not None)
+
+    def checkpoint(iteration):  # write, then rename: a crash never leaves a half-written checkpoint.pt
+        torch.save({"args": asdict(args), "iteration": iteration, "global_step": iteration * batch_size, "agent":
+                    agent.state_dict(), "optimizer": optimizer.state_dict(), "torch_rng": torch.get_rng_state()},
+                   run_dir / "checkpoint.tmp")
+        os.replace(run_dir / "checkpoint.tmp", run_dir / "checkpoint.pt")
+
+    def value_fn(obs):
+        return agent.get_value(torch.as_tensor(obs, dtype=torch.float32, device=device)).cpu().numpy()
+
+    obs = torch.zeros((args.num_steps, args.num_envs, *obs_shape), dtype=torch.uint8, device=device)
+    actions = torch.zeros((args.num_steps, args.num_envs), dtype=torch.long, device=device)
+    logprobs, rewards, dones, values = (torch.zeros((args.num_steps, args.num_envs), device=device) for _ in range(4))
+    valid = torch.zeros((args.num_steps, args.num_envs), dtype=torch.bool, device=device)  # not an envpool reset step
+    next_obs, _ = envs.reset()
+    resetting = np.zeros(args.num_envs, dtype=bool)  # the env's episode ended: its next step is envpool's reset
+    game_score = np.zeros(args.num_envs)  # unclipped score of the game (all its lives) each env is playing
+    try:
+        for iteration in range(iteration + 1, num_iterations + 1):
+            frac = 1.0 - (iteration - 1.0) / num_iterations
+            optimizer.param_groups[0]["lr"] = frac * args.learning_rate if args.anneal_lr else args.learning_rate
+            clip_coef = frac * args.clip_coef if args.anneal_clip else args.clip_coef
+            for step in range(args.num_steps):
+                obs[step], valid[step] = torch.as_tensor(next_obs, device=device), torch.as_tensor(~resetting)
+                with torch.no_grad():
+                    actions[step], logprobs[step], _, values[step] = agent.get_action_and_value(obs[step])
+                next_obs, reward, terminated, truncated, infos = envs.step(actions[step].cpu().numpy())
+                global_step += args.num_envs
+                with torch.no_grad():
+                    reward = bootstrap_time_limits(reward, terminated, truncated, next_obs, value_fn, args.gamma)
+                rewards[step], dones[step] = torch.as_tensor(reward), torch.as_tensor(terminated | truncated)
+                resetting = terminated | truncated
+                game_score += infos["reward"]  # envpool's unclipped reward
+                for i in np.flatnonzero(infos["terminated"].astype(bool) | truncated):  # game over, not a lost life
+                    logger.last_return = game_score[i]
+                    logger.log(global_step, {"train/episodic_return": game_score[i],
+                                             "train/episodic_length": infos["elapsed_step"][i]})
+                    game_score[i] = 0.0
+            with torch.no_grad():
+                next_value = agent.get_value(torch.as_tensor(next_obs, device=device))
+            advantages, returns = compute_gae(rewards, values, dones, next_value, args.gamma, args.gae_lambda)
+            b_obs, b_actions, b_logprobs = obs.reshape(-1, *obs_shape), actions.reshape(-1), logprobs.reshape(-1)
+            b_advantages, b_returns, b_values = advantages.reshape(-1), returns.reshape(-1), values.reshape(-1)
+            b_valid = torch.nonzero(valid.reshape(-1)).squeeze(1)  # the steps whose action the env took
+            for epoch in range(args.update_epochs):
+                perm = b_valid[torch.randperm(len(b_valid), device=device)]
+                for mb in torch.tensor_split(perm, args.num_minibatches):
+                    mb_advantages = (b_advantages[mb] - b_advantages[mb].mean()) / (b_advantages[mb].std() + 1e-8)
+                    loss, stats = ppo_loss(agent, b_obs[mb], b_actions[mb], b_logprobs[mb], mb_advantages,
+                                           b_returns[mb], b_values[mb], clip_coef, args.ent_coef, args.vf_coef,
+                                           args.clip_vloss)
+                    optimizer.zero_grad()
+                    loss.backward()
+                    nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+                    optimizer.step()
+                if args.target_kl is not None and stats["approx_kl"] > args.target_kl:
+                    break
+            b_returns, b_values = b_returns[b_valid], b_values[b_valid]
+            stats["explained_variance"] = 1 - (b_returns - b_values).var() / b_returns.var()  # nan: constant returns
+            logger.log(global_step, {"charts/learning_rate": optimizer.param_groups[0]["lr"],
+                                     **{f"losses/{k}": v for k, v in stats.items()}})
+            logger.progress(global_step)
+            if args.eval_every and iteration < num_iterations and global_step % args.eval_every < batch_size:
+                logger.evaluate(global_step, run_eval)
+            if iteration % max(1, args.checkpoint_every // batch_size) == 0:
+                checkpoint(iteration)
+    except KeyboardInterrupt:
+        checkpoint(iteration - 1)  # the unfinished iteration is redone on resume
+        print(f"\ninterrupted: metrics kept, resume with --resume {run_dir}", file=sys.stderr)
+        sys.exit(130)
+    envs.close()
+    checkpoint(num_iterations)
+    eval_returns = logger.evaluate(global_step, run_eval)
+    if args.save_model:
+        torch.save({"agent": agent.state_dict(), "args": asdict(args), "eval_returns": eval_returns,
+                    "n_actions": n_actions}, run_dir / "model.pt")
+    logger.close(run_dir, args, eval_returns)
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Args))
