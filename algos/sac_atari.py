@@ -222,7 +222,7 @@ def check_args(args: Args):
              "td3_continuous.py")
     if gym.spec(args.env_id).entry_point != "ale_py.env:AtariEnv" or len(obs_space.shape) != 3:
         fail(f"{SCRIPT} needs an Atari game with image observations (ALE/<Game>-v5 or <Game>NoFrameskip-v4) but "
-             f"{args.env_id} is not one", "sac_continuous.py")
+             f"{args.env_id} is not one", "dqn.py")
     check_ranges(args, {"num_envs": "x >= 1", "batch_size": "x >= 1", "train_frequency": "x >= 1",
                         "gradient_steps": "x >= 1", "target_network_frequency": "x >= 1", "learning_rate": "x > 0",
                         "gamma": "0 <= x <= 1", "tau": "0 < x <= 1", "learning_starts": "x >= 0",

@@ -2,6 +2,7 @@
 shapes, the logged return is the unclipped score of a whole game, and a non-Atari env id is refused."""
 import gymnasium as gym
 import numpy as np
+import pytest
 import torch
 
 from benchmark.runs import load_script, run_script
@@ -133,11 +134,16 @@ def test_evaluation_plays_whole_games_reproducibly():
     assert scores == m.evaluate(q, "ALE/Breakout-v5", 1, seed=7) and isinstance(scores[0], float)
 
 
-def test_non_atari_env_id_is_refused(tmp_path):
-    out = run_script("dqn_atari.py", ["--env-id", "CartPole-v1"], tmp_path / "run")
+@pytest.mark.parametrize("script, sibling", [("dqn_atari.py", "dqn.py"), ("ddqn_atari.py", "dqn.py"),
+                                             ("c51_atari.py", "c51.py"), ("iqn_atari.py", "dqn.py"),
+                                             ("sac_atari.py", "dqn.py")])
+def test_non_atari_env_id_is_refused(script, sibling, tmp_path):
+    """A classic-control id (discrete actions, vector observations): one line naming the script to use instead."""
+    out = run_script(script, ["--env-id", "CartPole-v1"], tmp_path / "run")
     lines = out.stderr.strip().splitlines()
     assert out.returncode == 2 and len(lines) == 1 and lines[0].startswith("error:"), out.stderr
-    assert "CartPole-v1" in lines[0] and "dqn.py" in lines[0] and not (tmp_path / "run").exists()
+    assert "CartPole-v1" in lines[0] and "Atari" in lines[0] and sibling in lines[0]
+    assert not (tmp_path / "run").exists()
 
 
 def test_double_q_target_by_hand():
