@@ -418,6 +418,8 @@ def main(args: Args):
                                          "train/episodic_length": game_length[i]})
                 game_length[i] = 0
 
+            if global_step <= args.learning_starts and iteration % 1000 == 0:  # the bar moves before learning too
+                logger.progress(global_step)
             if global_step > args.learning_starts and iteration % args.train_frequency == 0:
                 if args.anneal_lr:
                     optimizer.param_groups[0]["lr"] = args.learning_rate * (1.0 - iteration / num_iterations)

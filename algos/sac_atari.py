@@ -453,6 +453,8 @@ def main(args: Args):
                                          "train/episodic_length": game_length[i]})
                 game_length[i] = 0
 
+            if global_step <= args.learning_starts and iteration % 1000 == 0:  # the bar moves before learning too
+                logger.progress(global_step)
             if global_step > args.learning_starts and iteration % args.train_frequency == 0:
                 for _ in range(args.gradient_steps):
                     b_obs, b_next_obs, b_actions, b_rewards, b_terminated = rb.sample(args.batch_size, device)
