@@ -98,10 +98,14 @@ def test_q_network_maps_uint8_stacks_to_one_value_per_action():
                                                                           (64, (3, 3), (1, 1))]
 
 
-def test_logged_return_is_the_unclipped_score_of_a_whole_game():
-    """SpaceInvaders: 3 lives, 5 to 30 points an invader. The vector env as in the script; the raw env's rewards are
-    summed beneath every wrapper, and the game's score in final_info must be that sum (the learner sees -1/0/1)."""
-    envs = gym.vector.SyncVectorEnv([m.make_env("ALE/SpaceInvaders-v5", 0, False, None)], autoreset_mode=SAME_STEP)
+@pytest.mark.parametrize("script", ["dqn_atari.py", "ddqn_atari.py", "c51_atari.py", "iqn_atari.py", "sac_atari.py",
+                                    "ppo_atari.py"])
+def test_logged_return_is_the_unclipped_score_of_a_whole_game(script):
+    """SpaceInvaders: 3 lives, 5 to 30 points an invader. The vector env as in each script that wraps the ALE itself;
+    the raw env's rewards are summed beneath every wrapper, and the game's score in final_info must be that sum (the
+    learner sees -1/0/1)."""
+    make = load_script(script).make_env("ALE/SpaceInvaders-v5", 0, False, None)
+    envs = gym.vector.SyncVectorEnv([make], autoreset_mode=SAME_STEP)
     raw, raw_sum, clipped_sum, lives_lost = envs.envs[0].unwrapped, [0.0], 0.0, 0
     raw_step = raw.step
 
