@@ -17,9 +17,7 @@ Two measures per entry of ENTRIES (a later script adds one entry):
 """
 import argparse
 import datetime
-import functools
 import json
-import operator
 import os
 import platform
 import shlex
