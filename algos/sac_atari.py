@@ -189,26 +189,29 @@ class RunLogger:
         self.bar.update(step - self.bar.n)
         self.bar.set_postfix(sps=sps, ret=f"{self.last_return:.1f}", refresh=False)
 
-    def evaluate(self, step: int, run_episodes) -> list:
-        """Log charts/train_seconds, then one eval/episodic_return row per episode of run_episodes()."""
+    def evaluate(self, step: int, run_episodes):
+        """Log charts/train_seconds, then one row per episode of run_episodes(): a list of episodic returns (logged as
+        eval/episodic_return) or a dict {metric name: one value per episode} (multi-agent: team return, win)."""
         self.log(step, {"charts/train_seconds": time.time() - self.start - self.eval_seconds})
-        start, returns = time.time(), run_episodes()
+        start, results = time.time(), run_episodes()
         self.eval_seconds += time.time() - start
-        for value in returns:
-            self.log(step, {"eval/episodic_return": value})
-        return returns
+        for name, values in (results if isinstance(results, dict) else {"eval/episodic_return": results}).items():
+            for value in values:
+                self.log(step, {name: value})
+        return results
 
-    def close(self, run_dir: Path, args, returns: list):
+    def close(self, run_dir: Path, args, results):
         """Close the files; the last lines say the evaluation, where the run is and the script's reference."""
         self.bar.close(), self.file.close(), self.tb.close()
-        if returns:
-            print(f"eval/episodic_return: {np.mean(returns):.2f} +- {np.std(returns):.2f} over {len(returns)} episodes")
+        for name, values in (results if isinstance(results, dict) else {"eval/episodic_return": results}).items():
+            if len(values):
+                print(f"{name}: {np.mean(values):.2f} +- {np.std(values):.2f} over {len(values)} episodes")
         print(f"run saved in {run_dir}" + (" (model.pt, checkpoint.pt)" if args.save_model else " (checkpoint.pt)"))
         path = ALGOS.parent / "benchmark" / "references.toml"  # our multi-seed runs of each script, if present
-        refs = [r for r in tomllib.loads(path.read_text())["reference"] if (r["script"], r["env_id"], r["score"]) ==
-                (SCRIPT, args.env_id, "final_eval") and "values" in r] if path.is_file() else []
+        refs = [r for r in (tomllib.loads(path.read_text())["reference"] if path.is_file() else []) if "values" in r and
+                (r["script"], r["env_id"]) == (SCRIPT, args.env_id) and r["score"] in ("final_eval", "final_win_rate")]
         for r in sorted(refs, key=lambda r: abs(r["total_timesteps"] - args.total_timesteps))[:1]:
-            print(f"reference {r['id']} ({r['total_timesteps']:,} steps, final evaluation, {len(r['values'])} seeds): "
+            print(f"reference {r['id']} ({r['total_timesteps']:,} steps, {r['score']}, {len(r['values'])} seeds): "
                   f"{np.mean(r['values']):.2f} +- {np.std(r['values']):.2f}, lowest seed {min(r['values']):.2f}")
         if not refs:
             print(f"no reference for {SCRIPT} on {args.env_id} to compare with")

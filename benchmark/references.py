@@ -15,8 +15,8 @@ def _last100_train(metrics):
     return float(values[-100:].mean())
 
 
-def _eval_means(metrics):
-    steps, values = metrics["eval/episodic_return"]
+def _eval_means(metrics, name="eval/episodic_return"):
+    steps, values = metrics[name]
     return [(s, float(values[steps == s].mean())) for s in np.unique(steps)]
 
 
@@ -36,7 +36,19 @@ def _auc_eval(metrics):
     return float(np.mean([m for _, m in _eval_means(metrics)]))
 
 
-SCORERS = {"last100_train": _last100_train, "final_eval": _final_eval, "max_eval": _max_eval, "auc_eval": _auc_eval}
+def _final_win_rate(metrics):
+    """Share of the evaluation battles won at the last evaluation (multi-agent smac_lite scripts: eval/win_rate)."""
+    return _eval_means(metrics, "eval/win_rate")[-1][1]
+
+
+def _auc_win_rate(metrics):
+    """Mean over all evaluations of the evaluation win rate: auc_eval for win rates."""
+    return float(np.mean([m for _, m in _eval_means(metrics, "eval/win_rate")]))
+
+
+SCORERS = {"last100_train": _last100_train, "final_eval": _final_eval, "max_eval": _max_eval, "auc_eval": _auc_eval,
+           "final_win_rate": _final_win_rate, "auc_win_rate": _auc_win_rate}
+AUC_OF = {"final_eval": "auc_eval", "final_win_rate": "auc_win_rate"}  # a gate's curve score, by its final score
 
 
 def score(metrics: dict, method: str) -> float:
@@ -63,7 +75,7 @@ class Reference:
     threshold: float | None = None  # set for CI gates: every listed seed must reach it
     cpu_seconds: float | None = None  # what one gate run costs here (its test's timeout is a multiple of it)
     evidence: str | None = None  # the reference id of the multi-seed runs the threshold was set from
-    auc_values: list[float] | None = None  # per-seed auc_eval scores of the same runs as `values` (evidence entries)
+    auc_values: list[float] | None = None  # per-seed curve scores (AUC_OF[score]) of the runs of `values` (evidence)
     auc_margin: float | None = None  # gates: fail below the lowest auc_values of the evidence minus this margin
     auc_threshold: float | None = None  # derived by load_references: min(evidence.auc_values) - auc_margin
 

@@ -91,7 +91,7 @@ def load_script(script: str):
 
 
 def run_finished(run_dir: Path | str) -> bool:
-    """True when the run logged its final evaluation: eval/episodic_return rows (at least --eval-episodes of
+    """True when the run logged its final evaluation: eval/episodic_return(_team) rows (at least --eval-episodes of
     them) at the last step of training. Training ends at the largest multiple of the step granularity
     (num_envs * num_steps for rollout scripts, num_envs otherwise) not above total_timesteps, and evaluations
     during training (--eval-every) happen at least one granularity earlier, so they never pass for the final one."""
@@ -106,7 +106,7 @@ def run_finished(run_dir: Path | str) -> bool:
         return False
     last = max(r["global_step"] for r in rows)
     granularity = args.get("num_envs", 1) * args.get("num_steps", 1)
-    evals = sum(r["name"] == "eval/episodic_return" and r["global_step"] == last for r in rows)
+    evals = sum(r["name"].startswith("eval/episodic_return") and r["global_step"] == last for r in rows)  # _team too
     return evals >= args.get("eval_episodes", 1) and last > args["total_timesteps"] - granularity
 
 

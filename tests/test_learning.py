@@ -4,7 +4,7 @@ under the evaluation curve, score auc_eval) must not fall below the lowest recor
 auc_margin. Thresholds, margins and seeds live in references.toml with the runs that justify them."""
 import pytest
 
-from benchmark.references import load_references, score
+from benchmark.references import AUC_OF, load_references, score
 from benchmark.runs import read_metrics, run_script
 
 GATES = [(g, seed) for g in load_references() if g.is_gate for seed in g.seeds]
@@ -18,9 +18,9 @@ def gate_failures(gate, metrics) -> list[str]:
     if final < gate.threshold:
         failures.append(f"{gate.score} = {final:.2f} < threshold {gate.threshold}")
     if gate.auc_threshold is not None:
-        auc = score(metrics, "auc_eval")
-        if auc < gate.auc_threshold:
-            failures.append(f"auc_eval = {auc:.2f} < {gate.auc_threshold:.2f} (lowest seed of {gate.evidence} minus "
+        curve = AUC_OF[gate.score]
+        if (auc := score(metrics, curve)) < gate.auc_threshold:
+            failures.append(f"{curve} = {auc:.2f} < {gate.auc_threshold:.2f} (lowest seed of {gate.evidence} minus "
                             f"{gate.auc_margin}): it learns more slowly than every recorded run")
     return failures
 

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from benchmark.references import score
+from benchmark.references import load_references, score
 from benchmark.runs import load_script, read_metrics, read_rows, run_env, run_script, script_command
-from conftest import DISCRETE, LONG, SMOKE, smoke_env
+from conftest import DISCRETE, LONG, MULTI_AGENT, SMOKE, smoke_env
 
 
 def rms(saved_stats: dict):
@@ -44,6 +44,9 @@ RELOAD = {
                                                       "v_max"), *a),
     **{script: lambda m, s, *a: m.evaluate(loaded(m, "Agent", s, "agent", "n_actions"), *a)
        for script in ("ppo_atari.py", "ppo_atari_envpool.py")},
+    **{script: lambda m, s, *a: m.evaluate(loaded(m, "Agent", s, "agent", "obs_dim", "state_dim", "n_agents",
+                                                 "n_actions", "hidden"), *a) for script in ("mappo_smac_lite.py",
+                                                                                          "ippo_smac_lite.py")},
     "ppo_continuous.py": lambda m, s, *a: m.evaluate(loaded(m, "Agent", s, "agent", "obs_dim", "action_dim"),
                                                      rms(s["obs_rms"]), *a),
     **{script: lambda m, s, *a: m.evaluate(loaded(m, "Actor", s, "actor", "obs_dim", "action_dim"), *a)
@@ -57,14 +60,18 @@ def test_run_contract_and_saved_model(smoke_script, tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     assert f"run saved in {run_dir}" in out.stdout, "the last lines say where the run is"
     env_id = smoke_env(smoke_script)
-    # CartPole-v1 has our multi-seed references; the smoke envs of the continuous scripts (Hopper-v5) have none yet
-    expected = (f"reference ours-{smoke_script[:-3]}-{env_id}" if env_id == "CartPole-v1" else
+    ours = [r for r in load_references() if (r.script, r.env_id) == (smoke_script, env_id) and r.values and
+            r.score in ("final_eval", "final_win_rate")]  # e.g. CartPole-v1; Hopper-v5 has none of ours yet
+    expected = (f"reference ours-{smoke_script[:-3]}-{env_id}" if ours else
                 f"no reference for {smoke_script} on {env_id}")
     assert expected in out.stdout, "and compare it with the script's reference (or say there is none)"
     config = json.loads((run_dir / "config.json").read_text())
     assert config["script"] == smoke_script and config["args"]["seed"] == 3 and "torch" in config["versions"]
     metrics = read_metrics(run_dir)
-    for name in ("train/episodic_return", "train/episodic_length", "eval/episodic_return", "charts/sps"):
+    names = (("train/episodic_return_team", "train/episodic_length", "train/win_rate", "eval/episodic_return_team",
+              "eval/win_rate") if smoke_script in MULTI_AGENT else
+             ("train/episodic_return", "train/episodic_length", "eval/episodic_return"))
+    for name in names + ("charts/sps",):
         assert name in metrics, f"{name} missing from metrics.csv"
     assert any(n.startswith("losses/") for n in metrics)
     assert list(run_dir.glob("events.out.tfevents.*")), "no TensorBoard events"
@@ -72,12 +79,16 @@ def test_run_contract_and_saved_model(smoke_script, tmp_path):
 
     # the saved model evaluates to the return logged at the end of training
     saved = torch.load(run_dir / "model.pt", weights_only=False)
-    returns = RELOAD[smoke_script](load_script(smoke_script), saved, env_id, len(saved["eval_returns"]), 3 + 100_000)
+    episodes = len(saved["eval_returns"]["eval/win_rate"] if smoke_script in MULTI_AGENT else saved["eval_returns"])
+    returns = RELOAD[smoke_script](load_script(smoke_script), saved, env_id, episodes, 3 + 100_000)
     assert returns == saved["eval_returns"], "the reloaded model must evaluate exactly as it did when saved"
-    assert np.mean(returns) == pytest.approx(score(metrics, "final_eval"))
+    if smoke_script in MULTI_AGENT:
+        assert np.mean(returns["eval/win_rate"]) == pytest.approx(score(metrics, "final_win_rate"))
+    else:
+        assert np.mean(returns) == pytest.approx(score(metrics, "final_eval"))
 
 
-@pytest.mark.parametrize("script", sorted(set(SMOKE) - DISCRETE))
+@pytest.mark.parametrize("script", sorted(set(SMOKE) - DISCRETE - MULTI_AGENT))
 def test_continuous_scripts_run_on_halfcheetah(script, tmp_path):
     """The second MuJoCo env of the smoke tier: 17-dim observations, 6-dim actions, no early termination (no
     training episode ends within the smoke budget), so the scripts must not rely on one ending."""
@@ -127,7 +138,7 @@ def test_ctrl_c_keeps_metrics_and_resume_continues(smoke_script, tmp_path):
     kept = [r for r in before if r["global_step"] <= ckpt_step]
     assert after[:len(kept)] == kept, "resuming keeps every row up to the checkpoint as it was"
     resumed = after[len(kept):]
-    assert resumed and resumed[-1]["name"] == "eval/episodic_return"
+    assert resumed and resumed[-1]["name"].startswith("eval/")
     assert resumed[-1]["global_step"] >= 0.95 * LONG[smoke_script], "the resumed run trains to the end of its budget"
     assert min(r["global_step"] for r in resumed) > ckpt_step, "a resumed run continues from its checkpoint"
     steps = [r["global_step"] for r in after]
