@@ -16,6 +16,8 @@ def _last100_train(metrics):
 
 
 def _eval_means(metrics, name="eval/episodic_return"):
+    if name not in metrics:  # multi-agent scripts say which return: eval/episodic_return_team, ..._agent_mean
+        name = next((n for n in metrics if n.startswith(name)), name)
     steps, values = metrics[name]
     return [(s, float(values[steps == s].mean())) for s in np.unique(steps)]
 

@@ -21,6 +21,7 @@ from benchmark.report_path import new_report_path  # noqa: E402
 from benchmark.runs import file_stem, git_commit, read_metrics  # noqa: E402
 
 CURVE = "train/episodic_return"
+CURVES = (CURVE, "train/episodic_return_team", "train/episodic_return_agent_mean")  # single-agent, then multi-agent
 SMOOTH_EPISODES = 10  # each run's curve is the trailing mean over this many episodes before interpolation
 GRID_POINTS = 200
 
@@ -46,7 +47,8 @@ def learning_curve(run_dirs, metric: str = CURVE, points: int = GRID_POINTS, win
 
 
 def plot_curve(run_dirs, path: Path, title: str, ref: Reference | None = None):
-    curve = learning_curve(run_dirs)
+    metric = next((m for m in CURVES if any(m in read_metrics(d) for d in run_dirs)), CURVE)
+    curve = learning_curve(run_dirs, metric)
     if curve is None:
         return None
     grid, mean, std, n = curve
@@ -59,7 +61,7 @@ def plot_curve(run_dirs, path: Path, title: str, ref: Reference | None = None):
         ax.axhspan(rm - (rs or 0), rm + (rs or 0), color="C3", alpha=0.15,
                    label=f"{ref.id}: {rm:.1f} ± {rs or 0:.1f} at {ref.total_timesteps:,} steps")
     ax.set_xlabel("global step")
-    ax.set_ylabel(f"{CURVE} (trailing mean of {SMOOTH_EPISODES})")
+    ax.set_ylabel(f"{metric} (trailing mean of {SMOOTH_EPISODES})", fontsize=8)
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=7, loc="best")
     ax.grid(alpha=0.3)
@@ -162,8 +164,9 @@ def write_report(suite, outcomes, missing: list[str], device: str, report_dir: P
     sources = {}
     for c in table:
         s, ref = c["summary"], c["reference"]
-        ours = f"{s.mean:.1f} ± {s.std:.1f}" if s else "–"
-        iqm = f"{s.iqm:.1f} [{s.ci_low:.1f}, {s.ci_high:.1f}]" if s else "–"
+        d = 3 if "win_rate" in c["score"] else 1  # win rates are fractions
+        ours = f"{s.mean:.{d}f} ± {s.std:.{d}f}" if s else "–"
+        iqm = f"{s.iqm:.{d}f} [{s.ci_low:.{d}f}, {s.ci_high:.{d}f}]" if s else "–"
         f = list(c["final_evals"].values())
         final = f"{np.mean(f):.1f} ± {np.std(f):.1f} ({len(f)})" if f else "–"
         notes = [c["verdict"].why] if c["verdict"].why else []
@@ -216,7 +219,8 @@ def write_report(suite, outcomes, missing: list[str], device: str, report_dir: P
                   "Planned in the suite but not in algos/ yet, so not run: " + ", ".join(f"`{m}`" for m in missing), ""]
 
     lines += ["## Learning curves", "",
-              f"`{CURVE}` against global step: each seed smoothed over its last {SMOOTH_EPISODES} episodes, "
+              f"`{CURVE}` (multi-agent scripts: the team return or the per-agent mean) against global step: each "
+              f"seed smoothed over its last {SMOOTH_EPISODES} episodes, "
               f"interpolated on a common grid; line = mean over seeds, band = ± std. The reference is drawn as "
               "mean ± std (a horizontal band at its own budget, whatever its metric).", ""]
     for c in table:

@@ -35,9 +35,12 @@ SMOKE = {
     **{script: ["--env-id", "3m", "--total-timesteps", "256", "--num-envs", "4", "--num-steps", "32",
                 "--update-epochs", "2", "--eval-episodes", "2"]
        for script in ("mappo_smac_lite.py", "ippo_smac_lite.py")},
+    **{script: ["--env-id", "3m", "--total-timesteps", "600", "--num-envs", "4", "--learning-starts", "200",
+                "--batch-size", "8", "--buffer-size", "64", "--eval-episodes", "2"]
+       for script in ("qmix_smac_lite.py", "vdn_smac_lite.py")},
 }
 # The multi-agent scripts: --env-id is a smac_lite map; they log the team return and the win rate.
-MULTI_AGENT = {"mappo_smac_lite.py", "ippo_smac_lite.py"}
+MULTI_AGENT = {"mappo_smac_lite.py", "ippo_smac_lite.py", "qmix_smac_lite.py", "vdn_smac_lite.py"}
 # An env of the action space the script does not handle, and a word its error line must contain.
 DISCRETE = {"ppo.py", "dqn.py", "c51.py", "dqn_atari.py", "ddqn_atari.py", "c51_atari.py", "iqn_atari.py",
             "ppo_atari.py", "ppo_atari_envpool.py", "sac_atari.py"}
@@ -49,7 +52,7 @@ LONG = {"ppo.py": 30_000, "dqn.py": 30_000, "c51.py": 30_000, "dqn_atari.py": 15
         "c51_atari.py": 1500, "iqn_atari.py": 1500, "ppo_atari.py": 1536,
         "ppo_atari_envpool.py": 1536, "sac_atari.py": 1500, "ppo_continuous.py": 4096,
         "ddpg_continuous.py": 2000, "sac_continuous.py": 2000, "td3_continuous.py": 2000,
-        "mappo_smac_lite.py": 8192, "ippo_smac_lite.py": 8192}
+        "mappo_smac_lite.py": 8192, "ippo_smac_lite.py": 8192, "qmix_smac_lite.py": 8000, "vdn_smac_lite.py": 8000}
 
 
 def smoke_env(script: str) -> str:

@@ -47,6 +47,8 @@ RELOAD = {
     **{script: lambda m, s, *a: m.evaluate(loaded(m, "Agent", s, "agent", "obs_dim", "state_dim", "n_agents",
                                                  "n_actions", "hidden"), *a) for script in ("mappo_smac_lite.py",
                                                                                           "ippo_smac_lite.py")},
+    **{script: lambda m, s, *a: m.evaluate(loaded(m, "RNNAgent", s, "agent", "input_dim", "n_actions", "hidden"), *a)
+       for script in ("qmix_smac_lite.py", "vdn_smac_lite.py")},
     "ppo_continuous.py": lambda m, s, *a: m.evaluate(loaded(m, "Agent", s, "agent", "obs_dim", "action_dim"),
                                                      rms(s["obs_rms"]), *a),
     **{script: lambda m, s, *a: m.evaluate(loaded(m, "Actor", s, "actor", "obs_dim", "action_dim"), *a)
