@@ -10,6 +10,10 @@ copy per step. A time-limit truncation is bootstrapped with V(final state). glob
 The team reward (the same for every agent, SMAC's scaled reward: 20 for a clean win) is logged as
 train/episodic_return_team, with train/win_rate; the evaluation is greedy (argmax over the available actions).
 
+Defaults: the paper's for SMAC (lr 5e-4, 10 epochs, clip 0.2, entropy 0.01, GRU of 64, 3,200 steps per rollout:
+64 battles x 50 steps where the paper has 8 x 400) but 4 minibatches per epoch, not 1: on 3m (seed 1, the only
+tuning seed) one minibatch plateaued at a greedy win rate of 0.52-0.61 up to 2.25M steps; four reached 0.95 by 100k.
+
 Run:    python algos/mappo_smac_lite.py --env-id 3m --seed 1
 Result: see references.toml (mappo_smac_lite.py on 3m)
 """
@@ -56,7 +60,7 @@ class Args:
     num_steps: int = 50  # steps per battle per rollout
     gamma: float = 0.99  # discount factor
     gae_lambda: float = 0.95  # lambda of GAE
-    num_minibatches: int = 1  # minibatches per epoch, split by battle (must divide num_envs)
+    num_minibatches: int = 4  # minibatches per epoch, split by battle (must divide num_envs)
     update_epochs: int = 10  # epochs over each rollout
     clip_coef: float = 0.2  # surrogate clipping coefficient
     ent_coef: float = 0.01  # entropy bonus coefficient

@@ -2,7 +2,7 @@
 import pytest
 
 from benchmark.runs import ALGOS, run_script
-from conftest import MULTI_AGENT, SCRIPTS, SMOKE, WRONG_ENV, smoke_env
+from conftest import ENV_TYPO, SCRIPTS, SMOKE, WRONG_ENV, smoke_env
 
 SHARED_FLAGS = ["--env-id", "--seed", "--total-timesteps", "--cuda", "--no-cuda", "--torch-deterministic", "--track",
                 "--wandb-project-name", "--wandb-entity", "--capture-video", "--save-model", "--eval-episodes",
@@ -41,8 +41,9 @@ def assert_clean_error(out, run_dir, *expected):
     (["--checkpoint-every", "0"], ["--checkpoint-every"]),
 ])
 def test_bad_input(script, flags, expected, tmp_path):
-    if script in MULTI_AGENT and "CartPol-v1" in flags:  # their env ids are smac_lite maps
-        flags, expected = ["--env-id", "3mm"], ["3mm", "did you mean '3m'", "the maps: 3m, 8m"]
+    if script in ENV_TYPO and "CartPol-v1" in flags:  # multi-agent: their env ids are smac_lite maps or mpe2 tasks
+        typo, meant = ENV_TYPO[script]
+        flags, expected = ["--env-id", typo], [typo, f"did you mean '{meant}'"]
     flags = flags if "--env-id" in flags else ["--env-id", smoke_env(script), *flags]
     assert_clean_error(run_script(script, flags, tmp_path / "run"), tmp_path / "run", *expected)
 

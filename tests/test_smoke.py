@@ -11,7 +11,7 @@ import torch
 
 from benchmark.references import load_references, score
 from benchmark.runs import load_script, read_metrics, read_rows, run_env, run_script, script_command
-from conftest import DISCRETE, LONG, MULTI_AGENT, SMOKE, smoke_env
+from conftest import DISCRETE, LONG, MPE, MULTI_AGENT, SMAC_LITE, SMOKE, smoke_env
 
 
 def rms(saved_stats: dict):
@@ -49,6 +49,10 @@ RELOAD = {
                                                                                           "ippo_smac_lite.py")},
     **{script: lambda m, s, *a: m.evaluate(loaded(m, "RNNAgent", s, "agent", "input_dim", "n_actions", "hidden"), *a)
        for script in ("qmix_smac_lite.py", "vdn_smac_lite.py")},
+    **{script: lambda m, s, env, episodes, _: m.evaluate(loaded(m, "Agent", s, "agent", "obs_dim", "state_dim",
+                                                                "n_agents", "n_actions", "hidden"), env, episodes,
+                                                         3 + 10**9)  # the MPE scripts' evaluation seed
+       for script in ("mappo_mpe.py", "ippo_mpe.py")},
     "ppo_continuous.py": lambda m, s, *a: m.evaluate(loaded(m, "Agent", s, "agent", "obs_dim", "action_dim"),
                                                      rms(s["obs_rms"]), *a),
     **{script: lambda m, s, *a: m.evaluate(loaded(m, "Actor", s, "actor", "obs_dim", "action_dim"), *a)
@@ -71,8 +75,9 @@ def test_run_contract_and_saved_model(smoke_script, tmp_path):
     assert config["script"] == smoke_script and config["args"]["seed"] == 3 and "torch" in config["versions"]
     metrics = read_metrics(run_dir)
     names = (("train/episodic_return_team", "train/episodic_length", "train/win_rate", "eval/episodic_return_team",
-              "eval/win_rate") if smoke_script in MULTI_AGENT else
-             ("train/episodic_return", "train/episodic_length", "eval/episodic_return"))
+              "eval/win_rate") if smoke_script in SMAC_LITE else
+             ("train/episodic_return_agent_mean", "train/episodic_length", "eval/episodic_return_agent_mean")
+             if smoke_script in MPE else ("train/episodic_return", "train/episodic_length", "eval/episodic_return"))
     for name in names + ("charts/sps",):
         assert name in metrics, f"{name} missing from metrics.csv"
     assert any(n.startswith("losses/") for n in metrics)
@@ -81,12 +86,14 @@ def test_run_contract_and_saved_model(smoke_script, tmp_path):
 
     # the saved model evaluates to the return logged at the end of training
     saved = torch.load(run_dir / "model.pt", weights_only=False)
-    episodes = len(saved["eval_returns"]["eval/win_rate"] if smoke_script in MULTI_AGENT else saved["eval_returns"])
+    saved_returns = saved["eval_returns"]  # multi-agent: {metric name: one value per episode}
+    episodes = len(next(iter(saved_returns.values())) if smoke_script in MULTI_AGENT else saved_returns)
     returns = RELOAD[smoke_script](load_script(smoke_script), saved, env_id, episodes, 3 + 100_000)
-    assert returns == saved["eval_returns"], "the reloaded model must evaluate exactly as it did when saved"
-    if smoke_script in MULTI_AGENT:
+    assert returns == saved_returns, "the reloaded model must evaluate exactly as it did when saved"
+    if smoke_script in SMAC_LITE:
         assert np.mean(returns["eval/win_rate"]) == pytest.approx(score(metrics, "final_win_rate"))
-    else:
+    returns = returns["eval/episodic_return_agent_mean"] if smoke_script in MPE else returns
+    if smoke_script not in SMAC_LITE:
         assert np.mean(returns) == pytest.approx(score(metrics, "final_eval"))
 
 
