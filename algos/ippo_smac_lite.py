@@ -15,7 +15,8 @@ Defaults: the paper's for SMAC (lr 5e-4, 10 epochs, clip 0.2, entropy 0.01, GRU 
 tuning seed) one minibatch plateaued at a greedy win rate of 0.52-0.61 up to 2.25M steps; four reached 0.95 by 100k.
 
 Run:    python algos/ippo_smac_lite.py --env-id 3m --seed 1
-Result: see references.toml (ippo_smac_lite.py on 3m)
+Result: 3m, 200k steps: greedy win rate over 64 battles 0.95-1.0 on 7 of seeds 1-10; the other three stay at the
+        scripted focus-fire level, 0.48-0.55 (references.toml)
 """
 import csv, difflib, json, os, random, subprocess, sys, tempfile, time, tomllib, warnings
 from dataclasses import asdict, dataclass
