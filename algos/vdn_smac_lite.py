@@ -14,8 +14,8 @@ scaled reward: 20 for a clean win) is logged as train/episodic_return_team, with
 greedy.
 
 Run:    python algos/vdn_smac_lite.py --env-id 3m --seed 1
-Result: 3m, 200k battle steps (~190 s on one CPU core): greedy win rate over 64 battles 0.97-1.0 on seeds 1-6
-        (references.toml); every seed above 0.8 from 140k steps on
+Result: 3m, 200k battle steps (~190 s on one CPU core): greedy win rate over 64 battles 0.97-1.0 on seeds 1-10
+        (references.toml)
 """
 import csv, difflib, json, os, random, subprocess, sys, tempfile, time, tomllib, warnings
 from dataclasses import asdict, dataclass
