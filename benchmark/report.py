@@ -200,6 +200,16 @@ def write_report(suite, outcomes, missing: list[str], device: str, report_dir: P
             lines.append(f"- `{ref.id}`: {ref.source}; {ref.env_id}, {ref.total_timesteps:,} steps, score "
                          f"`{ref.score}`, seeds {ref.seeds}" + (f"; note: {ref.note}" if ref.note else ""))
         lines.append("")
+    anchors = [(c, r) for c in table for r in refs if r.script == c["script"] and r.env_id == f"SMAC/{c['env_id']}"]
+    if anchors:
+        lines += ["### Beside them, on SMAC (StarCraft II), not smac_lite: not compared, no verdict", "",
+                  "smac_lite is a simplified simulator of SMAC's battles; a win rate on one does not predict the "
+                  "other. These peers' numbers order the maps and the algorithms.", ""]
+        for c, r in anchors:
+            mean, _ = reference_stats(r)
+            lines.append(f"- {c['script']} {c['env_id']}: SMAC {mean:.3f} at {r.total_timesteps:,} steps "
+                         f"[`{r.id}`: {r.source}; {r.note}]")
+        lines.append("")
     lines += ["### Per-seed scores", ""]
     for c in table:
         per_seed = ", ".join(f"seed {k}: {v:.2f}" for k, v in sorted(c["scores"].items())) or "none"

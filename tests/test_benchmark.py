@@ -571,3 +571,21 @@ def test_learning_curve_smooths_interpolates_and_averages(tmp_path):
     assert np.allclose(std, [12.5, 8.75, 5.0])
     grid, mean, _, _ = learning_curve([a], points=3, window=2)  # trailing mean over 2 episodes: 0, 5, 15
     assert np.allclose(mean, [0.0, 5.0, 15.0])
+
+
+def test_report_puts_smac_numbers_beside_smac_lite_runs_without_judging(tmp_path):
+    """A smac_lite cell (2s3z) lists the MAPPO paper's SMAC win rate in a section of its own, marked as SMAC; the
+    cell's verdict does not use it (SMAC is another simulator)."""
+    outcomes = []
+    for seed, value in enumerate([0.5, 0.6, 0.7], 1):
+        spec = bench.RunSpec("mappo_smac_lite.py", "2s3z", seed, 500000, "final_win_rate", (), None, False)
+        run_dir = tmp_path / "runs" / spec.name
+        _fake_run(run_dir, "eval/win_rate", value)
+        outcomes.append(bench.Outcome(spec, run_dir, "ok"))
+    path = write_report(bench.Suite("t", "test", 3), outcomes, [], "cpu", tmp_path / "reports", load_references(),
+                        now=datetime.datetime(2026, 1, 2, 3, 4))
+    text = path.read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| mappo_smac_lite.py"))
+    assert "SMAC" not in row and "| none |" in row, row  # no reference on smac_lite's 2s3z: no verdict against SMAC
+    section = text.split("### Beside them, on SMAC")[1].split("###")[0]
+    assert "mappo_smac_lite.py 2s3z: SMAC 1.000" in section and "mappo-paper-mappo-SMAC-2s3z" in section
