@@ -7,18 +7,21 @@ no parameters are shared, so agents with different observation or action sizes (
 the target r_i + gamma * Q'_i(o'_1..o'_N, mu'_1(o'_1)..mu'_N(o'_N)) from a replay buffer, with the target actors and
 critics; mu_i follows the deterministic policy gradient of Q_i, the other agents' actions taken from the buffer (eq. 6).
 The paper's settings (its Appendix and the authors' code): 64-64 ReLU networks, Adam lr 1e-2, gamma 0.95, batch 1024,
-one update of every agent each 100 environment steps, tau 0.01, replay of 1e6 steps, gradient norm clip 0.5, a 1e-3
-penalty on the actor's pre-activations. Continuous actions (mpe2's continuous_actions=True: Box(0, 1) per action
-component; the actor's sigmoid maps into the box) in place of the paper's Gumbel-softmax over discrete ones;
-exploration is Gaussian noise on the actions, clipped to the box. The --num-envs mpe2 parallel_envs step one after
-another in a Python loop; global_step counts joint steps (one step of one env). Every episode ends at the time limit
-(25 steps): a truncation, whose true final observation is stored and bootstrapped through; only a termination cuts the
-bootstrap. Metrics: train/ and eval/episodic_return_agent_mean, the per-agent mean of the episodic return; in the
-competitive tasks also per team: .../episodic_return_adversary_mean (adversaries, eve) and .../episodic_return_good_mean
-(the others). The evaluation is deterministic (the actors' actions, no noise).
+one update of every agent each 100 joint steps, tau 0.01, replay of 1e6 steps, the first update after 25600 steps,
+gradient norm clip 0.5, a 1e-3 penalty on the actor's pre-activations. Continuous actions (mpe2's
+continuous_actions=True: Box(0, 1) per action component; the actor's sigmoid maps into the box) in place of the paper's
+Gumbel-softmax over discrete ones; exploration is Gaussian noise on the actions (std 0.1 of the range), clipped to the
+box, from the first step. The --num-envs mpe2 parallel_envs (8; the paper: 1) step one after another in a Python loop;
+global_step counts joint steps (one step of one env), and the updates keep the paper's ratio of one per 100 of them.
+Every episode ends at the time limit (25 steps): a truncation, whose true final observation is stored and bootstrapped
+through; only a termination cuts the bootstrap. Metrics: train/ and eval/episodic_return_agent_mean, the per-agent mean
+of the episodic return; in the competitive tasks also per team: .../episodic_return_adversary_mean (adversaries, eve)
+and .../episodic_return_good_mean (the others). The evaluation is deterministic (the actors' actions, no noise).
 
 Run:    python algos/maddpg_mpe.py --env-id simple_spread_v3 --seed 1
-Result: RESULT
+Result: simple_spread_v3, 100k steps, these defaults: per-agent mean return of 100 deterministic episodes -19.5 to -20.3
+        on seeds 1-5 (random play -26.1; the untrained actors, which stand still, about -24; the first updates make it
+        worse, about -34 at 30k-40k steps, before it improves); 300k steps (the default), seed 1: -15.6
 """
 import csv, difflib, importlib, json, os, random, subprocess, sys, tempfile, time, tomllib, warnings
 from dataclasses import asdict, dataclass
@@ -209,3 +212,344 @@ class RunLogger:
         if not refs:
             print(f"no reference for {SCRIPT} on {args.env_id} to compare with")
 # ---- end shared: helpers ----
+
+
+MAX_CYCLES = 25  # steps per episode (mpe2's default, the paper's)
+TASKS = {  # the mpe2 tasks with more than one agent, and their settings; one actor and critic per agent fits them all
+    "simple_spread_v3": {"N": 3, "local_ratio": 0.5},  # cooperative: N agents cover N landmarks without colliding
+    "simple_reference_v3": {"local_ratio": 0.5},  # cooperative: 2 agents; each says which landmark the other must reach
+    "simple_speaker_listener_v4": {},  # cooperative: a speaker (who cannot move) guides a listener
+    "simple_formation_v1": {"N": 4}, "simple_line_v1": {"N": 4}, "collect_treasure_v1": {},  # cooperative
+    "simple_adversary_v3": {"N": 2},  # competitive: 1 adversary, 2 good agents, 2 landmarks
+    "simple_tag_v3": {},  # competitive: 3 slow adversaries chase 1 fast good agent
+    "simple_push_v3": {},  # competitive: 1 adversary pushes 1 good agent away from its landmark
+    "simple_crypto_v3": {},  # competitive: alice and bob share a message that eve (the adversary) must not decode
+    "simple_world_comm_v3": {},  # competitive: 4 adversaries (one leads, speaking) chase 2 good agents among forests
+}
+NOT_SUPPORTED = {"simple_v3": "one agent: nothing to centralise, it is DDPG"}
+ADVERSARIES = ("adversary", "leadadversary", "eve")  # the competitive tasks' adversary teams (agent name prefixes)
+
+
+def check_args(args: Args):
+    if args.env_id not in TASKS:
+        close = difflib.get_close_matches(args.env_id, [*TASKS, *NOT_SUPPORTED], n=1)
+        why = (f"mpe2 task '{args.env_id}' is not supported ({NOT_SUPPORTED[args.env_id]})" if args.env_id in
+               NOT_SUPPORTED else f"unknown mpe2 task '{args.env_id}'" + (f"; did you mean '{close[0]}'?" if close
+                                                                          and close[0] in TASKS else ""))
+        fail(why + f"; the tasks: {', '.join(TASKS)}", *(("ddpg_continuous.py", "dqn.py") if args.env_id in
+                                                           gym.registry else ()))  # a single-agent Gymnasium env
+    check_ranges(args, {"num_envs": "x >= 1", "learning_rate": "x > 0", "buffer_size": "x >= 1",
+                        "gamma": "0 <= x <= 1", "tau": "0 < x <= 1", "batch_size": "x >= 1",
+                        "learning_starts": "x >= 0", "train_every": "x >= 1", "exploration_noise": "x >= 0",
+                        "max_grad_norm": "x > 0", "actor_reg": "x >= 0", "hidden_dim": "x >= 1"})
+    if args.batch_size > min(args.buffer_size, max(args.learning_starts, 1)):
+        fail(f"--batch-size {args.batch_size} must not exceed --learning-starts ({args.learning_starts}) or "
+             f"--buffer-size ({args.buffer_size}): the first minibatch is drawn when learning starts")
+    if args.total_timesteps <= args.learning_starts:
+        fail(f"--total-timesteps {args.total_timesteps} must exceed --learning-starts {args.learning_starts}")
+
+
+class MPEEnvs:
+    """num_envs mpe2 parallel_envs of one task (continuous actions), stepped in turn. The agents' observations come
+    concatenated, agent after agent, as one joint observation (num_envs, sum of obs_dims) tensor (MPE is numpy: one host
+    copy per step); actions go in the same way, (num_envs, sum of action_dims). Env i's k-th episode (from 0) is seeded
+    with seed + i + num_envs * k. With auto_reset, a finished env is reset in the same step, its last observation kept
+    in info["final_obs"] for the bootstrap; without it (evaluation), it is left finished."""
+
+    def __init__(self, env_id: str, num_envs: int, device, auto_reset=True, render_env0=False):
+        module = importlib.import_module(f"mpe2.{env_id}")
+        self.envs = [module.parallel_env(max_cycles=MAX_CYCLES, continuous_actions=True, **TASKS[env_id],
+                                         render_mode="rgb_array" if render_env0 and i == 0 else None)
+                     for i in range(num_envs)]
+        self.agents, env = self.envs[0].possible_agents, self.envs[0]
+        self.n_agents, self.device, self.auto_reset = len(self.agents), device, auto_reset
+        self.obs_dims = [env.observation_space(a).shape[0] for a in self.agents]
+        self.action_dims = [env.action_space(a).shape[0] for a in self.agents]
+        self.low, self.high = (np.concatenate([getattr(env.action_space(a), x) for a in self.agents]) for x in
+                               ("low", "high"))
+        self.adversary = np.array([a.split("_")[0] in ADVERSARIES for a in self.agents])
+        self.splits = np.cumsum(self.action_dims)[:-1]  # where each agent's action starts in the joint action
+        self.seed, self.episodes = 0, np.zeros(num_envs, dtype=np.int64)
+        self.obs = np.zeros((num_envs, sum(self.obs_dims)), dtype=np.float32)
+        self.returns, self.lengths = np.zeros((num_envs, self.n_agents)), np.zeros(num_envs, dtype=np.int64)
+
+    def _reset(self, i: int):
+        obs, _ = self.envs[i].reset(seed=self.seed + i + len(self.envs) * int(self.episodes[i]))
+        self.obs[i], self.returns[i], self.lengths[i] = np.concatenate([obs[a] for a in self.agents]), 0.0, 0
+        self.episodes[i] += 1
+
+    def reset(self, seed: int):
+        """Start every env anew (env i with seed + i); returns the joint observations."""
+        self.seed, self.episodes[:] = seed, 0
+        for i in range(len(self.envs)):
+            self._reset(i)
+        return torch.as_tensor(self.obs.copy(), device=self.device)
+
+    def step(self, actions):
+        """actions: (num_envs, sum of action_dims) array. Returns obs, reward (num_envs, n_agents): each agent's own,
+        terminated (num_envs,): the task ended it (no bootstrap), done (num_envs,): ended by termination or time limit,
+        and info: final_obs (the true last observation where done), episode_return (num_envs, n_agents: each agent's
+        return of the finished episode) and episode_length, which hold where done."""
+        n = len(self.envs)
+        reward, terminated, done = np.zeros((n, self.n_agents), np.float32), np.zeros(n, bool), np.zeros(n, bool)
+        final_obs, ep_return, ep_length = self.obs.copy(), np.zeros((n, self.n_agents)), np.zeros(n)
+        for i, env in enumerate(self.envs):
+            if not env.agents:  # finished, and not reset (evaluation)
+                continue
+            obs, rew, term, trunc, _ = env.step(dict(zip(self.agents, np.split(actions[i], self.splits))))
+            self.obs[i] = final_obs[i] = np.concatenate([obs[a] for a in self.agents])
+            reward[i] = [rew[a] for a in self.agents]
+            self.returns[i] += reward[i]
+            self.lengths[i] += 1
+            terminated[i], done[i] = any(term.values()), all(term[a] or trunc[a] for a in self.agents)
+            if done[i]:
+                ep_return[i], ep_length[i] = self.returns[i], self.lengths[i]
+                if self.auto_reset:
+                    self._reset(i)
+        info = {"final_obs": final_obs, "episode_return": ep_return, "episode_length": ep_length}
+        return torch.as_tensor(self.obs.copy(), device=self.device), reward, terminated, done, info
+
+    def render(self):
+        """Env 0's frame (it must have been made with render_env0)."""
+        return self.envs[0].render()
+
+
+class Actor(nn.Module):
+    """mu_i: o_i -> 64 -> 64 (ReLU) -> one pre-activation per action component, squashed by a sigmoid into the action
+    box [low, high] (buffers: saved with the weights, so a saved actor needs no env to act); nn.Linear's default
+    init."""
+
+    def __init__(self, obs_dim: int, action_dim: int, hidden: int, low=0.0, high=1.0):
+        super().__init__()
+        self.network = nn.Sequential(nn.Linear(obs_dim, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
+                                     nn.Linear(hidden, action_dim))
+        self.register_buffer("low", torch.tensor(low, dtype=torch.float32).expand(action_dim).clone())
+        self.register_buffer("high", torch.tensor(high, dtype=torch.float32).expand(action_dim).clone())
+
+    def squash(self, pre_activation):
+        return self.low + (self.high - self.low) * torch.sigmoid(pre_activation)
+
+    def forward(self, obs):
+        return self.squash(self.network(obs))
+
+
+class Critic(nn.Module):
+    """Q_i: the joint observation (every agent's) and the joint action (every agent's) -> 64 -> 64 (ReLU) -> Q-value."""
+
+    def __init__(self, joint_obs_dim: int, joint_action_dim: int, hidden: int):
+        super().__init__()
+        self.network = nn.Sequential(nn.Linear(joint_obs_dim + joint_action_dim, hidden), nn.ReLU(),
+                                     nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, 1))
+
+    def forward(self, joint_obs, joint_actions):
+        return self.network(torch.cat([joint_obs, joint_actions], -1)).squeeze(-1)
+
+
+def joint_action(actors, joint_obs, obs_dims):
+    """(a_1..a_N) = (mu_1(o_1)..mu_N(o_N)), concatenated: each actor sees only its own agent's observation."""
+    return torch.cat([actor(o) for actor, o in zip(actors, joint_obs.split(obs_dims, -1))], -1)
+
+
+def with_action(joint_actions, i, action_i, action_dims):
+    """The joint action with agent i's part replaced by action_i (eq. 6: the other agents' actions stay as drawn)."""
+    parts = list(joint_actions.split(action_dims, -1))
+    parts[i] = action_i
+    return torch.cat(parts, -1)
+
+
+def maddpg_target(next_q, rewards, terminated, gamma):
+    """y_i = r_i + gamma * Q'_i(x', mu'_1(o'_1)..mu'_N(o'_N)) (the paper's eq. 6) with the target actors and critic;
+    only termination stops the bootstrap: a time-limit truncation has a future (the stored x' is its true last one)."""
+    return rewards + gamma * (1.0 - terminated) * next_q
+
+
+def explore(actions, noise_std, low, high, rng):
+    """The actors' actions plus Gaussian noise (std in units of each component's range), clipped to the box."""
+    noisy = actions + rng.normal(0.0, 1.0, actions.shape) * noise_std * (high - low)
+    return np.clip(noisy, low, high).astype(np.float32)
+
+
+class ReplayBuffer:
+    """A ring buffer of preallocated numpy arrays of joint steps: the joint observation, the true next joint observation
+    (the last one of an episode cut by the time limit), the joint action, every agent's reward and `terminated`.
+    Checkpointable through state_dict(), which holds only the filled part."""
+    FIELDS = ("obs", "next_obs", "actions", "rewards", "terminated")
+
+    def __init__(self, size: int, obs_dim: int, action_dim: int, n_agents: int, rng: np.random.Generator):
+        self.obs, self.next_obs = np.zeros((size, obs_dim), np.float32), np.zeros((size, obs_dim), np.float32)
+        self.actions, self.rewards = np.zeros((size, action_dim), np.float32), np.zeros((size, n_agents), np.float32)
+        self.terminated = np.zeros(size, np.float32)
+        self.size, self.pos, self.full, self.rng = size, 0, False, rng
+
+    def add(self, obs, next_obs, actions, rewards, terminated):
+        idx = (self.pos + np.arange(len(obs))) % self.size
+        for name, value in zip(self.FIELDS, (obs, next_obs, actions, rewards, terminated)):
+            getattr(self, name)[idx] = value
+        self.full, self.pos = self.full or self.pos + len(obs) >= self.size, (self.pos + len(obs)) % self.size
+
+    def sample(self, batch_size: int, device):
+        """A uniform minibatch (obs, next_obs, actions, rewards, terminated) as tensors on `device`."""
+        idx = self.rng.integers(0, self.size if self.full else self.pos, batch_size)
+        return [torch.as_tensor(getattr(self, name)[idx], device=device) for name in self.FIELDS]
+
+    def state_dict(self):
+        n = self.size if self.full else self.pos
+        return {**{name: getattr(self, name)[:n] for name in self.FIELDS}, "pos": self.pos, "full": self.full}
+
+    def load_state_dict(self, state):
+        for name in self.FIELDS:
+            getattr(self, name)[:len(state[name])] = state[name]
+        self.pos, self.full = state["pos"], state["full"]
+
+
+def episode_metrics(prefix: str, returns, adversary) -> dict:
+    """{metric name: one value per episode} from each agent's episodic returns (episodes, n_agents): the per-agent
+    mean, and in a competitive task the mean of each team (adversary: which agents are adversaries)."""
+    metrics = {f"{prefix}/episodic_return_agent_mean": returns.mean(-1)}
+    if adversary.any() and not adversary.all():
+        metrics[f"{prefix}/episodic_return_adversary_mean"] = returns[:, adversary].mean(-1)
+        metrics[f"{prefix}/episodic_return_good_mean"] = returns[:, ~adversary].mean(-1)
+    return metrics
+
+
+@torch.no_grad()
+def evaluate(actors, env_id, episodes, seed, device="cpu", frames=None):
+    """Deterministic play (the actors' actions, no noise) of one episode in each of `episodes` envs (env i seeded with
+    seed + i); returns {metric name: [one value per episode]} (episode_metrics). frames: a list that receives episode
+    0's frames (--capture-video)."""
+    env = MPEEnvs(env_id, max(episodes, 1), device, auto_reset=False, render_env0=frames is not None)
+    if episodes == 0:
+        return {k: [] for k in episode_metrics("eval", np.zeros((0, env.n_agents)), env.adversary)}
+    obs, finished = env.reset(seed), np.zeros(episodes, dtype=bool)
+    returns = np.zeros((episodes, env.n_agents))
+    if frames is not None:
+        frames.append(env.render()[::2, ::2])  # 350 x 350 pixels
+    while not finished.all():
+        obs, _, _, done, info = env.step(joint_action(actors, obs, env.obs_dims).cpu().numpy())
+        returns[done] = info["episode_return"][done]
+        if frames is not None and not finished[0]:
+            frames.append(env.render()[::2, ::2])
+        finished |= done
+    return {k: v.tolist() for k, v in episode_metrics("eval", returns, env.adversary).items()}
+
+
+def main(args: Args):
+    args, ckpt, run_dir = start_run(args, check_args)
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    env = MPEEnvs(args.env_id, args.num_envs, device)
+    N, A, obs_dims, action_dims = args.num_envs, env.n_agents, env.obs_dims, env.action_dims
+    low, high = np.split(env.low, env.splits), np.split(env.high, env.splits)
+    make_actors = lambda: nn.ModuleList(  # noqa: E731
+        Actor(o, a, args.hidden_dim, lo, hi) for o, a, lo, hi in zip(obs_dims, action_dims, low, high)).to(device)
+    make_critics = lambda: nn.ModuleList(  # noqa: E731
+        Critic(sum(obs_dims), sum(action_dims), args.hidden_dim) for _ in range(A)).to(device)
+    actors, critics = make_actors(), make_critics()  # agent i: actors[i], critics[i]; nothing is shared
+    actors_target, critics_target = make_actors(), make_critics()
+    actors_target.load_state_dict(actors.state_dict()), critics_target.load_state_dict(critics.state_dict())
+    actor_optimizers = [torch.optim.Adam(a.parameters(), lr=args.learning_rate) for a in actors]
+    critic_optimizers = [torch.optim.Adam(c.parameters(), lr=args.learning_rate) for c in critics]
+    rng = np.random.default_rng(args.seed)  # exploration noise and replay sampling
+    rb = ReplayBuffer(args.buffer_size, sum(obs_dims), sum(action_dims), A, rng)
+    num_iterations = args.total_timesteps // N  # one iteration = one step of every env
+    iteration, eval_seed = 0, args.seed + 10**9  # evaluation episodes are seeded apart from training
+    run_eval = lambda frames=None: evaluate(  # noqa: E731
+        actors, args.env_id, args.eval_episodes, eval_seed, device, frames)
+    if ckpt is not None:
+        try:
+            for key, obj in (("actors", actors), ("critics", critics), ("actors_target", actors_target),
+                             ("critics_target", critics_target), ("rb", rb)):
+                obj.load_state_dict(ckpt[key])
+            for opt, state in zip(actor_optimizers + critic_optimizers, ckpt["optimizers"], strict=True):
+                opt.load_state_dict(state)
+        except Exception as e:
+            fail(f"{run_dir / 'checkpoint.pt'} does not fit this network ({type(e).__name__}); delete it or start anew")
+        rng.bit_generator.state = ckpt["rng"]  # the only RNG used after seeding
+        iteration = ckpt["iteration"]
+    global_step = iteration * N
+    logger = RunLogger(args, run_dir, num_iterations * N, global_step, resuming=ckpt is not None)
+
+    def checkpoint(iteration):  # write, then rename: a crash never leaves a half-written checkpoint.pt
+        torch.save({"args": asdict(args), "iteration": iteration, "global_step": iteration * N,
+                    "actors": actors.state_dict(), "critics": critics.state_dict(),
+                    "actors_target": actors_target.state_dict(), "critics_target": critics_target.state_dict(),
+                    "optimizers": [o.state_dict() for o in actor_optimizers + critic_optimizers],
+                    "rb": rb.state_dict(), "rng": rng.bit_generator.state}, run_dir / "checkpoint.tmp")
+        os.replace(run_dir / "checkpoint.tmp", run_dir / "checkpoint.pt")
+
+    def update(i):
+        """One gradient step of agent i's critic and actor on its own minibatch, then of its targets (authors' code)."""
+        b_obs, b_next_obs, b_actions, b_rewards, b_terminated = rb.sample(args.batch_size, device)
+        with torch.no_grad():
+            next_q = critics_target[i](b_next_obs, joint_action(actors_target, b_next_obs, obs_dims))
+            target = maddpg_target(next_q, b_rewards[:, i], b_terminated, args.gamma)
+        q = critics[i](b_obs, b_actions)
+        critic_loss = F.mse_loss(q, target)
+        critic_optimizers[i].zero_grad()
+        critic_loss.backward()
+        nn.utils.clip_grad_norm_(critics[i].parameters(), args.max_grad_norm)
+        critic_optimizers[i].step()
+
+        pre_activation = actors[i].network(b_obs.split(obs_dims, -1)[i])
+        critics[i].requires_grad_(False)  # the actor loss needs no gradient for the critic's weights
+        actions = with_action(b_actions, i, actors[i].squash(pre_activation), action_dims)
+        actor_loss = -critics[i](b_obs, actions).mean() + args.actor_reg * pre_activation.pow(2).mean()
+        critics[i].requires_grad_(True)
+        actor_optimizers[i].zero_grad()
+        actor_loss.backward()
+        nn.utils.clip_grad_norm_(actors[i].parameters(), args.max_grad_norm)
+        actor_optimizers[i].step()
+
+        with torch.no_grad():  # target <- tau * online + (1 - tau) * target
+            for target_param, param in zip([*actors_target[i].parameters(), *critics_target[i].parameters()],
+                                           [*actors[i].parameters(), *critics[i].parameters()]):
+                target_param.lerp_(param, args.tau)
+        return {f"losses/critic_loss_{i}": critic_loss, f"losses/actor_loss_{i}": actor_loss, f"losses/q_values_{i}":
+                q.mean()}
+
+    obs, stats = env.reset(seed=args.seed + global_step), {}  # a resumed run starts fresh episodes
+    try:
+        for iteration in range(iteration, num_iterations):
+            with torch.no_grad():
+                actions = joint_action(actors, obs, obs_dims).cpu().numpy()
+            actions = explore(actions, args.exploration_noise, env.low, env.high, rng)
+            next_obs, rewards, terminated, done, info = env.step(actions)
+            rb.add(obs.cpu().numpy(), info["final_obs"], actions, rewards, terminated)  # true last obs where done
+            global_step += N  # right after rb.add: on Ctrl-C the steps counted are the steps stored
+            obs = next_obs
+            if done.any():  # every finished episode of every env
+                metrics = episode_metrics("train", info["episode_return"][done], env.adversary)
+                for k in range(done.sum()):
+                    logger.log(global_step, {**{name: v[k] for name, v in metrics.items()},
+                                             "train/episodic_length": info["episode_length"][done][k]})
+                logger.last_return = metrics["train/episodic_return_agent_mean"].mean()
+
+            if global_step >= args.learning_starts:  # one update of every agent per train_every steps crossed
+                for _ in range(global_step // args.train_every - (global_step - N) // args.train_every):
+                    stats = {k: v for i in range(A) for k, v in update(i).items()}
+            if iteration % 100 == 0:  # every 100 vector steps (the only host syncs of the losses)
+                if stats:
+                    logger.log(global_step, stats)
+                logger.progress(global_step)
+            if args.eval_every and iteration + 1 < num_iterations and global_step % args.eval_every < N:
+                logger.evaluate(global_step, run_eval)
+            if (iteration + 1) % max(1, args.checkpoint_every // N) == 0:
+                checkpoint(iteration + 1)
+    except KeyboardInterrupt:
+        checkpoint(global_step // N)  # a step interrupted before rb.add is redone
+        print(f"\ninterrupted: metrics kept, resume with --resume {run_dir}", file=sys.stderr)
+        sys.exit(130)
+    checkpoint(num_iterations)
+    frames = [] if args.capture_video else None
+    eval_results = logger.evaluate(global_step, lambda: run_eval(frames))
+    if frames:
+        import imageio.v2 as imageio
+        (run_dir / "videos").mkdir(exist_ok=True)
+        imageio.mimsave(run_dir / "videos" / "eval_episode0.gif", frames, duration=100, loop=0)
+    if args.save_model:
+        torch.save({"actors": actors.state_dict(), "args": asdict(args), "eval_returns": eval_results,
+                    "obs_dims": obs_dims, "action_dims": action_dims, "hidden": args.hidden_dim}, run_dir / "model.pt")
+    logger.close(run_dir, args, eval_results)
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Args))

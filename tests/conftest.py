@@ -40,11 +40,14 @@ SMOKE = {
        for script in ("qmix_smac_lite.py", "vdn_smac_lite.py")},
     **{script: ["--env-id", "simple_spread_v3", "--total-timesteps", "512", "--num-envs", "4", "--num-steps", "32",
                 "--update-epochs", "2", "--eval-episodes", "2"] for script in ("mappo_mpe.py", "ippo_mpe.py")},
+    "maddpg_mpe.py": ["--env-id", "simple_spread_v3", "--total-timesteps", "600", "--num-envs", "4",
+                      "--learning-starts", "200", "--batch-size", "32", "--buffer-size", "1000", "--train-every", "20",
+                      "--eval-episodes", "2"],
 }
 # The multi-agent scripts. smac_lite: --env-id is a map; they log the team return and the win rate. MPE: an mpe2 task;
 # they log the per-agent mean return.
 SMAC_LITE = {"mappo_smac_lite.py", "ippo_smac_lite.py", "qmix_smac_lite.py", "vdn_smac_lite.py"}
-MPE = {"mappo_mpe.py", "ippo_mpe.py"}
+MPE = {"mappo_mpe.py", "ippo_mpe.py", "maddpg_mpe.py"}
 MULTI_AGENT = SMAC_LITE | MPE
 ENV_TYPO = {**{s: ("3mm", "3m") for s in SMAC_LITE}, **{s: ("simple_spred_v3", "simple_spread_v3") for s in MPE}}
 # An env of the action space the script does not handle, and a word its error line must contain.
@@ -59,7 +62,7 @@ LONG = {"ppo.py": 30_000, "dqn.py": 30_000, "c51.py": 30_000, "dqn_atari.py": 15
         "ppo_atari_envpool.py": 1536, "sac_atari.py": 1500, "ppo_continuous.py": 4096,
         "ddpg_continuous.py": 2000, "sac_continuous.py": 2000, "td3_continuous.py": 2000,
         "mappo_smac_lite.py": 8192, "ippo_smac_lite.py": 8192, "qmix_smac_lite.py": 8000, "vdn_smac_lite.py": 8000,
-        "mappo_mpe.py": 8000, "ippo_mpe.py": 8000}
+        "mappo_mpe.py": 8000, "ippo_mpe.py": 8000, "maddpg_mpe.py": 8000}
 
 
 def smoke_env(script: str) -> str:

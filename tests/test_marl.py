@@ -1,9 +1,10 @@
 """The maths of the multi-agent scripts, on hand-made cases: masking of unavailable actions, death masking, the GRU's
 reset at episode starts, value normalisation, the critics' inputs."""
+import numpy as np
 import pytest
 import torch
 
-from benchmark.runs import load_script
+from benchmark.runs import load_script, read_metrics
 
 PPO_FAMILY = ["mappo_smac_lite.py", "ippo_smac_lite.py"]
 
@@ -88,3 +89,69 @@ def test_gae_broadcasts_the_team_reward_and_done_over_agents():
     advantages, returns = m.compute_gae(rewards, values, dones, torch.full((1, 3), 5.0), 0.5, 1.0)
     assert torch.allclose(returns[:, 0, 0], torch.tensor([1.0 + 0.5 * 2.0, 2.0])), "done at the last step: no bootstrap"
     assert torch.equal(returns[:, :, 0], returns[:, :, 2])
+
+
+def test_maddpg_critic_sees_every_agent_and_the_actor_only_its_own():
+    """Q_i(o_1..o_N, a_1..a_N) depends on every agent's observation and action; mu_i on o_i alone (different sizes, as
+    in simple_adversary_v3)."""
+    m = load_script("maddpg_mpe.py")
+    torch.manual_seed(0)
+    obs_dims, action_dims = [8, 10, 10], [5, 5, 5]
+    actors = torch.nn.ModuleList(m.Actor(o, a, 16) for o, a in zip(obs_dims, action_dims))
+    critic = m.Critic(sum(obs_dims), sum(action_dims), 16)
+    obs, actions = torch.randn(4, 28, requires_grad=True), torch.rand(4, 15, requires_grad=True)
+    obs_grad, action_grad = torch.autograd.grad(critic(obs, actions).sum(), (obs, actions))
+    for grad, dims in ((obs_grad, obs_dims), (action_grad, action_dims)):
+        assert all(part.abs().sum() > 0 for part in grad.split(dims, -1)), "the critic sees every agent"
+    joint = m.joint_action(actors, obs, obs_dims)
+    assert joint.shape == (4, 15)
+    grad, = torch.autograd.grad(joint[:, 5:10].sum(), obs)  # agent 1's action
+    parts = grad.split(obs_dims, -1)
+    assert parts[1].abs().sum() > 0 and parts[0].abs().sum() == 0 and parts[2].abs().sum() == 0
+    replaced = m.with_action(actions, 1, torch.zeros(4, 5), action_dims)  # eq. 6: the others' actions as drawn
+    assert torch.equal(replaced[:, 5:10], torch.zeros(4, 5))
+    assert torch.equal(replaced[:, :5], actions[:, :5]) and torch.equal(replaced[:, 10:], actions[:, 10:])
+
+
+def test_maddpg_bootstraps_through_truncation_but_not_termination(tmp_path):
+    m = load_script("maddpg_mpe.py")
+    y = m.maddpg_target(torch.tensor([10.0, 10.0]), torch.tensor([1.0, 1.0]), torch.tensor([0.0, 1.0]), 0.5)
+    assert torch.equal(y, torch.tensor([6.0, 1.0]))
+    # a real run: 2 envs, 2 episodes of 25 steps each; every stored next_obs is the true successor, the time limit is
+    # no termination, and at an episode's end the stored next_obs is its last observation, not the reset one
+    m.main(m.Args(num_envs=2, total_timesteps=100, learning_starts=60, batch_size=8, buffer_size=1000,
+                  train_every=20, eval_episodes=0, run_dir=str(tmp_path)))
+    rb = torch.load(tmp_path / "checkpoint.pt", weights_only=False)["rb"]
+    assert rb["pos"] == 100 and not rb["terminated"].any()
+    obs, next_obs = torch.as_tensor(rb["obs"]), torch.as_tensor(rb["next_obs"])
+    ends = (torch.arange(100) // 2 + 1) % 25 == 0  # row k: env k % 2 at its step k // 2
+    successor = (next_obs[:-2] == obs[2:]).all(-1)  # row k + 2: the same env's next step
+    assert successor[~ends[:-2]].all() and not successor[ends[:-2]].any()
+    metrics = read_metrics(tmp_path)
+    assert len(metrics["train/episodic_length"][1]) == 4 and (metrics["train/episodic_length"][1] == 25).all()
+
+
+def test_maddpg_actions_stay_inside_the_box():
+    m = load_script("maddpg_mpe.py")
+    torch.manual_seed(0)
+    actor = m.Actor(6, 5, 16, low=[0.0, -1.0, 0.0, 0.0, 2.0], high=[1.0, 1.0, 1.0, 1.0, 3.0])
+    actions = actor(torch.randn(1000, 6) * 1e4)  # saturated pre-activations
+    assert (actions >= actor.low).all() and (actions <= actor.high).all()
+    low, high = actor.low.numpy(), actor.high.numpy()
+    noisy = m.explore(actions.detach().numpy(), 5.0, low, high, np.random.default_rng(0))
+    assert noisy.dtype == np.float32 and (noisy >= low).all() and (noisy <= high).all()
+    assert (noisy == low).any() and (noisy == high).any() and ((noisy > low) & (noisy < high)).any()
+
+
+@pytest.mark.parametrize("task", ["simple_adversary_v3", "simple_tag_v3", "simple_spread_v3", "simple_crypto_v3",
+                                  "simple_world_comm_v3", "simple_speaker_listener_v4"])
+def test_maddpg_evaluates_every_kind_of_task_with_team_metrics(task):
+    m = load_script("maddpg_mpe.py")
+    env = m.MPEEnvs(task, 1, "cpu")
+    actors = torch.nn.ModuleList(m.Actor(o, a, 8) for o, a in zip(env.obs_dims, env.action_dims))
+    results = m.evaluate(actors, task, 2, 0)
+    competitive = env.adversary.any()
+    assert competitive == (task not in ("simple_spread_v3", "simple_speaker_listener_v4"))
+    names = {"eval/episodic_return_agent_mean"} | ({"eval/episodic_return_adversary_mean",
+                                                   "eval/episodic_return_good_mean"} if competitive else set())
+    assert set(results) == names and all(len(v) == 2 for v in results.values())

@@ -28,6 +28,15 @@ def loaded(module, cls: str, saved: dict, key: str, *sizes: str):
     return net
 
 
+def actor_states(state: dict) -> list[dict]:
+    """The state_dict of each module of a saved nn.ModuleList ({"0.network.0.weight": ...}), in order."""
+    parts = {}
+    for key, value in state.items():
+        index, name = key.split(".", 1)
+        parts.setdefault(int(index), {})[name] = value
+    return [parts[i] for i in sorted(parts)]
+
+
 # Rebuild each script's policy from model.pt alone and evaluate it as the script does at the end of training:
 # script -> (module, saved, env_id, episodes, seed) -> returns
 RELOAD = {
@@ -53,6 +62,10 @@ RELOAD = {
                                                                 "n_agents", "n_actions", "hidden"), env, episodes,
                                                          3 + 10**9)  # the MPE scripts' evaluation seed
        for script in ("mappo_mpe.py", "ippo_mpe.py")},
+    "maddpg_mpe.py": lambda m, s, env, episodes, _: m.evaluate(torch.nn.ModuleList(
+        loaded(m, "Actor", {**s, "actor": state, "obs_dim": o, "action_dim": a}, "actor", "obs_dim", "action_dim",
+               "hidden") for o, a, state in zip(s["obs_dims"], s["action_dims"], actor_states(s["actors"]))),
+        env, episodes, 3 + 10**9),
     "ppo_continuous.py": lambda m, s, *a: m.evaluate(loaded(m, "Agent", s, "agent", "obs_dim", "action_dim"),
                                                      rms(s["obs_rms"]), *a),
     **{script: lambda m, s, *a: m.evaluate(loaded(m, "Actor", s, "actor", "obs_dim", "action_dim"), *a)
