@@ -19,8 +19,8 @@ of the episodic return; in the competitive tasks also per team: .../episodic_ret
 and .../episodic_return_good_mean (the others). The evaluation is deterministic (the actors' actions, no noise).
 
 Run:    python algos/maddpg_mpe.py --env-id simple_spread_v3 --seed 1
-Result: simple_spread_v3, 100k steps, these defaults: per-agent mean return of 100 deterministic episodes -19.5 to -20.3
-        on seeds 1-5 (random play -26.1; the untrained actors, which stand still, about -24; the first updates make it
+Result: simple_spread_v3, 100k steps, these defaults: per-agent mean return of 100 deterministic episodes -18.7 to -20.8
+        on seeds 1-10 (random play -26.1; the untrained actors, which stand still, about -24; the first updates make it
         worse, about -34 at 30k-40k steps, before it improves); 300k steps (the default), seed 1: -15.6
 """
 import csv, difflib, importlib, json, os, random, subprocess, sys, tempfile, time, tomllib, warnings
