@@ -130,6 +130,19 @@ def test_track_offline_wandb(tmp_path):
     assert list((tmp_path / "run" / "wandb").glob("offline-run-*")), "no offline wandb run written"
 
 
+@pytest.mark.parametrize("script", sorted(MULTI_AGENT))
+def test_multi_agent_capture_video_saves_the_first_evaluation_episode(script, tmp_path):
+    """--capture-video: a GIF of evaluation battle (episode) 0, frame by frame until it ends, in <run_dir>/videos."""
+    import imageio.v2 as imageio
+    out = run_script(script, SMOKE[script] + ["--capture-video"], tmp_path / "run")
+    assert out.returncode == 0, out.stderr[-2000:]
+    gifs = list((tmp_path / "run" / "videos").glob("*.gif"))
+    assert len(gifs) == 1, gifs
+    frames = imageio.mimread(gifs[0])
+    assert len(frames) > 2 and frames[0].ndim == 3 and frames[0].shape[0] > 50
+    assert any((f != frames[0]).any() for f in frames[1:]), "the battle moves"
+
+
 def test_ctrl_c_keeps_metrics_and_resume_continues(smoke_script, tmp_path):
     run_dir = tmp_path / "run"
     flags = SMOKE[smoke_script] + ["--total-timesteps", str(LONG[smoke_script]), "--checkpoint-every", "1000000"]
