@@ -13,8 +13,8 @@ train/episodic_return_team, with train/win_rate; the evaluation is greedy (argma
 Defaults: the paper's for SMAC (lr 5e-4, 10 epochs, clip 0.2, GRU of 64, 3,200 steps per rollout: 64 battles x 50
 steps where the paper has 8 x 400) but 4 minibatches per epoch, not 1, and an entropy bonus of 0.03, not 0.01. On 3m
 (MAPPO, seed 1) one minibatch plateaued at a greedy win rate of 0.52-0.61 (the scripted focus-fire level) up to 2.25M
-steps; four reached 0.95 by 100k. With four and 0.01, seeds 6-8 stayed at that level to 200k; with 0.03 all three
-learned to pull damaged marines back (0.98-1.0 by 140-180k).
+steps; four reached 0.95 by 100k. With four and 0.01, MAPPO seeds 6-8 stayed at that level to 200k (IPPO: seeds 5,
+7 and 10); with 0.03 those three MAPPO seeds learned to pull damaged marines back (0.98-1.0 by 140-180k).
 
 Run:    python algos/ippo_smac_lite.py --env-id 3m --seed 1
 Result: 3m, 200k steps: greedy win rate over 64 battles 0.97-1.0 on 9 of seeds 1-10; seed 5 leaves the scripted
