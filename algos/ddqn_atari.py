@@ -14,7 +14,8 @@ their sign for learning). ALE/<Game>-v5 ids are made with frameskip=1 (the wrapp
 (repeat_action_probability 0.25, Machado et al. 2018); <Game>NoFrameskip-v4 ids (no sticky actions) work too. A step
 is one agent step (4 frames): 10M steps are 40M frames. train/episodic_return and eval/episodic_return are unclipped
 scores of whole games (all lives); train/episodic_length counts a game's steps. The replay buffer stores each frame
-once and rebuilds the stacks when sampling.
+once and rebuilds the stacks when sampling. MinAtar/<Game>-v1 ids (10x10 games, `pip install minatar`) run the same
+pipeline on the grid drawn as 84x84 gray frames, as in dqn_atari.py.
 
 Run:    python algos/ddqn_atari.py --env-id ALE/Breakout-v5 --seed 1 --cuda
 Result: no multi-seed reference yet (benchmark/references.toml)
@@ -36,6 +37,9 @@ from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
 gym.register_envs(ale_py)  # the ALE/<Game>-v5 and <Game>NoFrameskip-v4 ids
+for game in ("asterix", "breakout", "freeway", "seaquest", "space_invaders"):  # MinAtar/<Game>-v1 (pip install minatar)
+    gym.register(f"MinAtar/{game.title().replace('_', '')}-v1", "minatar.gym:BaseEnv", max_episode_steps=10_000,
+                 kwargs=dict(game=game, use_minimal_action_set=True))  # registered here: importing minatar takes 1 s
 
 
 @dataclass
@@ -222,9 +226,12 @@ def check_args(args: Args):
     if not isinstance(act_space, gym.spaces.Discrete):
         fail(f"{SCRIPT} needs discrete actions but {args.env_id} has {act_space}", "sac_continuous.py",
              "td3_continuous.py")
-    if gym.spec(args.env_id).entry_point != "ale_py.env:AtariEnv" or len(obs_space.shape) != 3:
-        fail(f"{SCRIPT} needs an Atari game with image observations (ALE/<Game>-v5 or <Game>NoFrameskip-v4) but "
-             f"{args.env_id} is not one", "dqn.py")
+    pixels = gym.spec(args.env_id).entry_point in ("ale_py.env:AtariEnv", "minatar.gym:BaseEnv")
+    if not pixels or len(obs_space.shape) != 3:
+        fail(f"{SCRIPT} needs an Atari game with image observations (ALE/<Game>-v5 or <Game>NoFrameskip-v4) or a "
+             f"MinAtar game (MinAtar/<Game>-v1) but {args.env_id} is not one", "dqn.py")
+    if args.capture_video and args.env_id.startswith("MinAtar/"):
+        fail("MinAtar games record no video: drop --capture-video")
     check_ranges(args, {"num_envs": "x >= 1", "batch_size": "x >= 1", "train_frequency": "x >= 1",
                         "gradient_steps": "x >= 1", "target_network_frequency": "x >= 1", "learning_rate": "x > 0",
                         "gamma": "0 <= x <= 1", "tau": "0 < x <= 1", "start_e": "0 <= x <= 1", "end_e": "0 <= x <= 1",
@@ -241,8 +248,19 @@ def check_args(args: Args):
         fail(f"--total-timesteps {args.total_timesteps} must exceed --learning-starts {args.learning_starts}")
 
 
+def minatar_frame(obs):
+    """A MinAtar observation (10, 10, channels) of booleans drawn as an 84x84 gray frame: channel c at gray level
+    (c + 1) * 255 // channels (the highest wins where objects overlap), each cell 8x8 pixels, a 2-pixel black border."""
+    levels = np.arange(1, obs.shape[-1] + 1, dtype=np.uint8) * (255 // obs.shape[-1])
+    return np.pad(np.kron((obs * levels).max(-1), np.ones((8, 8), np.uint8)), 2)
+
+
 def make_env(env_id, idx, capture_video, run_dir):
     def thunk():
+        if env_id.startswith("MinAtar/"):  # 10x10 games as frames for the same CNN and frame stack (no Atari wrapper)
+            env = gym.wrappers.RecordEpisodeStatistics(gym.make(env_id))
+            env = gym.wrappers.TransformObservation(env, minatar_frame, gym.spaces.Box(0, 255, (84, 84), np.uint8))
+            return gym.wrappers.FrameStackObservation(env, 4)
         if capture_video and idx == 0:
             env = gym.wrappers.RecordVideo(gym.make(env_id, frameskip=1, render_mode="rgb_array"), f"{run_dir}/videos")
         else:

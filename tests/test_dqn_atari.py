@@ -1,5 +1,6 @@
 """dqn_atari.py without training: the replay buffer rebuilds exactly the frame stacks the env returned, the Nature CNN's
-shapes, the logged return is the unclipped score of a whole game, and a non-Atari env id is refused."""
+shapes, the logged return is the unclipped score of a whole game, MinAtar's frames, and a non-Atari env id is
+refused."""
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -11,14 +12,15 @@ m = load_script("dqn_atari.py")
 SAME_STEP = gym.vector.AutoresetMode.SAME_STEP
 
 
-def test_rebuilt_stacks_equal_the_env_stacks(tmp_path):
+@pytest.mark.parametrize("env_id, limit", [("ALE/Breakout-v5", 45), ("MinAtar/Breakout-v1", 8)])
+def test_rebuilt_stacks_equal_the_env_stacks(env_id, limit, tmp_path):
     """Two envs stored as the script stores them into a ring of 40 slots per env that wraps many times; env 1 is also
-    cut by a time limit every 45 steps. At every check, each slot the buffer may sample holds the last transition
-    stored there, and its rebuilt obs and next_obs are the stacks the env returned: the first steps of an episode
-    (padded with the first frame), the true final observation of an episode that ended (life lost, game over) or was
-    truncated, across the ring's end."""
-    make = m.make_env("ALE/Breakout-v5", 0, False, None)
-    envs = gym.vector.SyncVectorEnv([make, lambda: gym.wrappers.TimeLimit(make(), 45)], autoreset_mode=SAME_STEP)
+    cut by a time limit every 45 steps (8 for MinAtar's shorter games). At every check, each slot the buffer may sample
+    holds the last transition stored there, and its rebuilt obs and next_obs are the stacks the env returned: the first
+    steps of an episode (padded with the first frame), the true final observation of an episode that ended (life lost,
+    game over) or was truncated, across the ring's end."""
+    make = m.make_env(env_id, 0, False, None)
+    envs = gym.vector.SyncVectorEnv([make, lambda: gym.wrappers.TimeLimit(make(), limit)], autoreset_mode=SAME_STEP)
     envs.action_space.seed(0)
     rb = m.ReplayBuffer(80, 2, envs.single_observation_space.shape, np.random.default_rng(0))
     stored = [{}, {}]  # per env: slot -> (obs, next_obs, action, reward, terminated) of the transition stored there
@@ -78,6 +80,37 @@ def test_rebuilt_stacks_equal_the_env_stacks(tmp_path):
     for x, y in zip(batch, sample(restored)):
         assert torch.equal(x, y)
     envs.close()
+
+
+def test_minatar_games_are_drawn_as_84x84_frames_for_the_same_pipeline():
+    """MinAtar (CI's cheap pixel gate): each of the 10x10 cells is an 8x8 block inside a 2-pixel border, each channel
+    at its own gray level; the env returns stacks of the last 4 such frames, as the Atari games do, and a game is cut
+    after 10,000 steps."""
+    obs = np.zeros((10, 10, 4), bool)
+    obs[0, 0, 0] = obs[9, 9, 3] = obs[5, 5, 1] = obs[5, 5, 2] = True  # two objects in one cell: the higher level wins
+    frame = m.minatar_frame(obs)
+    assert frame.shape == (84, 84) and frame.dtype == np.uint8
+    assert (frame[2:10, 2:10] == 63).all() and (frame[74:82, 74:82] == 252).all() and (frame[42:50, 42:50] == 189).all()
+    assert frame.sum() == 64 * (63 + 252 + 189) and not frame[:2].any() and not frame[:, 82:].any()
+    env = m.make_env("MinAtar/Breakout-v1", 0, False, None)()
+    assert env.observation_space.shape == (4, 84, 84) and env.spec.max_episode_steps == 10_000
+    stack, _ = env.reset(seed=3)
+    for _ in range(5):
+        previous, (stack, *_) = stack, env.step(env.action_space.sample())
+        assert np.array_equal(stack[:3], previous[1:])
+        assert np.array_equal(stack[3], m.minatar_frame(env.unwrapped.game.state()))
+    env.close()
+
+
+def test_minatar_run_trains_and_refuses_video(tmp_path):
+    out = run_script("dqn_atari.py", ["--env-id", "MinAtar/Breakout-v1", "--total-timesteps", "400", "--learning-starts",
+                                      "100", "--buffer-size", "1000", "--eval-episodes", "2"], tmp_path / "run")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "eval/episodic_return" in (tmp_path / "run" / "metrics.csv").read_text()
+    out = run_script("dqn_atari.py", ["--env-id", "MinAtar/Breakout-v1", "--capture-video"], tmp_path / "video")
+    assert out.returncode == 2 and out.stderr.strip().splitlines() == ["error: MinAtar games record no video: drop "
+                                                                       "--capture-video"]
+    assert not (tmp_path / "video").exists()
 
 
 def test_a_million_transitions_take_under_7_gib():
