@@ -15,7 +15,8 @@ install minatar`) run the same CNN, frame stack and replay on the grid drawn as 
 wrapper: a game learns in minutes on a CPU, which is how CI checks this pipeline learns (benchmark/references.toml).
 
 Run:    python algos/dqn_atari.py --env-id ALE/Breakout-v5 --seed 1 --cuda
-Result: no multi-seed reference yet (benchmark/references.toml)
+Result: Atari: no multi-seed reference yet. MinAtar/Breakout-v1, 20k steps with `--learning-starts 2000 --buffer-size
+        20000 --learning-rate 2.5e-4` (~3 min on one CPU core): 3.44 +- 0.42 over 10 seeds, random play 0.42
 """
 import csv, difflib, json, os, random, subprocess, sys, tempfile, time, tomllib, warnings
 from dataclasses import asdict, dataclass
