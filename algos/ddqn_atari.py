@@ -76,6 +76,7 @@ class Args:
     train_frequency: int = 4  # vector-env steps between training phases
     gradient_steps: int = 1  # gradient updates per training phase
     eval_epsilon: float = 0.05  # epsilon of the evaluation games (Nature DQN's; 0: greedy)
+    compile: bool = False  # torch.compile the loss and its backward: ~1.6x faster updates on a CPU, ~30 s to compile
 
 
 # ---- shared: helpers ----
@@ -362,6 +363,13 @@ def double_q_target(online_q_next, target_q_next, rewards, terminated, gamma):
     return rewards + gamma * target_q_next.gather(1, next_actions).squeeze(1) * (1.0 - terminated)
 
 
+def q_loss(q_network, target_network, b_obs, b_next_obs, b_actions, b_rewards, b_terminated, gamma):
+    """The squared TD error of the Q-values of the actions taken (MSE, as CleanRL); returns (loss, those Q-values)."""
+    with torch.no_grad():
+        target = double_q_target(q_network(b_next_obs), target_network(b_next_obs), b_rewards, b_terminated, gamma)
+    q_pred = q_network(b_obs).gather(1, b_actions[:, None]).squeeze(1)
+    return F.mse_loss(q_pred, target), q_pred
+
 @torch.no_grad()
 def evaluate(q_network, env_id, episodes, seed, device="cpu", epsilon=0.05):
     """Whole games (all lives) on a fresh env preprocessed as in training, a random action with probability epsilon
@@ -393,6 +401,7 @@ def main(args: Args):
     target_network = QNetwork(n_actions).to(device)
     target_network.load_state_dict(q_network.state_dict())
     optimizer = torch.optim.Adam(q_network.parameters(), lr=args.learning_rate, fused=True)  # fused: 4x faster step
+    loss_fn = torch.compile(q_loss) if args.compile else q_loss
     rng = np.random.default_rng(args.seed)  # exploration and replay sampling
     rb = ReplayBuffer(args.buffer_size, args.num_envs, obs_shape, rng)
     num_iterations = args.total_timesteps // args.num_envs  # one iteration = one step of every env
@@ -451,12 +460,7 @@ def main(args: Args):
                 if args.anneal_lr:
                     optimizer.param_groups[0]["lr"] = args.learning_rate * (1.0 - iteration / num_iterations)
                 for _ in range(args.gradient_steps):
-                    b_obs, b_next_obs, b_actions, b_rewards, b_terminated = rb.sample(args.batch_size, device)
-                    with torch.no_grad():
-                        target = double_q_target(q_network(b_next_obs), target_network(b_next_obs), b_rewards,
-                                                 b_terminated, args.gamma)
-                    q_pred = q_network(b_obs).gather(1, b_actions[:, None]).squeeze(1)
-                    loss = F.mse_loss(q_pred, target)
+                    loss, q_pred = loss_fn(q_network, target_network, *rb.sample(args.batch_size, device), args.gamma)
                     optimizer.zero_grad()
                     loss.backward()
                     optimizer.step()

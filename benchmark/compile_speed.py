@@ -1,9 +1,11 @@
-"""Does torch.compile pay for the off-policy updates on this CPU? SAC's and TD3's update as the scripts write it,
-eager against torch.compile of its loss functions (forward and backward; the fused Adam steps stay eager), on
-random minibatches of Hopper-v5's sizes, compile time counted
-(a fresh inductor cache each run, so the compile seconds are a cold start's).
+"""Does torch.compile pay for the updates on this CPU? SAC's and TD3's update as the scripts write it (random
+minibatches of Hopper-v5's sizes), and dqn_atari's and ppo_atari's (the Nature CNN on minibatches of 4x84x84 uint8
+stacks: DQN's 32, PPO's 256), eager against torch.compile of their loss functions (forward and backward; the fused
+Adam steps stay eager), compile time counted (a fresh inductor cache each run, so the compile seconds are a cold
+start's).
 
     python benchmark/compile_speed.py --updates 300 --blocks 3
+    python benchmark/compile_speed.py --updates 100 --blocks 3 --scripts dqn_atari.py ppo_atari.py
 
 One process, one torch thread; eager and compiled blocks of `updates` updates are interleaved (A B A B ...) so
 that both see the same load. Prints a markdown table: ms per update (median block), compile seconds (the first
@@ -109,22 +111,66 @@ def td3_update_fns(m, obs_dim, action_dim, batch):
                 for tp, p in zip([*actor_t.parameters(), *qf1_t.parameters(), *qf2_t.parameters()],
                                  [*actor.parameters(), *qf1.parameters(), *qf2.parameters()]):
                     tp.lerp_(p, 0.005)
-    return q_loss, actor_loss, step
+    return (q_loss, actor_loss), step
+
+
+def dqn_atari_update_fns(m):
+    """dqn_atari.py's update: the squared TD error of the Nature CNN on 32 stacks, the target network's max."""
+    import torch
+    import torch.nn.functional as F
+    q, q_target = m.QNetwork(4), m.QNetwork(4)
+    optimizer = torch.optim.Adam(q.parameters(), lr=1e-4, fused=True)
+    n = 32
+    batch = [torch.randint(0, 256, (n, 4, 84, 84), dtype=torch.uint8), torch.randint(0, 256, (n, 4, 84, 84),
+             dtype=torch.uint8), torch.randint(0, 4, (n,)), torch.randn(n), torch.zeros(n)]
+
+    def loss(b_obs, b_next_obs, b_actions, b_rewards, b_terminated):
+        with torch.no_grad():
+            target = m.td_target(q_target(b_next_obs), b_rewards, b_terminated, 0.99)
+        return F.mse_loss(q(b_obs).gather(1, b_actions[:, None]).squeeze(1), target)
+
+    def step(loss_fn):
+        optimizer.zero_grad()
+        loss_fn(*batch).backward()
+        optimizer.step()
+    return (loss,), step
+
+
+def ppo_atari_update_fns(m):
+    """ppo_atari.py's update: its ppo_loss (clipped surrogate, clipped value, entropy) on a minibatch of 256 stacks,
+    the gradient clipped at norm 0.5."""
+    import torch
+    agent = m.Agent(4)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=2.5e-4, eps=1e-5, fused=True)
+    n = 256
+    batch = [torch.randint(0, 256, (n, 4, 84, 84), dtype=torch.uint8), torch.randint(0, 4, (n,)),
+             torch.full((n,), -1.386), torch.randn(n), torch.randn(n), torch.randn(n)]
+
+    def loss(b_obs, b_actions, b_logprobs, b_advantages, b_returns, b_values):
+        return m.ppo_loss(agent, b_obs, b_actions, b_logprobs, b_advantages, b_returns, b_values, 0.1, 0.01, 0.5,
+                          True)[0]
+
+    def step(loss_fn):
+        optimizer.zero_grad()
+        loss_fn(*batch).backward()
+        torch.nn.utils.clip_grad_norm_(agent.parameters(), 0.5)
+        optimizer.step()
+    return (loss,), step
 
 
 def measure(name, fns, updates, blocks):
     import torch
-    q_loss, actor_loss, step = fns
-    compiled = (torch.compile(q_loss), torch.compile(actor_loss))
+    losses, step = fns
+    compiled = tuple(torch.compile(f) for f in losses)
     t = time.perf_counter()
     for _ in range(3):  # first calls compile (requires_grad toggles may recompile once)
         step(*compiled)
     compile_s = time.perf_counter() - t
     for _ in range(3):
-        step(q_loss, actor_loss)
+        step(*losses)
     eager, comp = [], []
     for _ in range(blocks):
-        for fns_, out in (((q_loss, actor_loss), eager), (compiled, comp)):
+        for fns_, out in ((losses, eager), (compiled, comp)):
             t = time.perf_counter()
             for _ in range(updates):
                 step(*fns_)
@@ -139,6 +185,8 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--updates", type=int, default=300, help="updates per block")
     p.add_argument("--blocks", type=int, default=3, help="eager/compiled block pairs")
+    p.add_argument("--scripts", nargs="+", default=["sac_continuous.py", "td3_continuous.py", "dqn_atari.py",
+                                                    "ppo_atari.py"], help="whose updates to measure")
     a = p.parse_args(argv)
     os.environ["OMP_NUM_THREADS"] = "1"
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="inductor-")  # cold: compile time all counted
@@ -152,10 +200,12 @@ def main(argv=None):
           "updates per side\n")
     print("| update | eager ms/update | compiled ms/update | speed-up | compile s | updates to pay back |")
     print("|---|---|---|---|---|---|")
-    print(measure("sac_continuous.py", sac_update_fns(importlib.import_module("sac_continuous"), obs_dim, action_dim, batch),
-                  a.updates, a.blocks), flush=True)
-    print(measure("td3_continuous.py", td3_update_fns(importlib.import_module("td3_continuous"), obs_dim, action_dim, batch),
-                  a.updates, a.blocks), flush=True)
+    updates = {"sac_continuous.py": lambda m: sac_update_fns(m, obs_dim, action_dim, batch),
+               "td3_continuous.py": lambda m: td3_update_fns(m, obs_dim, action_dim, batch),
+               "dqn_atari.py": dqn_atari_update_fns, "ppo_atari.py": ppo_atari_update_fns}
+    for script in a.scripts:
+        fns = updates[script](importlib.import_module(script[:-3]))
+        print(measure(script, fns, a.updates, a.blocks), flush=True)
     print(f"\nload average at the end {os.getloadavg()[0]:.2f}")
 
 

@@ -1,6 +1,7 @@
 """ppo_atari.py without training: the shared-trunk CNN's shapes and init, the clipped value loss, the observations are
 dqn_atari.py's, training logs whole games (the unclipped score is checked for every Atari script in test_dqn_atari.py),
-the greedy evaluation plays whole games, CleanRL's defaults, and a non-Atari env id is refused before training."""
+the greedy evaluation plays whole games, CleanRL's defaults, --compile computes the same loss, and a non-Atari env id
+is refused before training."""
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -87,6 +88,28 @@ def test_training_logs_whole_games(tmp_path):
     assert len(metrics["eval/episodic_return"][1]) == 1
     for name in ("losses/value_loss", "losses/clipfrac", "charts/learning_rate"):
         assert name in metrics
+
+
+def test_compiled_loss_is_the_eager_loss(tmp_path):
+    """--compile: torch.compile(ppo_loss) gives the eager loss and gradients (to float rounding), and a run with the
+    flag trains (the clip coefficient annealed, so a changing float argument does not break it)."""
+    torch.manual_seed(0)
+    agent, n = m.Agent(4), 64
+    batch = (torch.randint(0, 256, (n, 4, 84, 84), dtype=torch.uint8), torch.randint(0, 4, (n,)),
+             torch.full((n,), -1.3), torch.randn(n), torch.randn(n), torch.randn(n), 0.1, 0.01, 0.5, True)
+    results = []
+    for fn in (m.ppo_loss, torch.compile(m.ppo_loss)):
+        agent.zero_grad()
+        loss, stats = fn(agent, *batch)
+        loss.backward()
+        results.append((loss.detach(), stats, [p.grad.clone() for p in agent.parameters()]))
+    (eager, eager_stats, eager_grads), (comp, comp_stats, comp_grads) = results
+    assert torch.allclose(eager, comp, rtol=1e-4, atol=1e-6)
+    assert all(torch.allclose(eager_stats[k], comp_stats[k], rtol=1e-4, atol=1e-6) for k in eager_stats)
+    assert all(torch.allclose(a, b, rtol=1e-3, atol=1e-6) for a, b in zip(eager_grads, comp_grads))
+    out = run_script("ppo_atari.py", ["--total-timesteps", "256", "--num-envs", "2", "--num-steps", "32",
+                                      "--anneal-clip", "--compile", "--eval-episodes", "1"], tmp_path / "run")
+    assert out.returncode == 0, out.stderr[-2000:]
 
 
 def test_evaluation_plays_whole_games_reproducibly():
