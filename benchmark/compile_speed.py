@@ -68,7 +68,7 @@ def sac_update_fns(m, obs_dim, action_dim, batch):
         with torch.no_grad():
             for tp, p in zip([*qf1_t.parameters(), *qf2_t.parameters()], [*qf1.parameters(), *qf2.parameters()]):
                 tp.lerp_(p, 0.005)
-    return q_loss, actor_loss, step
+    return (q_loss, actor_loss), step
 
 
 def td3_update_fns(m, obs_dim, action_dim, batch):

@@ -589,3 +589,20 @@ def test_report_puts_smac_numbers_beside_smac_lite_runs_without_judging(tmp_path
     assert "SMAC" not in row and "| none |" in row, row  # no reference on smac_lite's 2s3z: no verdict against SMAC
     section = text.split("### Beside them, on SMAC")[1].split("###")[0]
     assert "mappo_smac_lite.py 2s3z: SMAC 1.000" in section and "mappo-paper-mappo-SMAC-2s3z" in section
+
+
+def test_compile_speed_updates_run_eagerly():
+    """benchmark/compile_speed.py's updates still fit the scripts' functions: one eager update each, parameters move."""
+    import importlib
+    from benchmark import compile_speed
+    obs_dim, action_dim, n = 11, 3, 8
+    batch = [torch.randn(n, obs_dim), torch.randn(n, obs_dim), torch.rand(n, action_dim) * 2 - 1, torch.randn(n),
+             torch.zeros(n)]
+    makers = {"sac_continuous": lambda m: compile_speed.sac_update_fns(m, obs_dim, action_dim, batch),
+              "td3_continuous": lambda m: compile_speed.td3_update_fns(m, obs_dim, action_dim, batch),
+              "dqn_atari": compile_speed.dqn_atari_update_fns, "ppo_atari": compile_speed.ppo_atari_update_fns}
+    for name, make in makers.items():
+        torch.manual_seed(0)
+        losses, step = make(importlib.import_module(name))
+        step(*losses)
+        step(*losses)  # TD3's actor moves every second update
