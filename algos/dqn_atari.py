@@ -367,6 +367,7 @@ def q_loss(q_network, target_network, b_obs, b_next_obs, b_actions, b_rewards, b
     q_pred = q_network(b_obs).gather(1, b_actions[:, None]).squeeze(1)
     return F.mse_loss(q_pred, target), q_pred
 
+
 @torch.no_grad()
 def evaluate(q_network, env_id, episodes, seed, device="cpu", epsilon=0.05):
     """Whole games (all lives) on a fresh env preprocessed as in training, a random action with probability epsilon

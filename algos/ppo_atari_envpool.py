@@ -423,8 +423,8 @@ def main(args: Args):
                 for mb in torch.tensor_split(perm, args.num_minibatches):
                     mb_advantages = (b_advantages[mb] - b_advantages[mb].mean()) / (b_advantages[mb].std() + 1e-8)
                     loss, stats = loss_fn(agent, b_obs[mb], b_actions[mb], b_logprobs[mb], mb_advantages,
-                                           b_returns[mb], b_values[mb], clip_coef, args.ent_coef, args.vf_coef,
-                                           args.clip_vloss)
+                                          b_returns[mb], b_values[mb], clip_coef, args.ent_coef, args.vf_coef,
+                                          args.clip_vloss)
                     optimizer.zero_grad()
                     loss.backward()
                     nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
