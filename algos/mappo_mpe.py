@@ -35,7 +35,7 @@ from tqdm import tqdm
 class Args:
     env_id: str = "simple_spread_v3"  # mpe2 task (the cooperative ones: see TASKS)
     total_timesteps: int = 300_000  # joint steps over all envs
-    num_envs: int = 32  # mpe2 parallel_envs stepped in turn
+    num_envs: int = 64  # mpe2 parallel_envs stepped in turn (the MAPPO paper used 128 for MPE; 32 let IPPO collapse)
     # ---- shared: args ----
     seed: int = 1  # seed of torch, numpy, random and the envs
     cuda: bool = False  # use CUDA if available (networks this small are faster on the CPU)
