@@ -13,8 +13,8 @@ truncation, bootstrapped with V(final observation); the env is reset in the same
 logged as train/episodic_return_agent_mean; the evaluation is greedy (argmax).
 
 Run:    python algos/ippo_mpe.py --env-id simple_spread_v3 --seed 1
-Result: simple_spread_v3, 100k steps: per-agent mean return of 100 greedy episodes -18.7 to -20.2 on 9 of seeds
-        1-10; seed 9 collapsed after 50k steps to -28.3 (random play -26.1; references.toml)
+Result: simple_spread_v3, 100k steps: per-agent mean return of 100 greedy episodes -18.4 to -20.9 on seeds 1-20
+        (random play -26.1; with 32 envs per rollout seed 9 collapsed to -28.3; references.toml)
 """
 import csv, difflib, importlib, json, os, random, subprocess, sys, tempfile, time, tomllib, warnings
 from dataclasses import asdict, dataclass

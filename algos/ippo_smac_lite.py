@@ -17,8 +17,8 @@ steps; four reached 0.95 by 100k. With four and 0.01, MAPPO seeds 6-8 stayed at 
 7 and 10); with 0.03 those three MAPPO seeds learned to pull damaged marines back (0.98-1.0 by 140-180k).
 
 Run:    python algos/ippo_smac_lite.py --env-id 3m --seed 1
-Result: 3m, 200k steps: greedy win rate over 64 battles 0.97-1.0 on 9 of seeds 1-10; seed 5 leaves the scripted
-        focus-fire level late and ends at 0.77 (references.toml)
+Result: 3m, 300k steps (~100 s on one CPU core): greedy win rate over 64 battles 0.98-1.0 on seeds 1-15; at 200k
+        seed 5 was still leaving the scripted focus-fire level (0.77) (references.toml)
 """
 import csv, difflib, json, os, random, subprocess, sys, tempfile, time, tomllib, warnings
 from dataclasses import asdict, dataclass

@@ -13,7 +13,7 @@ step of one env). The per-agent mean of the episodic return (the metric MAPPO an
 train/episodic_return_agent_mean; the evaluation is greedy (argmax).
 
 Run:    python algos/mappo_mpe.py --env-id simple_spread_v3 --seed 1
-Result: simple_spread_v3, 100k steps: per-agent mean return of 100 greedy episodes -18.2 to -21.7 on seeds 1-10
+Result: simple_spread_v3, 100k steps: per-agent mean return of 100 greedy episodes -17.7 to -20.4 on seeds 1-10
         (random play -26.1; references.toml)
 """
 import csv, difflib, importlib, json, os, random, subprocess, sys, tempfile, time, tomllib, warnings
