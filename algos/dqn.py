@@ -5,9 +5,8 @@ target network, epsilon-greedy exploration annealed linearly; the network and lo
 autoreset vector env; the replay buffer stores the true final observation and only termination (not a time limit)
 cuts the bootstrap. Defaults chosen on CartPole-v1 with seeds 201-208 (apart from the gate's and the benchmark's):
 8 gradient steps every 32 env steps (rl-zoo's learning rate 2.3e-3, annealed to 0, batch 128), epsilon annealed over
-8% of the run, and a soft target update (tau 0.005 every step, Lillicrap et al. 2016): with rl-zoo's hard copy every
-10 steps the target is the online net at every training burst, and 2 of 3 seeds reached 500 and then forgot (final
-223, 255); with the soft update 3 of 3 stayed at 500 from 35-55k steps to the end.
+8% of the run, and a soft target update (tau 0.005 every step, Lillicrap et al. 2016). With rl-zoo's hard copy every
+10 steps, 2 of 3 seeds reached 500 and then forgot (final 223, 255); with the soft update 3 of 3 stayed at 500.
 
 Run:    python algos/dqn.py --env-id CartPole-v1 --seed 1
 Result: CartPole-v1, 100k steps: final 10-episode greedy evaluation 500 on each of seeds 1-10; on another host of
@@ -240,10 +239,7 @@ class QNetwork(nn.Module):
     def __init__(self, obs_dim: int, n_actions: int):
         super().__init__()
         self.network = nn.Sequential(
-            nn.Linear(obs_dim, 120), nn.ReLU(),
-            nn.Linear(120, 84), nn.ReLU(),
-            nn.Linear(84, n_actions),
-        )
+            nn.Linear(obs_dim, 120), nn.ReLU(), nn.Linear(120, 84), nn.ReLU(), nn.Linear(84, n_actions))
 
     def forward(self, x):
         return self.network(x)

@@ -1,10 +1,8 @@
 """PPO for discrete actions on classic control (CartPole-v1 by default).
 
-Schulman et al. 2017, "Proximal Policy Optimization Algorithms", with the details of Huang et al. 2022, "The 37
-Implementation Details of PPO" (separate actor and critic MLPs, orthogonal init, GAE, clipped surrogate, advantages
-normalised per minibatch, global gradient clipping, Adam eps 1e-5). Same-step autoreset vector env; a time-limit
-truncation is bootstrapped with V(final obs). Defaults: rl-zoo's CartPole-v1 settings (8 envs x 32 steps, 20 epochs,
-learning rate and clip range annealed) with a learning rate of 2e-3 (rl-zoo: 1e-3): it reaches 475 about 2x sooner.
+Schulman et al. 2017 (PPO) with the details of Huang et al. 2022, "The 37 Implementation Details of PPO": separate
+actor and critic MLPs, orthogonal init, GAE, advantages normalised per minibatch, global gradient clipping, Adam eps
+1e-5. A time-limit truncation is bootstrapped with V(final obs). Defaults: rl-zoo's CartPole-v1 settings, but lr 2e-3.
 
 Run:    python algos/ppo.py --env-id CartPole-v1 --seed 1
 Result: CartPole-v1, 100k steps: final greedy evaluation 500 on 9 of seeds 1-10, 381.9 on the tenth (references.toml)
@@ -19,7 +17,6 @@ import numpy as np
 import torch
 import torch.nn as nn
 import tyro
-from torch.distributions import Categorical
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
@@ -44,7 +41,7 @@ class Args:
     resume: str | None = None  # continue the run in this directory (its flags; --total-timesteps may extend it)
     checkpoint_every: int = 50_000  # save <run_dir>/checkpoint.pt every this many steps (and at the end and on Ctrl-C)
     # ---- end shared: args ----
-    learning_rate: float = 2e-3  # Adam learning rate
+    learning_rate: float = 2e-3  # Adam learning rate (rl-zoo: 1e-3; 2e-3 reaches 475 about 2x sooner)
     anneal_lr: bool = True  # anneal the learning rate and the clip coefficient linearly to 0
     num_steps: int = 32  # steps per env per rollout
     gamma: float = 0.98  # discount factor
@@ -249,7 +246,7 @@ class Agent(nn.Module):
 
     def get_action_and_value(self, x, action=None):
         """Sample an action (or take the given one); return it with its log-probability, the entropy and V(x)."""
-        dist = Categorical(logits=self.actor(x), validate_args=False)
+        dist = torch.distributions.Categorical(logits=self.actor(x), validate_args=False)
         if action is None:
             action = dist.sample()
         return action, dist.log_prob(action), dist.entropy(), self.get_value(x)
@@ -333,7 +330,8 @@ def main(args: Args):
                    run_dir / "checkpoint.tmp")
         os.replace(run_dir / "checkpoint.tmp", run_dir / "checkpoint.pt")
 
-    def value_fn(obs):
+    @torch.no_grad()
+    def value_fn(obs):  # V(obs) of a numpy batch of final observations
         return agent.get_value(torch.as_tensor(obs, dtype=torch.float32, device=device)).cpu().numpy()
 
     obs = torch.zeros((args.num_steps, args.num_envs, obs_dim), device=device)
@@ -352,8 +350,7 @@ def main(args: Args):
                 next_obs, reward, terminated, truncated, infos = envs.step(actions[step].cpu().numpy())
                 episode_return, episode_length = episode_return + reward, episode_length + 1
                 global_step += args.num_envs
-                with torch.no_grad():
-                    reward = bootstrap_time_limits(reward, terminated, truncated, infos, value_fn, args.gamma)
+                reward = bootstrap_time_limits(reward, terminated, truncated, infos, value_fn, args.gamma)
                 rewards[step], dones[step] = torch.as_tensor(reward), torch.as_tensor(terminated | truncated)
                 for i in np.flatnonzero(terminated | truncated):  # every finished episode of every sub-env
                     logger.last_return = episode_return[i]
