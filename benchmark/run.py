@@ -102,9 +102,10 @@ def load_suites(path: Path = SUITES) -> dict[str, Suite]:
     return suites
 
 
-def plan(suite: Suite, seeds: int | None = None, scripts: list[str] | None = None) -> tuple[list[RunSpec], list[str]]:
-    """The runs of a suite (seeds 1..N; only `scripts` if given) whose script exists, and the scripts that do not
-    exist yet."""
+def plan(suite: Suite, seeds: int | None = None, scripts: list[str] | None = None,
+         first_seed: int = 1) -> tuple[list[RunSpec], list[str]]:
+    """The runs of a suite (N seeds from first_seed on; only `scripts` if given) whose script exists, and the scripts
+    that do not exist yet."""
     specs, missing = [], []
     for r in suite.runs:
         if scripts and r["script"] not in scripts:
@@ -112,7 +113,7 @@ def plan(suite: Suite, seeds: int | None = None, scripts: list[str] | None = Non
         if not (ALGOS / r["script"].removeprefix("sb3:")).is_file():
             missing += [r["script"]] if r["script"] not in missing else []
             continue
-        for seed in range(1, (seeds or suite.seeds) + 1):
+        for seed in range(first_seed, first_seed + (seeds or suite.seeds)):
             specs.append(RunSpec(r["script"], r["env_id"], seed, int(r["total_timesteps"]), r["score"],
                                  tuple(r.get("flags", ())), r.get("reference"), bool(r.get("self_reference"))))
     return specs, missing
@@ -191,7 +192,9 @@ def run_all(specs: list[RunSpec], out: Path, device: str = "cpu", jobs: int = 1,
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--suite", required=True, help="a suite of benchmark/suites.toml (smoke, classic, continuous, ...)")
-    p.add_argument("--seeds", type=int, default=None, help="seeds 1..N (default: the suite's)")
+    p.add_argument("--seeds", type=int, default=None, help="number of seeds (default: the suite's)")
+    p.add_argument("--first-seed", type=int, default=1, help="seeds first-seed .. first-seed + seeds - 1 (e.g. "
+                   "--first-seed 2 --seeds 2 adds seeds 2 and 3 to a suite run whose seed 1 is reported already)")
     p.add_argument("--scripts", nargs="+", default=None, help="run only these scripts of the suite (e.g. ppo.py)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--jobs", type=int, default=1, help="runs at a time (each uses one CPU thread); with "
@@ -228,7 +231,9 @@ def _main(p: argparse.ArgumentParser, args: argparse.Namespace, command: str) ->
     unknown = set(args.scripts or []) - {r["script"] for r in suite.runs}
     if unknown:
         p.error(f"suite {args.suite!r} has no runs of {sorted(unknown)}")
-    specs, missing = plan(suite, args.seeds, args.scripts)
+    if args.first_seed < 0 or (args.seeds is not None and args.seeds < 1):
+        p.error("--first-seed must be >= 0 and --seeds >= 1")
+    specs, missing = plan(suite, args.seeds, args.scripts, args.first_seed)
     if missing:
         print(f"missing scripts (planned, not in algos/ yet; their runs are skipped): {', '.join(missing)}",
               file=sys.stderr)

@@ -245,6 +245,18 @@ def test_missing_scripts_are_reported_not_run(tmp_path, capsys):
     assert all(s.script not in missing for s in specs) and specs + missing  # the planned suites parse
 
 
+def test_first_seed_plans_the_later_seeds_only(tmp_path, capsys):
+    """--first-seed 2 --seeds 2 plans seeds 2 and 3 of every run (seed 1 of a suite reported earlier is not rerun)."""
+    suite = bench.load_suites()["hopper-cpu"]
+    specs, _ = bench.plan(suite, 2, None, first_seed=2)
+    assert sorted({s.seed for s in specs}) == [2, 3] and len(specs) == 2 * len(suite.runs)
+    assert {s.seed for s in bench.plan(suite)[0]} == {1, 2, 3}  # the default is still seeds 1..N
+    for bad in (["--first-seed", "-1"], ["--seeds", "0"]):
+        with pytest.raises(SystemExit):
+            bench.main(["--suite", "hopper-cpu", "--out", str(tmp_path), *bad])
+    assert "--first-seed must be >= 0" in capsys.readouterr().err and not list(tmp_path.iterdir())
+
+
 def test_every_suite_entry_is_well_formed():
     suites = bench.load_suites()
     assert {"smoke", "classic", "continuous", "atari", "marl"} <= set(suites)
