@@ -184,11 +184,12 @@ def test_resume_extends_the_budget_and_keeps_the_other_flags(smoke_script, tmp_p
     run_dir = tmp_path / "run"
     assert run_script(smoke_script, SMOKE[smoke_script], run_dir).returncode == 0
     first_end = max(r["global_step"] for r in read_rows(run_dir))
-    out = run_script(smoke_script, ["--resume", str(run_dir), "--total-timesteps", "2048", "--gamma", "0.5"])
+    budget = 2 * int(SMOKE[smoke_script][SMOKE[smoke_script].index("--total-timesteps") + 1])  # twice the first
+    out = run_script(smoke_script, ["--resume", str(run_dir), "--total-timesteps", str(budget), "--gamma", "0.5"])
     assert out.returncode == 0, out.stderr[-2000:]
-    assert "--total-timesteps 2048 (was" in out.stderr and "ignored: --gamma" in out.stderr
+    assert f"--total-timesteps {budget} (was" in out.stderr and "ignored: --gamma" in out.stderr
     rows = read_rows(run_dir)
     steps = [r["global_step"] for r in rows]
-    assert steps == sorted(steps) and max(steps) > first_end and max(steps) > 2048 - 256
+    assert steps == sorted(steps) and max(steps) > first_end and max(steps) > budget - 256
     config = torch.load(run_dir / "checkpoint.pt", weights_only=False)["args"]
-    assert config["total_timesteps"] == 2048 and config["gamma"] == load_script(smoke_script).Args().gamma
+    assert config["total_timesteps"] == budget and config["gamma"] == load_script(smoke_script).Args().gamma
