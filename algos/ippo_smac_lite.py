@@ -1,26 +1,17 @@
 """IPPO on smac_lite (3m by default): independent PPO, each agent's critic sees only its own observation.
 
 de Witt et al. 2020, "Is Independent Learning All You Need in the StarCraft Multi-Agent Challenge?", as the IPPO
-baseline of Yu et al. 2022 ("The Surprising Effectiveness of PPO in Cooperative Multi-Agent Games"): mappo_smac_lite.py
-with one change, the critic's input: the agent's own observation and its id instead of the agent-specific global
-state. Everything else is MAPPO's: one actor shared by all agents ([observation, one-hot agent id] -> GRU cell ->
-logits, unavailable actions masked out of the softmax), value normalisation, GAE, few epochs over large batches of
-many battles, clip 0.2, death masking (a dead agent's steps carry no loss), all battles of the batched smac_lite env
-stepped in one call with no host copy per step, truncation bootstrapped with V(final observation). global_step counts
-battle steps. The team reward (the same for every agent, SMAC's scaled reward: 20 for a clean win) is logged as
-train/episodic_return_team, with train/win_rate; the evaluation is greedy (argmax over the available actions).
-
-Defaults: the paper's for SMAC (lr 5e-4, 10 epochs, clip 0.2, GRU of 64, 3,200 steps per rollout: 64 battles x 50
-steps where the paper has 8 x 400) but 4 minibatches per epoch, not 1, and an entropy bonus of 0.03, not 0.01. On 3m
-(MAPPO, seed 1) one minibatch plateaued at a greedy win rate of 0.52-0.61 (the scripted focus-fire level) up to 2.25M
-steps; four reached 0.95 by 100k. With four and 0.01, MAPPO seeds 6-8 stayed at that level to 200k (IPPO: seeds 5,
-7 and 10); with 0.03 those three MAPPO seeds learned to pull damaged marines back (0.98-1.0 by 140-180k).
+baseline of Yu et al. 2022: mappo_smac_lite.py with one change, the critic's input (the agent's own observation and id
+instead of the agent-specific global state). Everything else is MAPPO's: one recurrent actor shared by all agents,
+value normalisation, GAE, death masking; 4 minibatches and entropy 0.03. global_step counts battle steps.
+Deviations: the value loss is a plain MSE, neither Huber nor clipped (the paper's defaults use both), and a dead
+agent's critic input is not zeroed (the paper's is).
 
 Run:    python algos/ippo_smac_lite.py --env-id 3m --seed 1
-Result: 3m, 300k steps (~100 s on one CPU core): greedy win rate over 64 battles 0.98-1.0 on seeds 1-15; at 200k
-        seed 5 was still leaving the scripted focus-fire level (0.77) (references.toml)
+Result: 3m, 300k steps: greedy win rate over 64 battles 0.98-1.0 on seeds 1-15 (benchmark/references.toml)
 """
-import csv, difflib, json, os, random, subprocess, sys, tempfile, time, tomllib, warnings
+import csv, difflib, hashlib, importlib.util, json, os, random, re, signal, subprocess, sys, tempfile, time, tomllib
+import warnings
 from dataclasses import asdict, dataclass
 from importlib.metadata import version
 from pathlib import Path
@@ -40,26 +31,9 @@ from smac_lite.render import render_frame
 
 @dataclass
 class Args:
-    env_id: str = "3m"  # smac_lite map name (SMAC's maps: 3m, 8m, 2s3z, 5m_vs_6m, ...)
-    total_timesteps: int = 300_000  # battle steps over all battles
-    num_envs: int = 64  # battles stepped at once (one batched smac_lite env)
-    # ---- shared: args ----
-    seed: int = 1  # seed of torch, numpy, random and the envs
-    cuda: bool = False  # use CUDA if available (networks this small are faster on the CPU)
-    torch_deterministic: bool = True  # torch.backends.cudnn.deterministic and one CPU thread
-    track: bool = False  # log to Weights & Biases (works offline with WANDB_MODE=offline)
-    wandb_project_name: str = "canonrl"  # wandb project
-    wandb_entity: str | None = None  # wandb entity (team)
-    capture_video: bool = False  # record videos of the first env to <run_dir>/videos
-    save_model: bool = False  # save <run_dir>/model.pt at the end
-    eval_episodes: int = 10  # greedy evaluation episodes at the end (and at each --eval-every)
-    eval_every: int = 0  # also evaluate every this many steps (0: only at the end); logs charts/train_seconds too
-    run_dir: str | None = None  # where the run is written (default runs/<env>__<script>__<seed>__<time>); must be new
-    resume: str | None = None  # continue the run in this directory (its flags; --total-timesteps may extend it)
-    checkpoint_every: int = 50_000  # save <run_dir>/checkpoint.pt every this many steps (and at the end and on Ctrl-C)
-    # ---- end shared: args ----
     learning_rate: float = 5e-4  # Adam learning rate (actor and critic)
     anneal_lr: bool = False  # anneal the learning rate linearly to 0
+    anneal_clip: bool = False  # anneal the clip coefficient linearly to 0
     num_steps: int = 50  # steps per battle per rollout
     gamma: float = 0.99  # discount factor
     gae_lambda: float = 0.95  # lambda of GAE
@@ -70,166 +44,24 @@ class Args:
     vf_coef: float = 1.0  # value loss coefficient
     max_grad_norm: float = 10.0  # global gradient norm clip
     hidden_dim: int = 64  # width of the actor's layer and GRU, and of the critic's layers
-
-
-# ---- shared: helpers ----
-SCRIPT, ALGOS = Path(__file__).name, Path(__file__).resolve().parent
-
-
-def fail(msg: str, *scripts: str):
-    """Bad input: one line on stderr, exit status 2. It suggests those of `scripts` that exist beside this one."""
-    found = [s for s in scripts if (ALGOS / s).is_file()]
-    print(f"error: {msg}" + (f"; use {' or '.join(found)}" if found else ""), file=sys.stderr)
-    sys.exit(2)
-
-
-def env_spaces(env_id: str):
-    """(observation space, action space) of env_id, or a one-line error. The env is made in a temporary directory
-    with stderr muted: MuJoCo prints warnings and leaves MUJOCO_LOG.TXT behind, which must not precede an error."""
-    if env_id not in gym.registry:
-        close = difflib.get_close_matches(env_id, list(gym.registry), n=1)
-        fail(f"unknown env id '{env_id}'" + (f"; did you mean '{close[0]}'?" if close else ""))
-    cwd, stderr_fd = os.getcwd(), os.dup(2)
-    with tempfile.TemporaryDirectory() as tmp, open(os.devnull, "w") as null, warnings.catch_warnings(action="ignore"):
-        os.chdir(tmp), os.dup2(null.fileno(), 2)
-        try:
-            with gym.make(env_id) as env:
-                return env.observation_space, env.action_space
-        except Exception as e:
-            error = f"cannot make env '{env_id}': {type(e).__name__}: {(str(e).strip() or ' ').splitlines()[0]}"
-        finally:
-            os.dup2(stderr_fd, 2), os.close(stderr_fd), os.chdir(cwd)
-    fail(error)
-
-
-def check_ranges(args, rules: dict):
-    """Fail on the first flag outside its range; a rule is a condition on x, the flag's value (e.g. "0 <= x <= 1")."""
-    rules = {"total_timesteps": "x >= 1", "eval_episodes": "x >= 0", "eval_every": "x >= 0",
-             "checkpoint_every": "x >= 1", **rules}
-    for name, rule in rules.items():
-        if (x := getattr(args, name)) is not None and not eval(rule, {"x": x}):  # the rules are literals of this file
-            fail(f"--{name.replace('_', '-')} {x} is out of range: it must satisfy {rule}")
-
-
-def start_run(args, check_args):
-    """Resume (--resume DIR: the run's saved flags; --total-timesteps may extend it), check the flags, choose the run
-    directory (a new run never writes into one that holds files), seed everything. Returns (args, checkpoint, dir)."""
-    ckpt = None
-    if args.resume:
-        path = Path(args.resume) / "checkpoint.pt"
-        if not path.is_file():
-            fail(f"no checkpoint at {path}; pass the run directory of an earlier {SCRIPT} run")
-        try:
-            ckpt = torch.load(path, weights_only=False)
-            saved = Args(**ckpt["args"])
-        except Exception as e:
-            fail(f"{path} is corrupt or not a {SCRIPT} checkpoint ({type(e).__name__}); delete it or start anew")
-        given = [k for k, v in asdict(args).items() if v != getattr(Args(), k) and k not in ("resume", "run_dir")]
-        if "total_timesteps" in given:
-            if args.total_timesteps < ckpt["global_step"]:
-                fail(f"--total-timesteps {args.total_timesteps} is below the {ckpt['global_step']} steps already done")
-            print(f"resume: --total-timesteps {args.total_timesteps} (was {saved.total_timesteps})", file=sys.stderr)
-            saved.total_timesteps = args.total_timesteps
-        if ignored := [f"--{k.replace('_', '-')}" for k in given if k != "total_timesteps"]:
-            print(f"resume: the run's saved flags are kept; ignored: {' '.join(ignored)}", file=sys.stderr)
-        args = saved
-        args.resume = args.run_dir = str(path.parent)
-    check_args(args)
-    name = f"{args.env_id.replace('/', '-')}__{SCRIPT[:-3]}__{args.seed}__{time.time():.0f}"
-    run_dir = Path(args.run_dir or f"runs/{name}")
-    if ckpt is None and run_dir.is_dir() and any(run_dir.iterdir()):
-        fail(f"--run-dir {run_dir} is not empty; continue that run with --resume {run_dir} or choose a new --run-dir")
-    random.seed(args.seed), np.random.seed(args.seed), torch.manual_seed(args.seed)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
-    torch.set_num_threads(1 if args.torch_deterministic else torch.get_num_threads())  # 1: fastest for small nets
-    return args, ckpt, run_dir
-
-
-class RunLogger:
-    """What a run shows and leaves behind: config.json, metrics.csv (global_step, wall_time, name, value; append-only),
-    TensorBoard events, a wandb run with --track, the progress bar. Resuming drops the rows logged after the checkpoint
-    (those steps are redone): no step is logged twice. The training clock stops during evaluations."""
-
-    def __init__(self, args, run_dir: Path, total: int, step: int, resuming: bool):
-        run_dir.mkdir(parents=True, exist_ok=True)
-        metrics, header = run_dir / "metrics.csv", "global_step,wall_time,name,value\n"
-        if resuming:
-            lines = metrics.read_text().splitlines(keepends=True)[1:] if metrics.is_file() else []
-            (run_dir / "metrics.tmp").write_text(header + "".join(ln for ln in lines if int(ln.split(",")[0]) <= step))
-            os.replace(run_dir / "metrics.tmp", metrics)
-        else:
-            git = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ALGOS)
-            config = {"script": SCRIPT, "args": asdict(args), "git_commit": git.stdout.strip() or None,
-                      "versions": {p: version(p) for p in ("torch", "gymnasium", "numpy")}}
-            (run_dir / "config.json").write_text(json.dumps(config, indent=2))
-            metrics.write_text(header)
-        self.file = open(metrics, "a", newline="")
-        self.csv, self.tb = csv.writer(self.file), SummaryWriter(str(run_dir))
-        if args.track:
-            import wandb
-            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=asdict(args),
-                       name=run_dir.name, dir=str(run_dir), sync_tensorboard=True, id=run_dir.name, resume="allow")
-        self.bar = tqdm(total=total, initial=step, unit="step", mininterval=1.0)
-        self.first_step, self.start, self.eval_seconds, self.last_return = step, time.time(), 0.0, float("nan")
-
-    def log(self, step: int, metrics: dict):
-        for name, value in metrics.items():
-            value = float(value.detach() if torch.is_tensor(value) else value)  # a loss may still require grad
-            self.csv.writerow([step, f"{time.time():.3f}", name, repr(value)])
-            self.tb.add_scalar(name, value, step)
-        self.file.flush()
-
-    def progress(self, step: int):
-        """Log charts/sps (environment steps per training second) and update the progress bar."""
-        sps = int((step - self.first_step) / max(time.time() - self.start - self.eval_seconds, 1e-9))
-        self.log(step, {"charts/sps": sps})
-        self.bar.update(step - self.bar.n)
-        self.bar.set_postfix(sps=sps, ret=f"{self.last_return:.1f}", refresh=False)
-
-    def evaluate(self, step: int, run_episodes):
-        """Log charts/train_seconds, then one row per episode of run_episodes(): a list of episodic returns (logged as
-        eval/episodic_return) or a dict {metric name: one value per episode} (multi-agent: team return, win)."""
-        self.log(step, {"charts/train_seconds": time.time() - self.start - self.eval_seconds})
-        start, results = time.time(), run_episodes()
-        self.eval_seconds += time.time() - start
-        for name, values in (results if isinstance(results, dict) else {"eval/episodic_return": results}).items():
-            for value in values:
-                self.log(step, {name: value})
-        return results
-
-    def close(self, run_dir: Path, args, results):
-        """Close the files; the last lines say the evaluation, where the run is and the script's reference."""
-        self.bar.close(), self.file.close(), self.tb.close()
-        for name, values in (results if isinstance(results, dict) else {"eval/episodic_return": results}).items():
-            if len(values):
-                print(f"{name}: {np.mean(values):.2f} +- {np.std(values):.2f} over {len(values)} episodes")
-        print(f"run saved in {run_dir}" + (" (model.pt, checkpoint.pt)" if args.save_model else " (checkpoint.pt)"))
-        path = ALGOS.parent / "benchmark" / "references.toml"  # our multi-seed runs of each script, if present
-        refs = [r for r in (tomllib.loads(path.read_text())["reference"] if path.is_file() else []) if "values" in r and
-                (r["script"], r["env_id"]) == (SCRIPT, args.env_id) and r["score"] in ("final_eval", "final_win_rate")]
-        for r in sorted(refs, key=lambda r: abs(r["total_timesteps"] - args.total_timesteps))[:1]:
-            print(f"reference {r['id']} ({r['total_timesteps']:,} steps, {r['score']}, {len(r['values'])} seeds): "
-                  f"{np.mean(r['values']):.2f} +- {np.std(r['values']):.2f}, lowest seed {min(r['values']):.2f}")
-        if not refs:
-            print(f"no reference for {SCRIPT} on {args.env_id} to compare with")
-# ---- end shared: helpers ----
-
-
-def check_args(args: Args):
-    if args.env_id not in smac_lite.MAPS:
-        close = difflib.get_close_matches(args.env_id, list(smac_lite.MAPS), n=1)
-        fail(f"unknown smac_lite map '{args.env_id}'" + (f"; did you mean '{close[0]}'?" if close else "") +
-             f"; the maps: {', '.join(smac_lite.MAPS)}", *(("ppo.py", "ppo_continuous.py") if args.env_id in
-                                                          gym.registry else ()))  # a single-agent Gymnasium env
-    check_ranges(args, {"num_envs": "x >= 1", "num_steps": "x >= 1", "num_minibatches": "x >= 1",
-                        "update_epochs": "x >= 1", "learning_rate": "x > 0", "gamma": "0 <= x <= 1",
-                        "gae_lambda": "0 <= x <= 1", "clip_coef": "x > 0", "ent_coef": "x >= 0", "vf_coef": "x >= 0",
-                        "max_grad_norm": "x > 0", "hidden_dim": "x >= 1"})
-    if args.num_envs % args.num_minibatches:
-        fail(f"--num-minibatches {args.num_minibatches} does not divide --num-envs {args.num_envs} (split by battle)")
-    if args.total_timesteps < args.num_envs * args.num_steps:
-        fail(f"--total-timesteps {args.total_timesteps} is less than one rollout (num_envs*num_steps = "
-             f"{args.num_envs * args.num_steps})")
+    env_id: str = "3m"  # smac_lite map name (SMAC's maps: 3m, 8m, 2s3z, 5m_vs_6m, ...)
+    total_timesteps: int = 300_000  # battle steps over all battles
+    num_envs: int = 64  # battles stepped at once (one batched smac_lite env)
+    # ---- shared: args ----
+    seed: int = 1  # seed of torch, numpy, random and the envs
+    cuda: bool = False  # run on CUDA when available (the CNN scripts gain from it; small MLPs are fastest on a CPU)
+    torch_deterministic: bool = True  # torch.backends.cudnn.deterministic and one CPU thread
+    track: bool = False  # log to Weights & Biases (works offline with WANDB_MODE=offline)
+    wandb_project_name: str = "canonrl"  # wandb project
+    wandb_entity: str | None = None  # wandb entity (team)
+    capture_video: bool = False  # record episode 0 of the final evaluation to <run_dir>/videos
+    save_model: bool = False  # save <run_dir>/model.pt at the end
+    eval_episodes: int = 10  # evaluation episodes (the policy evaluate() runs) at the end and each --eval-every
+    eval_every: int = 0  # also evaluate every this many steps (0: only at the end); logs charts/train_seconds too
+    run_dir: str | None = None  # where the run is written (default runs/<env>__<script>__<seed>__<time>); must be new
+    resume: str | None = None  # continue the run in this directory (its flags; --total-timesteps may extend it)
+    checkpoint_every: int = 50_000  # save <run_dir>/checkpoint.pt every this many steps (and at the end and on Ctrl-C)
+    # ---- end shared: args ----
 
 
 def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
@@ -264,6 +96,10 @@ class Agent(nn.Module):
         """The categorical policy over the available actions (the others get probability 0)."""
         return Categorical(logits=self.actor_out(hidden).masked_fill(avail == 0, -1e8), validate_args=False)
 
+    def get_greedy_action(self, hidden, avail):
+        """The most probable available action of each agent (given its GRU state): the policy evaluate() runs."""
+        return self.policy(hidden, avail).logits.argmax(-1)
+
 
 def actor_inputs(obs, agent_ids):
     return torch.cat([obs, agent_ids.expand(*obs.shape[:-1], -1)], -1)
@@ -276,7 +112,7 @@ def critic_inputs(state, obs, agent_ids):
 
 class ValueNorm(nn.Module):
     """Running mean and variance of the value targets (MAPPO's value normalisation): the critic learns normalised
-    returns, so its loss keeps one scale while the returns grow from about 2 (random play) to 20 (every battle won)."""
+    returns, so its loss keeps one scale while the returns change as the agents learn."""
 
     def __init__(self):
         super().__init__()
@@ -297,6 +133,7 @@ class ValueNorm(nn.Module):
         return x * self.var.sqrt().clamp(min=1e-5) + self.mean
 
 
+# ---- shared: ppo/compute_gae ----
 def compute_gae(rewards, values, dones, next_value, gamma, gae_lambda):
     """GAE (Schulman et al. 2016, eq. 16) on tensors of shape (T, N). dones[t]: the episode ended at step t
     (terminated or truncated; a truncation was already bootstrapped into rewards[t]). Returns (advantages, returns)."""
@@ -306,22 +143,30 @@ def compute_gae(rewards, values, dones, next_value, gamma, gae_lambda):
         delta = rewards[t] + gamma * next_values * nonterminal - values[t]
         advantages[t] = last = delta + gamma * gae_lambda * nonterminal * last
     return advantages, advantages + values
+# ---- end shared: ppo/compute_gae ----
 
 
-def ppo_loss(dist, value, actions, old_logprobs, advantages, targets, active, clip_coef, ent_coef, vf_coef):
-    """Clipped surrogate objective (PPO paper, eq. 7) + value MSE on normalised targets - entropy bonus, each averaged
-    over the steps of living agents only (death masking: a dead agent's no-op carries no loss)."""
-    mean = lambda x: (x * active).sum() / active.sum().clamp(min=1)  # noqa: E731
-    logprob, entropy = dist.log_prob(actions), mean(dist.entropy())
+# ---- shared: ppo/ppo_loss ----
+def ppo_loss(logprob, entropy, value, old_logprobs, old_values, advantages, returns, clip_coef, ent_coef, vf_coef,
+             clip_vloss: float | None = None, mask=None):
+    """Clipped surrogate objective (PPO paper, eq. 7) + value MSE - entropy bonus, from a minibatch's new
+    log-probabilities, entropies and values; returns (loss, statistics). clip_vloss: the value error is the
+    larger of V's and that of V kept within clip_vloss of old_values (baselines' ppo2, CleanRL); None: not clipped.
+    mask: each term averaged over the entries where it is 1 only (multi-agent: living agents); None: over all."""
+    mean = (lambda x: x.mean()) if mask is None else (lambda x: (x * mask).sum() / mask.sum().clamp(min=1))
     logratio = logprob - old_logprobs
     ratio = logratio.exp()
     pg_loss = -mean(torch.min(advantages * ratio, advantages * ratio.clamp(1 - clip_coef, 1 + clip_coef)))
-    v_loss = 0.5 * mean((value - targets) ** 2)
+    v_error = (value - returns) ** 2
+    if clip_vloss is not None:
+        v_error = torch.max(v_error, (old_values + (value - old_values).clamp(-clip_vloss, clip_vloss) - returns) ** 2)
+    v_loss, entropy = 0.5 * mean(v_error), mean(entropy)
     loss = pg_loss + vf_coef * v_loss - ent_coef * entropy
     with torch.no_grad():  # approx_kl: the k3 estimator of Schulman's note "Approximating KL divergence"
         stats = {"policy_loss": pg_loss, "value_loss": v_loss, "entropy": entropy, "approx_kl":
                  mean((ratio - 1) - logratio), "clipfrac": mean(((ratio - 1).abs() > clip_coef).float())}
     return loss, {k: v.detach() for k, v in stats.items()}
+# ---- end shared: ppo/ppo_loss ----
 
 
 @torch.no_grad()
@@ -338,7 +183,7 @@ def evaluate(agent, map_name, battles, seed, device="cpu", frames=None):
     returns, no_start = torch.zeros(battles, device=device), torch.zeros(battles, device=device)
     for _ in range(env.episode_limit):
         hidden = agent.actor_step(actor_inputs(obs, agent_ids), hidden, no_start)
-        obs, _, avail, _, done, info = env.step(agent.policy(hidden, avail).logits.argmax(-1))
+        obs, _, avail, _, done, info = env.step(agent.get_greedy_action(hidden, avail))
         new = done & ~finished  # each battle's first episode; finished battles are left as they are
         returns, won = torch.where(new, info["episode_return"], returns), torch.where(new, info["won"].float(), won)
         if frames is not None and not finished[0]:
@@ -359,101 +204,91 @@ def main(args: Args):
     value_norm = ValueNorm().to(device)
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)  # fused: faster
     batch_size, mb_battles, num_iterations = N * T, N // args.num_minibatches, args.total_timesteps // (N * T)
-    iteration, eval_seed = 0, args.seed + 100_000  # evaluation battles are seeded apart from training
-    run_eval = lambda frames=None: evaluate(  # noqa: E731
-        agent, args.env_id, args.eval_episodes, eval_seed, device, frames)
+    iteration = 0
+
+    def run_eval(frames=None):  # evaluation battles are seeded apart from training
+        return evaluate(agent, args.env_id, args.eval_episodes, args.seed + 100_000, device, frames)
+
+    stateful = {"agent": agent, "optimizer": optimizer, "value_norm": value_norm, "rng": RNGs()}  # saved and resumed
     if ckpt is not None:
-        try:
-            agent.load_state_dict(ckpt["agent"]), optimizer.load_state_dict(ckpt["optimizer"])
-            value_norm.load_state_dict(ckpt["value_norm"])
-        except Exception as e:
-            fail(f"{run_dir / 'checkpoint.pt'} does not fit this network ({type(e).__name__}); delete it or start anew")
-        torch.set_rng_state(ckpt["torch_rng"])  # action sampling and minibatch shuffling; battles are seeded on reset
+        load_states(stateful, ckpt, run_dir)  # battles are not saved: they are seeded anew on reset
         iteration = ckpt["iteration"]
     global_step = iteration * batch_size
     logger = RunLogger(args, run_dir, num_iterations * batch_size, global_step, resuming=ckpt is not None)
 
-    def checkpoint(iteration):  # write, then rename: a crash never leaves a half-written checkpoint.pt
-        torch.save({"args": asdict(args), "iteration": iteration, "global_step": iteration * batch_size, "agent":
-                    agent.state_dict(), "optimizer": optimizer.state_dict(), "value_norm": value_norm.state_dict(),
-                    "torch_rng": torch.get_rng_state()}, run_dir / "checkpoint.tmp")
-        os.replace(run_dir / "checkpoint.tmp", run_dir / "checkpoint.pt")
-
     actor_in = torch.zeros((T, N, A, obs_dim + A), device=device)
-    critic_in = torch.zeros((T, N, A, obs_dim + A), device=device)
+    critic_in = torch.zeros((T, N, A, agent.critic[0].in_features), device=device)
     avails = torch.zeros((T, N, A, n_actions), device=device)
     actions = torch.zeros((T, N, A), dtype=torch.long, device=device)
     logprobs, rewards, values = (torch.zeros((T, N, A), device=device) for _ in range(3))
     starts, dones, won, ep_return, ep_length = (torch.zeros((T, N), device=device) for _ in range(5))
     obs, state, avail = env.reset(seed=args.seed + global_step)  # a resumed run starts fresh battles
     hidden, start = torch.zeros((N, A, args.hidden_dim), device=device), torch.ones(N, device=device)
-    try:
-        for iteration in range(iteration + 1, num_iterations + 1):
-            frac = 1.0 - (iteration - 1.0) / num_iterations if args.anneal_lr else 1.0
-            optimizer.param_groups[0]["lr"] = frac * args.learning_rate
-            first_hidden, first_step = hidden.clone(), global_step  # the update replays the GRU from here
-            for step in range(T):
-                actor_in[step], critic_in[step] = actor_inputs(obs, agent_ids), critic_inputs(state, obs, agent_ids)
-                avails[step], starts[step] = avail, start
-                with torch.no_grad():
-                    hidden = agent.actor_step(actor_in[step], hidden, start)
-                    dist = agent.policy(hidden, avail)
-                    actions[step] = dist.sample()
-                    logprobs[step] = dist.log_prob(actions[step])
-                    values[step] = value_norm.denormalize(agent.get_value(critic_in[step]))
-                obs, state, avail, reward, done, info = env.step(actions[step])
-                with torch.no_grad():  # a time limit is not part of the task: bootstrap with V(final state)
-                    final_value = value_norm.denormalize(agent.get_value(
-                        critic_inputs(info["final_state"], info["final_obs"], agent_ids)))
-                rewards[step] = reward[:, None] + args.gamma * final_value * info["truncated"][:, None]
-                dones[step], start = done.float(), done.float()
-                won[step], ep_return[step], ep_length[step] = (info[k] for k in ("won", "episode_return",
-                                                                                 "episode_length"))
-                global_step += N
+    for iteration in range(iteration + 1, num_iterations + 1):
+        frac = 1.0 - (iteration - 1.0) / num_iterations
+        optimizer.param_groups[0]["lr"] = frac * args.learning_rate if args.anneal_lr else args.learning_rate
+        clip_coef = frac * args.clip_coef if args.anneal_clip else args.clip_coef
+        first_hidden, first_step = hidden.clone(), global_step  # the update replays the GRU from here
+        for step in range(T):
+            actor_in[step], critic_in[step] = actor_inputs(obs, agent_ids), critic_inputs(state, obs, agent_ids)
+            avails[step], starts[step] = avail, start
             with torch.no_grad():
-                next_value = value_norm.denormalize(agent.get_value(critic_inputs(state, obs, agent_ids)))
-            advantages, returns = compute_gae(rewards, values, dones[..., None], next_value, args.gamma,
-                                              args.gae_lambda)  # dones broadcast over the agents
-            active = 1.0 - avails[..., 0]  # the no-op is available to dead agents only
-            value_norm.update(returns[active > 0])
-            targets = value_norm.normalize(returns)
-            for epoch in range(args.update_epochs):
-                perm = torch.randperm(N, device=device)
-                for mb in perm.split(mb_battles):  # whole battle sequences: the GRU is replayed from first_hidden
-                    h, hiddens = first_hidden[mb], []
-                    for t in range(T):
-                        hiddens.append(h := agent.actor_step(actor_in[t, mb], h, starts[t, mb]))
-                    dist, value = agent.policy(torch.stack(hiddens), avails[:, mb]), agent.get_value(critic_in[:, mb])
-                    mb_active, mb_advantages = active[:, mb], advantages[:, mb]
-                    adv_mean, adv_std = mb_advantages[mb_active > 0].mean(), mb_advantages[mb_active > 0].std()
-                    loss, stats = ppo_loss(dist, value, actions[:, mb], logprobs[:, mb],
-                                           (mb_advantages - adv_mean) / (adv_std + 1e-8), targets[:, mb], mb_active,
-                                           args.clip_coef, args.ent_coef, args.vf_coef)
-                    optimizer.zero_grad()
-                    loss.backward()
-                    nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
-                    optimizer.step()
-            ended, ret, length, win = (x.cpu().numpy() for x in (dones > 0, ep_return, ep_length, won))  # one copy
-            for t, i in zip(*np.nonzero(ended)):  # every battle that ended in the rollout
-                logger.log(first_step + (t + 1) * N, {"train/episodic_return_team": ret[t, i],
-                                                      "train/episodic_length": length[t, i]})
-            if ended.any():
-                logger.last_return = ret[ended].mean()
-                logger.log(global_step, {"train/win_rate": win[ended].mean()})
-            logger.log(global_step, {"charts/learning_rate": optimizer.param_groups[0]["lr"],
-                                     **{f"losses/{k}": v for k, v in stats.items()}})
-            logger.progress(global_step)
-            if args.eval_every and iteration < num_iterations and global_step % args.eval_every < batch_size:
-                logger.evaluate(global_step, run_eval)
-            if iteration % max(1, args.checkpoint_every // batch_size) == 0:
-                checkpoint(iteration)
-    except KeyboardInterrupt:
-        checkpoint(iteration - 1)  # the unfinished iteration is redone on resume
-        print(f"\ninterrupted: metrics kept, resume with --resume {run_dir}", file=sys.stderr)
-        sys.exit(130)
-    checkpoint(num_iterations)
+                hidden = agent.actor_step(actor_in[step], hidden, start)
+                dist = agent.policy(hidden, avail)
+                actions[step] = dist.sample()
+                logprobs[step] = dist.log_prob(actions[step])
+                values[step] = value_norm.denormalize(agent.get_value(critic_in[step]))
+            obs, state, avail, reward, done, info = env.step(actions[step])
+            with torch.no_grad():  # a time limit is not part of the task: bootstrap with V(final state)
+                final_value = value_norm.denormalize(agent.get_value(
+                    critic_inputs(info["final_state"], info["final_obs"], agent_ids)))
+            rewards[step] = reward[:, None] + args.gamma * final_value * info["truncated"][:, None]
+            dones[step], start = done.float(), done.float()
+            won[step], ep_return[step], ep_length[step] = (info[k] for k in ("won", "episode_return",
+                                                                             "episode_length"))
+            global_step += N
+        with torch.no_grad():
+            next_value = value_norm.denormalize(agent.get_value(critic_inputs(state, obs, agent_ids)))
+        advantages, returns = compute_gae(rewards, values, dones[..., None], next_value, args.gamma,
+                                          args.gae_lambda)  # dones broadcast over the agents
+        active = 1.0 - avails[..., 0]  # the no-op is available to dead agents only
+        value_norm.update(returns[active > 0])
+        targets = value_norm.normalize(returns)
+        for epoch in range(args.update_epochs):
+            perm = torch.randperm(N, device=device)
+            for mb in perm.split(mb_battles):  # whole battle sequences: the GRU is replayed from first_hidden
+                h, hiddens = first_hidden[mb], []
+                for t in range(T):
+                    hiddens.append(h := agent.actor_step(actor_in[t, mb], h, starts[t, mb]))
+                dist, value = agent.policy(torch.stack(hiddens), avails[:, mb]), agent.get_value(critic_in[:, mb])
+                mb_active, mb_advantages = active[:, mb], advantages[:, mb]
+                adv_mean, adv_std = mb_advantages[mb_active > 0].mean(), mb_advantages[mb_active > 0].std()
+                loss, stats = ppo_loss(dist.log_prob(actions[:, mb]), dist.entropy(), value, logprobs[:, mb], None,
+                                       (mb_advantages - adv_mean) / (adv_std + 1e-8), targets[:, mb], clip_coef,
+                                       args.ent_coef, args.vf_coef, mask=mb_active)
+                optimizer.zero_grad()
+                loss.backward()
+                nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+                optimizer.step()
+        ended, ret, length, win = (x.cpu().numpy() for x in (dones > 0, ep_return, ep_length, won))  # one copy
+        for t, i in zip(*np.nonzero(ended)):  # every battle that ended in the rollout
+            logger.log(first_step + (t + 1) * N, {"train/episodic_return_team": ret[t, i],
+                                                  "train/episodic_length": length[t, i]})
+        if ended.any():
+            logger.last_return = ret[ended].mean()
+            logger.log(global_step, {"train/win_rate": win[ended].mean()})
+        logger.log(global_step, {"charts/learning_rate": optimizer.param_groups[0]["lr"],
+                                 **{f"losses/{k}": v for k, v in stats.items()}})
+        logger.progress(global_step)
+        if args.eval_every and iteration < num_iterations and global_step % args.eval_every < batch_size:
+            logger.evaluate(global_step, run_eval)
+        if iteration % max(1, args.checkpoint_every // batch_size) == 0 or logger.stop_requested:
+            logger.save_checkpoint(stateful, iteration, global_step)
+        if logger.stop_requested:  # Ctrl-C: the iteration it came in is finished and saved
+            logger.exit_interrupted()
     frames = [] if args.capture_video else None
     eval_results = logger.evaluate(global_step, lambda: run_eval(frames))
+    logger.save_checkpoint(stateful, num_iterations, global_step, finished=True)
     if frames:
         import imageio.v2 as imageio
         (run_dir / "videos").mkdir(exist_ok=True)
@@ -462,7 +297,275 @@ def main(args: Args):
         torch.save({"agent": agent.state_dict(), "args": asdict(args), "eval_returns": eval_results,
                     "obs_dim": obs_dim, "state_dim": state_dim, "n_agents": A, "n_actions": n_actions,
                     "hidden": args.hidden_dim}, run_dir / "model.pt")
-    logger.close(run_dir, args, eval_results)
+    logger.close(eval_results)
+
+
+def check_args(args: Args):
+    check_map(args.env_id, "ppo.py", "ppo_continuous.py")
+    check_ranges(args, {"num_envs": "x >= 1", "num_steps": "x >= 1", "num_minibatches": "x >= 1",
+                        "update_epochs": "x >= 1", "learning_rate": "x > 0", "gamma": "0 <= x <= 1",
+                        "gae_lambda": "0 <= x <= 1", "clip_coef": "x > 0", "ent_coef": "x >= 0", "vf_coef": "x >= 0",
+                        "max_grad_norm": "x > 0", "hidden_dim": "x >= 1"})
+    if args.num_envs % args.num_minibatches:
+        fail(f"--num-minibatches {args.num_minibatches} does not divide --num-envs {args.num_envs} (split by battle)")
+    if args.total_timesteps < args.num_envs * args.num_steps:
+        fail(f"--total-timesteps {args.total_timesteps} is less than one rollout (num_envs*num_steps = "
+             f"{args.num_envs * args.num_steps})")
+
+
+# ---- shared: smac_lite/check_map ----
+def check_map(env_id: str, *single_agent_scripts: str):
+    """A smac_lite map, or one error line that names the scripts that take env_id (single_agent_scripts: those
+    suggested for a Gymnasium id)."""
+    if env_id in smac_lite.MAPS:
+        return
+    if scripts := other_family(env_id) or (single_agent_scripts if env_id in gym.registry else ()):
+        fail(f"{env_id} is not a smac_lite map (the maps: {', '.join(smac_lite.MAPS)})", *scripts)
+    close = difflib.get_close_matches(env_id, list(smac_lite.MAPS), n=1)
+    fail(f"unknown smac_lite map '{env_id}'" + (f"; did you mean '{close[0]}'?" if close else "") +
+         f"; the maps: {', '.join(smac_lite.MAPS)}")
+# ---- end shared: smac_lite/check_map ----
+
+
+# ---- shared: helpers ----
+SCRIPT, ALGOS = Path(__file__).name, Path(__file__).resolve().parent
+
+
+def fail(msg: str, *scripts: str):
+    """Bad input: one line on stderr, exit status 2. It suggests those of `scripts` that exist beside this one."""
+    found = [s for s in scripts if s != SCRIPT and (ALGOS / s).is_file()]
+    print(f"error: {msg}" + (f"; use {' or '.join(found)}" if found else ""), file=sys.stderr)
+    sys.exit(2)
+
+
+def other_family(env_id: str) -> tuple[str, ...]:
+    """The scripts that take env_id, an id of another family of envs (Atari, MinAtar, mpe2, smac_lite)."""
+    if env_id.startswith("ALE/") or env_id.endswith("NoFrameskip-v4"):
+        return "ppo_atari.py", "dqn_atari.py"
+    if env_id.startswith("MinAtar/"):
+        return "dqn_atari.py", "ddqn_atari.py"
+    if re.fullmatch(r"(simple\w*|collect_treasure)_v\d+", env_id):
+        return "mappo_mpe.py", "maddpg_mpe.py"
+    if importlib.util.find_spec("smac_lite") and env_id in importlib.import_module("smac_lite.maps").MAPS:
+        return "mappo_smac_lite.py", "qmix_smac_lite.py"
+    return ()
+
+
+def env_spaces(env_id: str):
+    """(observation space, action space) of env_id, or a one-line error. The env is made in a temporary directory
+    with stderr muted: MuJoCo prints warnings and leaves MUJOCO_LOG.TXT behind, which must not precede an error."""
+    if env_id not in gym.registry:
+        if scripts := other_family(env_id):
+            fail(f"{env_id} is not an env of {SCRIPT}", *scripts)
+        close = difflib.get_close_matches(env_id, list(gym.registry), n=1)
+        fail(f"unknown env id '{env_id}'" + (f"; did you mean '{close[0]}'?" if close else ""))
+    cwd, stderr_fd = os.getcwd(), os.dup(2)
+    with tempfile.TemporaryDirectory() as tmp, open(os.devnull, "w") as null, warnings.catch_warnings(action="ignore"):
+        os.chdir(tmp), os.dup2(null.fileno(), 2)
+        try:
+            with gym.make(env_id) as env:
+                return env.observation_space, env.action_space
+        except Exception as e:
+            error = f"cannot make env '{env_id}': {type(e).__name__}: {(str(e).strip() or ' ').splitlines()[0]}"
+        finally:
+            os.dup2(stderr_fd, 2), os.close(stderr_fd), os.chdir(cwd)
+    fail(error)
+
+
+def check_ranges(args, rules: dict):
+    """Fail on the first flag outside its range; a rule is a condition on x, the flag's value (e.g. "0 <= x <= 1")."""
+    rules = {"total_timesteps": "x >= 1", "eval_episodes": "x >= 0", "eval_every": "x >= 0",
+             "checkpoint_every": "x >= 1", **rules}
+    for name, rule in rules.items():
+        if (x := getattr(args, name)) is not None and not eval(rule, {"x": x}):  # the rules are literals of this file
+            fail(f"--{name.replace('_', '-')} {x} is out of range: it must satisfy {rule}")
+
+
+def sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def start_run(args, check_args):
+    """Resume (--resume DIR: the run's saved flags; --total-timesteps may extend it), check the flags, choose the run
+    directory (a new run never writes into one that holds files), seed everything. Returns (args, checkpoint, dir).
+    A checkpoint is data: its SHA-256 must match checkpoint.sha256, and it is read with weights_only=True."""
+    ckpt = None
+    if args.resume:
+        path = Path(args.resume) / "checkpoint.pt"
+        if not path.is_file():
+            fail(f"no checkpoint at {path}; pass the run directory of an earlier {SCRIPT} run")
+        try:
+            if sha256(path) != (path.parent / "checkpoint.sha256").read_text().strip():
+                raise ValueError("its SHA-256 differs from checkpoint.sha256")
+            ckpt = torch.load(path, weights_only=True)
+            saved = Args(**ckpt["args"])
+        except Exception as e:
+            fail(f"{path} is corrupt or not a {SCRIPT} checkpoint ({type(e).__name__}); delete it or start anew")
+        given = [k for k, v in asdict(args).items() if v != getattr(Args(), k) and k not in ("resume", "run_dir")]
+        if "total_timesteps" in given:
+            if args.total_timesteps < ckpt["global_step"]:
+                fail(f"--total-timesteps {args.total_timesteps} is below the {ckpt['global_step']} steps already done")
+            print(f"resume: --total-timesteps {args.total_timesteps} (was {saved.total_timesteps})", file=sys.stderr)
+            saved.total_timesteps = args.total_timesteps
+        elif ckpt["finished"]:
+            print(f"the run in {path.parent} is finished; give a larger --total-timesteps to extend it")
+            sys.exit(0)
+        if ignored := [f"--{k.replace('_', '-')}" for k in given if k != "total_timesteps"]:
+            print(f"resume: the run's saved flags are kept; ignored: {' '.join(ignored)}", file=sys.stderr)
+        args = saved
+        args.resume = args.run_dir = str(path.parent)
+    check_args(args)
+    name = f"{args.env_id.replace('/', '-')}__{SCRIPT[:-3]}__{args.seed}__{time.time():.0f}"
+    run_dir = Path(args.run_dir or f"runs/{name}")
+    if run_dir.exists() and not run_dir.is_dir():
+        fail(f"--run-dir {run_dir} is a file; pass a directory")
+    if ckpt is None and run_dir.is_dir() and any(run_dir.iterdir()):
+        if (run_dir / "metrics.csv").is_file():
+            fail(f"--run-dir {run_dir} holds a run; continue it with --resume {run_dir} or choose a new --run-dir")
+        fail(f"--run-dir {run_dir} is not empty and holds no run; choose a new --run-dir")
+    random.seed(args.seed), np.random.seed(args.seed), torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    torch.set_num_threads(1 if args.torch_deterministic else torch.get_num_threads())  # 1: fastest for small nets
+    return args, ckpt, run_dir
+
+
+def load_states(stateful: dict, ckpt: dict, run_dir: Path):
+    """Resume every object of `stateful` ({name: object with load_state_dict}) from the checkpoint."""
+    for name, obj in stateful.items():
+        try:
+            obj.load_state_dict(ckpt[name])
+        except Exception as e:
+            fail(f"{run_dir / 'checkpoint.pt'} does not fit this run's {name} ({type(e).__name__}); start anew")
+
+
+def plain(obj):
+    """obj with numpy arrays as tensors and numpy scalars as numbers: what torch.load(weights_only=True) reads."""
+    if isinstance(obj, dict):
+        return {k: plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(plain(v) for v in obj)
+    return torch.from_numpy(obj) if isinstance(obj, np.ndarray) else obj.item() if isinstance(obj, np.generic) else obj
+
+
+class RNGs:
+    """torch's global generator and the given numpy Generators, checkpointed as one object."""
+
+    def __init__(self, *np_rngs: np.random.Generator):
+        self.np_rngs = np_rngs
+
+    def state_dict(self):
+        return {"torch": torch.get_rng_state(), "numpy": [rng.bit_generator.state for rng in self.np_rngs]}
+
+    def load_state_dict(self, state):
+        torch.set_rng_state(state["torch"])
+        for rng, rng_state in zip(self.np_rngs, state["numpy"], strict=True):
+            rng.bit_generator.state = rng_state
+
+
+class RunLogger:
+    """What a run shows and leaves behind: config.json, metrics.csv (global_step, wall_time, name, value; append-only),
+    TensorBoard events, a wandb run with --track, the progress bar, checkpoint.pt. Resuming drops the rows logged after
+    the checkpoint (those steps are redone): no step is logged twice. The training clock stops during evaluations.
+    Ctrl-C sets stop_requested: the script finishes its iteration, saves it and calls exit_interrupted()."""
+
+    def __init__(self, args, run_dir: Path, total: int, step: int, resuming: bool):
+        run_dir.mkdir(parents=True, exist_ok=True)
+        metrics, header = run_dir / "metrics.csv", "global_step,wall_time,name,value\n"
+        if resuming:
+            lines = metrics.read_text().splitlines(keepends=True)[1:] if metrics.is_file() else []
+            (run_dir / "metrics.tmp").write_text(header + "".join(ln for ln in lines if int(ln.split(",")[0]) <= step))
+            os.replace(run_dir / "metrics.tmp", metrics)
+        else:
+            git = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ALGOS)
+            config = {"script": SCRIPT, "args": asdict(args), "git_commit": git.stdout.strip() or None,
+                      "versions": {p: version(p) for p in ("torch", "gymnasium", "numpy")}}
+            (run_dir / "config.json").write_text(json.dumps(config, indent=2))
+            metrics.write_text(header)
+        if total != args.total_timesteps:
+            print(f"{total:,} steps will run: whole iterations up to --total-timesteps {args.total_timesteps:,}")
+        self.args, self.run_dir, self.wandb = args, run_dir, None
+        if args.track:  # before the SummaryWriter: wandb syncs only the writers created after wandb.init
+            import wandb
+            self.wandb = wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=asdict(args),
+                                    name=run_dir.name, dir=str(run_dir), sync_tensorboard=True, id=run_dir.name,
+                                    resume="allow")
+        self.file = open(metrics, "a", newline="")
+        self.csv, self.tb = csv.writer(self.file, lineterminator="\n"), SummaryWriter(str(run_dir))
+        self.bar = tqdm(total=total, initial=step, unit="step", mininterval=1.0)
+        self.first_step, self.start, self.eval_seconds, self.last_return = step, time.time(), 0.0, float("nan")
+        self.stop_requested = False
+        signal.signal(signal.SIGINT, self.request_stop)
+
+    def request_stop(self, *_):
+        self.stop_requested = True
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C stops at once, unsaved
+        print("\nCtrl-C: stopping after this iteration (again: at once, without saving it)", file=sys.stderr)
+
+    def log(self, step: int, metrics: dict):
+        for name, value in metrics.items():
+            value = float(value.detach() if torch.is_tensor(value) else value)  # a loss may still require grad
+            self.csv.writerow([step, f"{time.time():.3f}", name, repr(value)])
+            self.tb.add_scalar(name, value, step)
+        self.file.flush()
+
+    def progress(self, step: int):
+        """Log charts/sps (environment steps per training second) and update the progress bar."""
+        sps = int((step - self.first_step) / max(time.time() - self.start - self.eval_seconds, 1e-9))
+        self.log(step, {"charts/sps": sps})
+        self.bar.update(step - self.bar.n)
+        self.bar.set_postfix(sps=sps, ret=f"{self.last_return:.1f}", refresh=False)
+
+    def evaluate(self, step: int, run_episodes):
+        """Log charts/train_seconds, then one row per episode of run_episodes(): a list of episodic returns (logged as
+        eval/episodic_return) or a dict {metric name: one value per episode} (multi-agent: team return, win)."""
+        self.log(step, {"charts/train_seconds": time.time() - self.start - self.eval_seconds})
+        start, results = time.time(), run_episodes()
+        self.eval_seconds += time.time() - start
+        for name, values in (results if isinstance(results, dict) else {"eval/episodic_return": results}).items():
+            for value in values:
+                self.log(step, {name: value})
+        return results
+
+    def save_checkpoint(self, stateful: dict, iteration: int, global_step: int, finished: bool = False):
+        """checkpoint.pt: the flags, the counters and the state_dict() of every object of `stateful`, written then
+        renamed (a crash never leaves half a checkpoint), and its SHA-256 in checkpoint.sha256."""
+        state = {"args": asdict(self.args), "iteration": iteration, "global_step": global_step, "finished": finished,
+                 **{name: obj.state_dict() for name, obj in stateful.items()}}
+        torch.save(plain(state), self.run_dir / "checkpoint.tmp")
+        digest = sha256(self.run_dir / "checkpoint.tmp")
+        os.replace(self.run_dir / "checkpoint.tmp", self.run_dir / "checkpoint.pt")
+        (self.run_dir / "checkpoint.sha256").write_text(digest + "\n")
+
+    def close_files(self):
+        self.bar.close(), self.file.close(), self.tb.close()
+        if self.wandb is not None:
+            self.wandb.finish()
+
+    def exit_interrupted(self):
+        self.close_files()
+        print(f"interrupted: metrics kept, resume with --resume {self.run_dir}", file=sys.stderr)
+        sys.exit(130)
+
+    def close(self, results):
+        """Close the files; the last lines say the evaluation, where the run is and the script's reference."""
+        self.bar.update(self.bar.total - self.bar.n)
+        self.close_files()
+        for name, values in (results if isinstance(results, dict) else {"eval/episodic_return": results}).items():
+            if len(values):
+                print(f"{name}: {np.mean(values):.2f} +- {np.std(values):.2f} over {len(values)} episodes")
+        print(f"run saved in {self.run_dir}" + (" (model.pt, checkpoint.pt)" if self.args.save_model else
+                                                " (checkpoint.pt)"))
+        path = ALGOS.parent / "benchmark" / "references.toml"  # our multi-seed runs of each script, if present
+        refs = [r for r in (tomllib.loads(path.read_text())["reference"] if path.is_file() else []) if "values" in r and
+                (r["script"], r["env_id"]) == (SCRIPT, self.args.env_id) and r["score"] in ("final_eval",
+                                                                                           "final_win_rate")]
+        for r in sorted(refs, key=lambda r: abs(r["total_timesteps"] - self.args.total_timesteps))[:1]:
+            print(f"reference {r['id']} ({r['total_timesteps']:,} steps, {r['score']}, {len(r['values'])} seeds): "
+                  f"{np.mean(r['values']):.2f} +- {np.std(r['values']):.2f}, lowest seed {min(r['values']):.2f}")
+        if not refs:
+            print(f"no reference for {SCRIPT} on {self.args.env_id} to compare with")
+# ---- end shared: helpers ----
 
 
 if __name__ == "__main__":

@@ -1,29 +1,18 @@
 """MADDPG on MPE (mpe2's simple_spread_v3 by default, continuous actions): DDPG with a centralised critic per agent.
 
-Lowe et al. 2017, "Multi-Agent Actor-Critic for Mixed Cooperative-Competitive Environments" (arXiv:1706.02275): every
-agent i has its own deterministic actor mu_i(o_i) and its own centralised critic Q_i(o_1..o_N, a_1..a_N), which sees
-every agent's observation and action (so the environment is stationary from the critic's view while the others learn);
-no parameters are shared, so agents with different observation or action sizes (the competitive tasks) fit. Q_i learns
-the target r_i + gamma * Q'_i(o'_1..o'_N, mu'_1(o'_1)..mu'_N(o'_N)) from a replay buffer, with the target actors and
-critics; mu_i follows the deterministic policy gradient of Q_i, the other agents' actions taken from the buffer (eq. 6).
-The paper's settings (its Appendix and the authors' code): 64-64 ReLU networks, Adam lr 1e-2, gamma 0.95, batch 1024,
-one update of every agent each 100 joint steps, tau 0.01, replay of 1e6 steps, the first update after 25600 steps,
-gradient norm clip 0.5, a 1e-3 penalty on the actor's pre-activations. Continuous actions (mpe2's
-continuous_actions=True: Box(0, 1) per action component; the actor's sigmoid maps into the box) in place of the paper's
-Gumbel-softmax over discrete ones; exploration is Gaussian noise on the actions (std 0.1 of the range), clipped to the
-box, from the first step. The --num-envs mpe2 parallel_envs (8; the paper: 1) step one after another in a Python loop;
-global_step counts joint steps (one step of one env), and the updates keep the paper's ratio of one per 100 of them.
-Every episode ends at the time limit (25 steps): a truncation, whose true final observation is stored and bootstrapped
-through; only a termination cuts the bootstrap. Metrics: train/ and eval/episodic_return_agent_mean, the per-agent mean
-of the episodic return; in the competitive tasks also per team: .../episodic_return_adversary_mean (adversaries, eve)
-and .../episodic_return_good_mean (the others). The evaluation is deterministic (the actors' actions, no noise).
+Lowe et al. 2017, "Multi-Agent Actor-Critic for Mixed Cooperative-Competitive Environments": each agent has its own
+deterministic actor mu_i(o_i) and its own critic Q_i(o_1..o_N, a_1..a_N) over every agent's observation and action,
+learnt from a replay buffer with target networks; nothing is shared, so the competitive tasks fit too. The paper's
+settings (64-64 ReLU, lr 1e-2, gamma 0.95, batch 1024, an update every 100 joint steps, tau 0.01, a 1e-3 penalty on the
+actor's pre-activations); continuous actions with Gaussian exploration noise in place of the paper's Gumbel-softmax.
+global_step counts joint steps; the metrics are per-agent (and per-team) means of the episodic return.
+Deviation: the gradient clip (0.5) is on each network's global norm; the authors' code clips each variable's.
 
 Run:    python algos/maddpg_mpe.py --env-id simple_spread_v3 --seed 1
-Result: simple_spread_v3, 100k steps, these defaults: per-agent mean return of 100 deterministic episodes -18.7 to -20.8
-        on seeds 1-10 (random play -26.1; the untrained actors, which stand still, about -24; the first updates make it
-        worse, about -34 at 30k-40k steps, before it improves); 300k steps (the default), seed 1: -15.6
+Result: simple_spread_v3, 100k steps: -18.7 to -20.8 on seeds 1-10, random play -26.1 (benchmark/references.toml)
 """
-import csv, difflib, importlib, json, os, random, subprocess, sys, tempfile, time, tomllib, warnings
+import csv, difflib, hashlib, importlib.util, json, os, random, re, signal, subprocess, sys, tempfile, time, tomllib
+import warnings
 from dataclasses import asdict, dataclass
 from importlib.metadata import version
 from pathlib import Path
@@ -40,24 +29,6 @@ from tqdm import tqdm
 
 @dataclass
 class Args:
-    env_id: str = "simple_spread_v3"  # mpe2 task (see TASKS)
-    total_timesteps: int = 300_000  # joint steps over all envs
-    num_envs: int = 8  # mpe2 parallel_envs stepped in turn
-    # ---- shared: args ----
-    seed: int = 1  # seed of torch, numpy, random and the envs
-    cuda: bool = False  # use CUDA if available (networks this small are faster on the CPU)
-    torch_deterministic: bool = True  # torch.backends.cudnn.deterministic and one CPU thread
-    track: bool = False  # log to Weights & Biases (works offline with WANDB_MODE=offline)
-    wandb_project_name: str = "canonrl"  # wandb project
-    wandb_entity: str | None = None  # wandb entity (team)
-    capture_video: bool = False  # record videos of the first env to <run_dir>/videos
-    save_model: bool = False  # save <run_dir>/model.pt at the end
-    eval_episodes: int = 10  # greedy evaluation episodes at the end (and at each --eval-every)
-    eval_every: int = 0  # also evaluate every this many steps (0: only at the end); logs charts/train_seconds too
-    run_dir: str | None = None  # where the run is written (default runs/<env>__<script>__<seed>__<time>); must be new
-    resume: str | None = None  # continue the run in this directory (its flags; --total-timesteps may extend it)
-    checkpoint_every: int = 50_000  # save <run_dir>/checkpoint.pt every this many steps (and at the end and on Ctrl-C)
-    # ---- end shared: args ----
     learning_rate: float = 1e-2  # Adam learning rate of the actors and the critics
     buffer_size: int = 1_000_000  # replay buffer capacity (joint steps)
     gamma: float = 0.95  # discount factor
@@ -69,152 +40,27 @@ class Args:
     max_grad_norm: float = 0.5  # gradient norm clip of each actor and critic
     actor_reg: float = 1e-3  # weight of the penalty on the actor's squared pre-activations (the authors' code)
     hidden_dim: int = 64  # width of the two hidden layers of every actor and critic
+    env_id: str = "simple_spread_v3"  # mpe2 task (see TASKS)
+    total_timesteps: int = 300_000  # joint steps over all envs
+    num_envs: int = 8  # mpe2 parallel_envs stepped in turn
+    # ---- shared: args ----
+    seed: int = 1  # seed of torch, numpy, random and the envs
+    cuda: bool = False  # run on CUDA when available (the CNN scripts gain from it; small MLPs are fastest on a CPU)
+    torch_deterministic: bool = True  # torch.backends.cudnn.deterministic and one CPU thread
+    track: bool = False  # log to Weights & Biases (works offline with WANDB_MODE=offline)
+    wandb_project_name: str = "canonrl"  # wandb project
+    wandb_entity: str | None = None  # wandb entity (team)
+    capture_video: bool = False  # record episode 0 of the final evaluation to <run_dir>/videos
+    save_model: bool = False  # save <run_dir>/model.pt at the end
+    eval_episodes: int = 10  # evaluation episodes (the policy evaluate() runs) at the end and each --eval-every
+    eval_every: int = 0  # also evaluate every this many steps (0: only at the end); logs charts/train_seconds too
+    run_dir: str | None = None  # where the run is written (default runs/<env>__<script>__<seed>__<time>); must be new
+    resume: str | None = None  # continue the run in this directory (its flags; --total-timesteps may extend it)
+    checkpoint_every: int = 50_000  # save <run_dir>/checkpoint.pt every this many steps (and at the end and on Ctrl-C)
+    # ---- end shared: args ----
 
 
-# ---- shared: helpers ----
-SCRIPT, ALGOS = Path(__file__).name, Path(__file__).resolve().parent
-
-
-def fail(msg: str, *scripts: str):
-    """Bad input: one line on stderr, exit status 2. It suggests those of `scripts` that exist beside this one."""
-    found = [s for s in scripts if (ALGOS / s).is_file()]
-    print(f"error: {msg}" + (f"; use {' or '.join(found)}" if found else ""), file=sys.stderr)
-    sys.exit(2)
-
-
-def env_spaces(env_id: str):
-    """(observation space, action space) of env_id, or a one-line error. The env is made in a temporary directory
-    with stderr muted: MuJoCo prints warnings and leaves MUJOCO_LOG.TXT behind, which must not precede an error."""
-    if env_id not in gym.registry:
-        close = difflib.get_close_matches(env_id, list(gym.registry), n=1)
-        fail(f"unknown env id '{env_id}'" + (f"; did you mean '{close[0]}'?" if close else ""))
-    cwd, stderr_fd = os.getcwd(), os.dup(2)
-    with tempfile.TemporaryDirectory() as tmp, open(os.devnull, "w") as null, warnings.catch_warnings(action="ignore"):
-        os.chdir(tmp), os.dup2(null.fileno(), 2)
-        try:
-            with gym.make(env_id) as env:
-                return env.observation_space, env.action_space
-        except Exception as e:
-            error = f"cannot make env '{env_id}': {type(e).__name__}: {(str(e).strip() or ' ').splitlines()[0]}"
-        finally:
-            os.dup2(stderr_fd, 2), os.close(stderr_fd), os.chdir(cwd)
-    fail(error)
-
-
-def check_ranges(args, rules: dict):
-    """Fail on the first flag outside its range; a rule is a condition on x, the flag's value (e.g. "0 <= x <= 1")."""
-    rules = {"total_timesteps": "x >= 1", "eval_episodes": "x >= 0", "eval_every": "x >= 0",
-             "checkpoint_every": "x >= 1", **rules}
-    for name, rule in rules.items():
-        if (x := getattr(args, name)) is not None and not eval(rule, {"x": x}):  # the rules are literals of this file
-            fail(f"--{name.replace('_', '-')} {x} is out of range: it must satisfy {rule}")
-
-
-def start_run(args, check_args):
-    """Resume (--resume DIR: the run's saved flags; --total-timesteps may extend it), check the flags, choose the run
-    directory (a new run never writes into one that holds files), seed everything. Returns (args, checkpoint, dir)."""
-    ckpt = None
-    if args.resume:
-        path = Path(args.resume) / "checkpoint.pt"
-        if not path.is_file():
-            fail(f"no checkpoint at {path}; pass the run directory of an earlier {SCRIPT} run")
-        try:
-            ckpt = torch.load(path, weights_only=False)
-            saved = Args(**ckpt["args"])
-        except Exception as e:
-            fail(f"{path} is corrupt or not a {SCRIPT} checkpoint ({type(e).__name__}); delete it or start anew")
-        given = [k for k, v in asdict(args).items() if v != getattr(Args(), k) and k not in ("resume", "run_dir")]
-        if "total_timesteps" in given:
-            if args.total_timesteps < ckpt["global_step"]:
-                fail(f"--total-timesteps {args.total_timesteps} is below the {ckpt['global_step']} steps already done")
-            print(f"resume: --total-timesteps {args.total_timesteps} (was {saved.total_timesteps})", file=sys.stderr)
-            saved.total_timesteps = args.total_timesteps
-        if ignored := [f"--{k.replace('_', '-')}" for k in given if k != "total_timesteps"]:
-            print(f"resume: the run's saved flags are kept; ignored: {' '.join(ignored)}", file=sys.stderr)
-        args = saved
-        args.resume = args.run_dir = str(path.parent)
-    check_args(args)
-    name = f"{args.env_id.replace('/', '-')}__{SCRIPT[:-3]}__{args.seed}__{time.time():.0f}"
-    run_dir = Path(args.run_dir or f"runs/{name}")
-    if ckpt is None and run_dir.is_dir() and any(run_dir.iterdir()):
-        fail(f"--run-dir {run_dir} is not empty; continue that run with --resume {run_dir} or choose a new --run-dir")
-    random.seed(args.seed), np.random.seed(args.seed), torch.manual_seed(args.seed)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
-    torch.set_num_threads(1 if args.torch_deterministic else torch.get_num_threads())  # 1: fastest for small nets
-    return args, ckpt, run_dir
-
-
-class RunLogger:
-    """What a run shows and leaves behind: config.json, metrics.csv (global_step, wall_time, name, value; append-only),
-    TensorBoard events, a wandb run with --track, the progress bar. Resuming drops the rows logged after the checkpoint
-    (those steps are redone): no step is logged twice. The training clock stops during evaluations."""
-
-    def __init__(self, args, run_dir: Path, total: int, step: int, resuming: bool):
-        run_dir.mkdir(parents=True, exist_ok=True)
-        metrics, header = run_dir / "metrics.csv", "global_step,wall_time,name,value\n"
-        if resuming:
-            lines = metrics.read_text().splitlines(keepends=True)[1:] if metrics.is_file() else []
-            (run_dir / "metrics.tmp").write_text(header + "".join(ln for ln in lines if int(ln.split(",")[0]) <= step))
-            os.replace(run_dir / "metrics.tmp", metrics)
-        else:
-            git = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ALGOS)
-            config = {"script": SCRIPT, "args": asdict(args), "git_commit": git.stdout.strip() or None,
-                      "versions": {p: version(p) for p in ("torch", "gymnasium", "numpy")}}
-            (run_dir / "config.json").write_text(json.dumps(config, indent=2))
-            metrics.write_text(header)
-        self.file = open(metrics, "a", newline="")
-        self.csv, self.tb = csv.writer(self.file), SummaryWriter(str(run_dir))
-        if args.track:
-            import wandb
-            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=asdict(args),
-                       name=run_dir.name, dir=str(run_dir), sync_tensorboard=True, id=run_dir.name, resume="allow")
-        self.bar = tqdm(total=total, initial=step, unit="step", mininterval=1.0)
-        self.first_step, self.start, self.eval_seconds, self.last_return = step, time.time(), 0.0, float("nan")
-
-    def log(self, step: int, metrics: dict):
-        for name, value in metrics.items():
-            value = float(value.detach() if torch.is_tensor(value) else value)  # a loss may still require grad
-            self.csv.writerow([step, f"{time.time():.3f}", name, repr(value)])
-            self.tb.add_scalar(name, value, step)
-        self.file.flush()
-
-    def progress(self, step: int):
-        """Log charts/sps (environment steps per training second) and update the progress bar."""
-        sps = int((step - self.first_step) / max(time.time() - self.start - self.eval_seconds, 1e-9))
-        self.log(step, {"charts/sps": sps})
-        self.bar.update(step - self.bar.n)
-        self.bar.set_postfix(sps=sps, ret=f"{self.last_return:.1f}", refresh=False)
-
-    def evaluate(self, step: int, run_episodes):
-        """Log charts/train_seconds, then one row per episode of run_episodes(): a list of episodic returns (logged as
-        eval/episodic_return) or a dict {metric name: one value per episode} (multi-agent: team return, win)."""
-        self.log(step, {"charts/train_seconds": time.time() - self.start - self.eval_seconds})
-        start, results = time.time(), run_episodes()
-        self.eval_seconds += time.time() - start
-        for name, values in (results if isinstance(results, dict) else {"eval/episodic_return": results}).items():
-            for value in values:
-                self.log(step, {name: value})
-        return results
-
-    def close(self, run_dir: Path, args, results):
-        """Close the files; the last lines say the evaluation, where the run is and the script's reference."""
-        self.bar.close(), self.file.close(), self.tb.close()
-        for name, values in (results if isinstance(results, dict) else {"eval/episodic_return": results}).items():
-            if len(values):
-                print(f"{name}: {np.mean(values):.2f} +- {np.std(values):.2f} over {len(values)} episodes")
-        print(f"run saved in {run_dir}" + (" (model.pt, checkpoint.pt)" if args.save_model else " (checkpoint.pt)"))
-        path = ALGOS.parent / "benchmark" / "references.toml"  # our multi-seed runs of each script, if present
-        refs = [r for r in (tomllib.loads(path.read_text())["reference"] if path.is_file() else []) if "values" in r and
-                (r["script"], r["env_id"]) == (SCRIPT, args.env_id) and r["score"] in ("final_eval", "final_win_rate")]
-        for r in sorted(refs, key=lambda r: abs(r["total_timesteps"] - args.total_timesteps))[:1]:
-            print(f"reference {r['id']} ({r['total_timesteps']:,} steps, {r['score']}, {len(r['values'])} seeds): "
-                  f"{np.mean(r['values']):.2f} +- {np.std(r['values']):.2f}, lowest seed {min(r['values']):.2f}")
-        if not refs:
-            print(f"no reference for {SCRIPT} on {args.env_id} to compare with")
-# ---- end shared: helpers ----
-
-
-MAX_CYCLES = 25  # steps per episode (mpe2's default, the paper's)
+MAX_CYCLES = 25  # steps per episode (mpe2's default; the paper's)
 TASKS = {  # the mpe2 tasks with more than one agent, and their settings; one actor and critic per agent fits them all
     "simple_spread_v3": {"N": 3, "local_ratio": 0.5},  # cooperative: N agents cover N landmarks without colliding
     "simple_reference_v3": {"local_ratio": 0.5},  # cooperative: 2 agents; each says which landmark the other must reach
@@ -227,48 +73,34 @@ TASKS = {  # the mpe2 tasks with more than one agent, and their settings; one ac
     "simple_world_comm_v3": {},  # competitive: 4 adversaries (one leads, speaking) chase 2 good agents among forests
 }
 NOT_SUPPORTED = {"simple_v3": "one agent: nothing to centralise, it is DDPG"}
+
+
+# ---- shared: mpe/MPEEnvs ----
 ADVERSARIES = ("adversary", "leadadversary", "eve")  # the competitive tasks' adversary teams (agent name prefixes)
 
 
-def check_args(args: Args):
-    if args.env_id not in TASKS:
-        close = difflib.get_close_matches(args.env_id, [*TASKS, *NOT_SUPPORTED], n=1)
-        why = (f"mpe2 task '{args.env_id}' is not supported ({NOT_SUPPORTED[args.env_id]})" if args.env_id in
-               NOT_SUPPORTED else f"unknown mpe2 task '{args.env_id}'" + (f"; did you mean '{close[0]}'?" if close
-                                                                          and close[0] in TASKS else ""))
-        fail(why + f"; the tasks: {', '.join(TASKS)}", *(("ddpg_continuous.py", "dqn.py") if args.env_id in
-                                                           gym.registry else ()))  # a single-agent Gymnasium env
-    check_ranges(args, {"num_envs": "x >= 1", "learning_rate": "x > 0", "buffer_size": "x >= 1",
-                        "gamma": "0 <= x <= 1", "tau": "0 < x <= 1", "batch_size": "x >= 1",
-                        "learning_starts": "x >= 0", "train_every": "x >= 1", "exploration_noise": "x >= 0",
-                        "max_grad_norm": "x > 0", "actor_reg": "x >= 0", "hidden_dim": "x >= 1"})
-    if args.batch_size > min(args.buffer_size, max(args.learning_starts, 1)):
-        fail(f"--batch-size {args.batch_size} must not exceed --learning-starts ({args.learning_starts}) or "
-             f"--buffer-size ({args.buffer_size}): the first minibatch is drawn when learning starts")
-    if args.total_timesteps <= args.learning_starts:
-        fail(f"--total-timesteps {args.total_timesteps} must exceed --learning-starts {args.learning_starts}")
-
-
 class MPEEnvs:
-    """num_envs mpe2 parallel_envs of one task (continuous actions), stepped in turn. The agents' observations come
-    concatenated, agent after agent, as one joint observation (num_envs, sum of obs_dims) tensor (MPE is numpy: one host
-    copy per step); actions go in the same way, (num_envs, sum of action_dims). Env i's k-th episode (from 0) is seeded
-    with seed + i + num_envs * k. With auto_reset, a finished env is reset in the same step, its last observation kept
-    in info["final_obs"] for the bootstrap; without it (evaluation), it is left finished."""
+    """num_envs mpe2 parallel_envs of one task (its settings in TASKS), stepped in turn. The agents' observations come
+    concatenated, agent after agent, as one joint observation (num_envs, sum of obs_dims) tensor, which is mpe2's
+    state() (MPE is numpy: one host copy per step). Env i's k-th episode (from 0) is seeded with
+    seed + i + num_envs * k. With auto_reset, a finished env is reset in the same step, its last observation kept in
+    info["final_obs"] for the bootstrap; without it (evaluation), it is left finished."""
 
-    def __init__(self, env_id: str, num_envs: int, device, auto_reset=True, render_env0=False):
+    def __init__(self, env_id: str, num_envs: int, device, continuous_actions: bool, auto_reset=True,
+                 render_env0=False):
         module = importlib.import_module(f"mpe2.{env_id}")
-        self.envs = [module.parallel_env(max_cycles=MAX_CYCLES, continuous_actions=True, **TASKS[env_id],
-                                         render_mode="rgb_array" if render_env0 and i == 0 else None)
+        self.envs = [module.parallel_env(max_cycles=MAX_CYCLES, continuous_actions=continuous_actions,
+                                         **TASKS[env_id], render_mode="rgb_array" if render_env0 and i == 0 else None)
                      for i in range(num_envs)]
         self.agents, env = self.envs[0].possible_agents, self.envs[0]
         self.n_agents, self.device, self.auto_reset = len(self.agents), device, auto_reset
+        spaces, self.continuous_actions = [env.action_space(a) for a in self.agents], continuous_actions
         self.obs_dims = [env.observation_space(a).shape[0] for a in self.agents]
-        self.action_dims = [env.action_space(a).shape[0] for a in self.agents]
-        self.low, self.high = (np.concatenate([getattr(env.action_space(a), x) for a in self.agents]) for x in
-                               ("low", "high"))
+        self.action_dims = [s.shape[0] if continuous_actions else int(s.n) for s in spaces]  # discrete: the actions
+        self.low, self.high = (np.concatenate([getattr(s, x) for s in spaces]) if continuous_actions else None
+                               for x in ("low", "high"))
         self.adversary = np.array([a.split("_")[0] in ADVERSARIES for a in self.agents])
-        self.splits = np.cumsum(self.action_dims)[:-1]  # where each agent's action starts in the joint action
+        self.splits = np.cumsum(self.action_dims)[:-1]  # where each agent's action starts in a continuous joint action
         self.seed, self.episodes = 0, np.zeros(num_envs, dtype=np.int64)
         self.obs = np.zeros((num_envs, sum(self.obs_dims)), dtype=np.float32)
         self.returns, self.lengths = np.zeros((num_envs, self.n_agents)), np.zeros(num_envs, dtype=np.int64)
@@ -286,17 +118,19 @@ class MPEEnvs:
         return torch.as_tensor(self.obs.copy(), device=self.device)
 
     def step(self, actions):
-        """actions: (num_envs, sum of action_dims) array. Returns obs, reward (num_envs, n_agents): each agent's own,
-        terminated (num_envs,): the task ended it (no bootstrap), done (num_envs,): ended by termination or time limit,
-        and info: final_obs (the true last observation where done), episode_return (num_envs, n_agents: each agent's
-        return of the finished episode) and episode_length, which hold where done."""
+        """actions: a numpy array, (num_envs, n_agents) action indices or, with continuous actions, (num_envs, sum of
+        action_dims). Returns the joint observations (a tensor) and numpy arrays: reward (num_envs, n_agents), each
+        agent's own; terminated (num_envs,): the task ended the episode (no bootstrap); done (num_envs,): ended by
+        termination or time limit; info: final_obs (the true last joint observation where done), episode_return
+        (num_envs, n_agents: each agent's return of the finished episode) and episode_length, which hold where done."""
         n = len(self.envs)
         reward, terminated, done = np.zeros((n, self.n_agents), np.float32), np.zeros(n, bool), np.zeros(n, bool)
         final_obs, ep_return, ep_length = self.obs.copy(), np.zeros((n, self.n_agents)), np.zeros(n)
         for i, env in enumerate(self.envs):
             if not env.agents:  # finished, and not reset (evaluation)
                 continue
-            obs, rew, term, trunc, _ = env.step(dict(zip(self.agents, np.split(actions[i], self.splits))))
+            agent_actions = np.split(actions[i], self.splits) if self.continuous_actions else actions[i].tolist()
+            obs, rew, term, trunc, _ = env.step(dict(zip(self.agents, agent_actions)))
             self.obs[i] = final_obs[i] = np.concatenate([obs[a] for a in self.agents])
             reward[i] = [rew[a] for a in self.agents]
             self.returns[i] += reward[i]
@@ -312,6 +146,7 @@ class MPEEnvs:
     def render(self):
         """Env 0's frame (it must have been made with render_env0)."""
         return self.envs[0].render()
+# ---- end shared: mpe/MPEEnvs ----
 
 
 class Actor(nn.Module):
@@ -332,6 +167,10 @@ class Actor(nn.Module):
     def forward(self, obs):
         return self.squash(self.network(obs))
 
+    def get_greedy_action(self, obs):
+        """mu_i(o_i), the deterministic action: what evaluate() runs and what exploration adds noise to."""
+        return self(obs)
+
 
 class Critic(nn.Module):
     """Q_i: the joint observation (every agent's) and the joint action (every agent's) -> 64 -> 64 (ReLU) -> Q-value."""
@@ -347,7 +186,7 @@ class Critic(nn.Module):
 
 def joint_action(actors, joint_obs, obs_dims):
     """(a_1..a_N) = (mu_1(o_1)..mu_N(o_N)), concatenated: each actor sees only its own agent's observation."""
-    return torch.cat([actor(o) for actor, o in zip(actors, joint_obs.split(obs_dims, -1))], -1)
+    return torch.cat([actor.get_greedy_action(o) for actor, o in zip(actors, joint_obs.split(obs_dims, -1))], -1)
 
 
 def with_action(joint_actions, i, action_i, action_dims):
@@ -396,9 +235,10 @@ class ReplayBuffer:
         n = self.size if self.full else self.pos
         return {**{name: getattr(self, name)[:n] for name in self.FIELDS}, "pos": self.pos, "full": self.full}
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state):  # a checkpoint holds the numpy arrays as tensors
         for name in self.FIELDS:
-            getattr(self, name)[:len(state[name])] = state[name]
+            value = state[name].numpy() if torch.is_tensor(state[name]) else state[name]
+            getattr(self, name)[:len(value)] = value
         self.pos, self.full = state["pos"], state["full"]
 
 
@@ -417,7 +257,8 @@ def evaluate(actors, env_id, episodes, seed, device="cpu", frames=None):
     """Deterministic play (the actors' actions, no noise) of one episode in each of `episodes` envs (env i seeded with
     seed + i); returns {metric name: [one value per episode]} (episode_metrics). frames: a list that receives episode
     0's frames (--capture-video)."""
-    env = MPEEnvs(env_id, max(episodes, 1), device, auto_reset=False, render_env0=frames is not None)
+    env = MPEEnvs(env_id, max(episodes, 1), device, continuous_actions=True, auto_reset=False,
+                  render_env0=frames is not None)
     if episodes == 0:
         return {k: [] for k in episode_metrics("eval", np.zeros((0, env.n_agents)), env.adversary)}
     obs, finished = env.reset(seed), np.zeros(episodes, dtype=bool)
@@ -436,7 +277,7 @@ def evaluate(actors, env_id, episodes, seed, device="cpu", frames=None):
 def main(args: Args):
     args, ckpt, run_dir = start_run(args, check_args)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    env = MPEEnvs(args.env_id, args.num_envs, device)
+    env = MPEEnvs(args.env_id, args.num_envs, device, continuous_actions=True)
     N, A, obs_dims, action_dims = args.num_envs, env.n_agents, env.obs_dims, env.action_dims
     low, high = np.split(env.low, env.splits), np.split(env.high, env.splits)
     make_actors = lambda: nn.ModuleList(  # noqa: E731
@@ -451,30 +292,20 @@ def main(args: Args):
     rng = np.random.default_rng(args.seed)  # exploration noise and replay sampling
     rb = ReplayBuffer(args.buffer_size, sum(obs_dims), sum(action_dims), A, rng)
     num_iterations = args.total_timesteps // N  # one iteration = one step of every env
-    iteration, eval_seed = 0, args.seed + 10**9  # evaluation episodes are seeded apart from training
-    run_eval = lambda frames=None: evaluate(  # noqa: E731
-        actors, args.env_id, args.eval_episodes, eval_seed, device, frames)
+    iteration = 0
+
+    def run_eval(frames=None):  # evaluation episodes are seeded apart from training
+        return evaluate(actors, args.env_id, args.eval_episodes, args.seed + 10**9, device, frames)
+
+    stateful = {"actors": actors, "critics": critics, "actors_target": actors_target, "critics_target": critics_target,
+                **{f"actor_optimizer_{i}": opt for i, opt in enumerate(actor_optimizers)},
+                **{f"critic_optimizer_{i}": opt for i, opt in enumerate(critic_optimizers)},
+                "rb": rb, "rng": RNGs(rng)}  # what a checkpoint holds, saved and resumed
     if ckpt is not None:
-        try:
-            for key, obj in (("actors", actors), ("critics", critics), ("actors_target", actors_target),
-                             ("critics_target", critics_target), ("rb", rb)):
-                obj.load_state_dict(ckpt[key])
-            for opt, state in zip(actor_optimizers + critic_optimizers, ckpt["optimizers"], strict=True):
-                opt.load_state_dict(state)
-        except Exception as e:
-            fail(f"{run_dir / 'checkpoint.pt'} does not fit this network ({type(e).__name__}); delete it or start anew")
-        rng.bit_generator.state = ckpt["rng"]  # the only RNG used after seeding
+        load_states(stateful, ckpt, run_dir)  # envs are not saved: they are seeded anew on reset
         iteration = ckpt["iteration"]
     global_step = iteration * N
     logger = RunLogger(args, run_dir, num_iterations * N, global_step, resuming=ckpt is not None)
-
-    def checkpoint(iteration):  # write, then rename: a crash never leaves a half-written checkpoint.pt
-        torch.save({"args": asdict(args), "iteration": iteration, "global_step": iteration * N,
-                    "actors": actors.state_dict(), "critics": critics.state_dict(),
-                    "actors_target": actors_target.state_dict(), "critics_target": critics_target.state_dict(),
-                    "optimizers": [o.state_dict() for o in actor_optimizers + critic_optimizers],
-                    "rb": rb.state_dict(), "rng": rng.bit_generator.state}, run_dir / "checkpoint.tmp")
-        os.replace(run_dir / "checkpoint.tmp", run_dir / "checkpoint.pt")
 
     def update(i):
         """One gradient step of agent i's critic and actor on its own minibatch, then of its targets (authors' code)."""
@@ -507,40 +338,37 @@ def main(args: Args):
                 q.mean()}
 
     obs, stats = env.reset(seed=args.seed + global_step), {}  # a resumed run starts fresh episodes
-    try:
-        for iteration in range(iteration, num_iterations):
-            with torch.no_grad():
-                actions = joint_action(actors, obs, obs_dims).cpu().numpy()
-            actions = explore(actions, args.exploration_noise, env.low, env.high, rng)
-            next_obs, rewards, terminated, done, info = env.step(actions)
-            rb.add(obs.cpu().numpy(), info["final_obs"], actions, rewards, terminated)  # true last obs where done
-            global_step += N  # right after rb.add: on Ctrl-C the steps counted are the steps stored
-            obs = next_obs
-            if done.any():  # every finished episode of every env
-                metrics = episode_metrics("train", info["episode_return"][done], env.adversary)
-                for k in range(done.sum()):
-                    logger.log(global_step, {**{name: v[k] for name, v in metrics.items()},
-                                             "train/episodic_length": info["episode_length"][done][k]})
-                logger.last_return = metrics["train/episodic_return_agent_mean"].mean()
+    for iteration in range(iteration, num_iterations):
+        with torch.no_grad():
+            actions = joint_action(actors, obs, obs_dims).cpu().numpy()
+        actions = explore(actions, args.exploration_noise, env.low, env.high, rng)
+        next_obs, rewards, terminated, done, info = env.step(actions)
+        rb.add(obs.cpu().numpy(), info["final_obs"], actions, rewards, terminated)  # true last obs where done
+        global_step += N
+        obs = next_obs
+        if done.any():  # every finished episode of every env
+            metrics = episode_metrics("train", info["episode_return"][done], env.adversary)
+            for k in range(done.sum()):
+                logger.log(global_step, {**{name: v[k] for name, v in metrics.items()},
+                                         "train/episodic_length": info["episode_length"][done][k]})
+            logger.last_return = metrics["train/episodic_return_agent_mean"].mean()
 
-            if global_step >= args.learning_starts:  # one update of every agent per train_every steps crossed
-                for _ in range(global_step // args.train_every - (global_step - N) // args.train_every):
-                    stats = {k: v for i in range(A) for k, v in update(i).items()}
-            if iteration % 100 == 0:  # every 100 vector steps (the only host syncs of the losses)
-                if stats:
-                    logger.log(global_step, stats)
-                logger.progress(global_step)
-            if args.eval_every and iteration + 1 < num_iterations and global_step % args.eval_every < N:
-                logger.evaluate(global_step, run_eval)
-            if (iteration + 1) % max(1, args.checkpoint_every // N) == 0:
-                checkpoint(iteration + 1)
-    except KeyboardInterrupt:
-        checkpoint(global_step // N)  # a step interrupted before rb.add is redone
-        print(f"\ninterrupted: metrics kept, resume with --resume {run_dir}", file=sys.stderr)
-        sys.exit(130)
-    checkpoint(num_iterations)
+        if global_step >= args.learning_starts:  # one update of every agent per train_every steps crossed
+            for _ in range(global_step // args.train_every - (global_step - N) // args.train_every):
+                stats = {k: v for i in range(A) for k, v in update(i).items()}
+        if iteration % 100 == 0:  # every 100 vector steps (the only host syncs of the losses)
+            if stats:
+                logger.log(global_step, stats)
+            logger.progress(global_step)
+        if args.eval_every and iteration + 1 < num_iterations and global_step % args.eval_every < N:
+            logger.evaluate(global_step, run_eval)
+        if (iteration + 1) % max(1, args.checkpoint_every // N) == 0 or logger.stop_requested:
+            logger.save_checkpoint(stateful, iteration + 1, global_step)
+        if logger.stop_requested:  # Ctrl-C: the step it came in is finished and saved
+            logger.exit_interrupted()
     frames = [] if args.capture_video else None
     eval_results = logger.evaluate(global_step, lambda: run_eval(frames))
+    logger.save_checkpoint(stateful, num_iterations, global_step, finished=True)
     if frames:
         import imageio.v2 as imageio
         (run_dir / "videos").mkdir(exist_ok=True)
@@ -548,7 +376,279 @@ def main(args: Args):
     if args.save_model:
         torch.save({"actors": actors.state_dict(), "args": asdict(args), "eval_returns": eval_results,
                     "obs_dims": obs_dims, "action_dims": action_dims, "hidden": args.hidden_dim}, run_dir / "model.pt")
-    logger.close(run_dir, args, eval_results)
+    logger.close(eval_results)
+
+
+def check_args(args: Args):
+    check_task(args.env_id, "ddpg_continuous.py", "dqn.py")
+    check_ranges(args, {"num_envs": "x >= 1", "learning_rate": "x > 0", "buffer_size": "x >= 1",
+                        "gamma": "0 <= x <= 1", "tau": "0 < x <= 1", "batch_size": "x >= 1",
+                        "learning_starts": "x >= 0", "train_every": "x >= 1", "exploration_noise": "x >= 0",
+                        "max_grad_norm": "x > 0", "actor_reg": "x >= 0", "hidden_dim": "x >= 1"})
+    if args.batch_size > min(args.buffer_size, max(args.learning_starts, 1)):
+        fail(f"--batch-size {args.batch_size} must not exceed --learning-starts ({args.learning_starts}) or "
+             f"--buffer-size ({args.buffer_size}): the first minibatch is drawn when learning starts")
+    if args.total_timesteps <= args.learning_starts:
+        fail(f"--total-timesteps {args.total_timesteps} must exceed --learning-starts {args.learning_starts}")
+
+
+# ---- shared: mpe/check_task ----
+def check_task(env_id: str, *single_agent_scripts: str):
+    """A task of TASKS, or one error line that names the scripts that take env_id (single_agent_scripts: those
+    suggested for a Gymnasium id)."""
+    if env_id in TASKS:
+        return
+    if env_id in NOT_SUPPORTED:
+        fail(f"mpe2 task '{env_id}' is not supported by {SCRIPT} ({NOT_SUPPORTED[env_id]}); the tasks: "
+             f"{', '.join(TASKS)}")
+    if (scripts := other_family(env_id) or (single_agent_scripts if env_id in gym.registry else ())) and (
+            not re.fullmatch(r"(simple\w*|collect_treasure)_v\d+", env_id)):
+        fail(f"{env_id} is not an mpe2 task (the tasks of {SCRIPT}: {', '.join(TASKS)})", *scripts)
+    close = difflib.get_close_matches(env_id, [*TASKS, *NOT_SUPPORTED], n=1)
+    fail(f"unknown mpe2 task '{env_id}'" + (f"; did you mean '{close[0]}'?" if close and close[0] in TASKS else "") +
+         f"; the tasks: {', '.join(TASKS)}")
+# ---- end shared: mpe/check_task ----
+
+
+# ---- shared: helpers ----
+SCRIPT, ALGOS = Path(__file__).name, Path(__file__).resolve().parent
+
+
+def fail(msg: str, *scripts: str):
+    """Bad input: one line on stderr, exit status 2. It suggests those of `scripts` that exist beside this one."""
+    found = [s for s in scripts if s != SCRIPT and (ALGOS / s).is_file()]
+    print(f"error: {msg}" + (f"; use {' or '.join(found)}" if found else ""), file=sys.stderr)
+    sys.exit(2)
+
+
+def other_family(env_id: str) -> tuple[str, ...]:
+    """The scripts that take env_id, an id of another family of envs (Atari, MinAtar, mpe2, smac_lite)."""
+    if env_id.startswith("ALE/") or env_id.endswith("NoFrameskip-v4"):
+        return "ppo_atari.py", "dqn_atari.py"
+    if env_id.startswith("MinAtar/"):
+        return "dqn_atari.py", "ddqn_atari.py"
+    if re.fullmatch(r"(simple\w*|collect_treasure)_v\d+", env_id):
+        return "mappo_mpe.py", "maddpg_mpe.py"
+    if importlib.util.find_spec("smac_lite") and env_id in importlib.import_module("smac_lite.maps").MAPS:
+        return "mappo_smac_lite.py", "qmix_smac_lite.py"
+    return ()
+
+
+def env_spaces(env_id: str):
+    """(observation space, action space) of env_id, or a one-line error. The env is made in a temporary directory
+    with stderr muted: MuJoCo prints warnings and leaves MUJOCO_LOG.TXT behind, which must not precede an error."""
+    if env_id not in gym.registry:
+        if scripts := other_family(env_id):
+            fail(f"{env_id} is not an env of {SCRIPT}", *scripts)
+        close = difflib.get_close_matches(env_id, list(gym.registry), n=1)
+        fail(f"unknown env id '{env_id}'" + (f"; did you mean '{close[0]}'?" if close else ""))
+    cwd, stderr_fd = os.getcwd(), os.dup(2)
+    with tempfile.TemporaryDirectory() as tmp, open(os.devnull, "w") as null, warnings.catch_warnings(action="ignore"):
+        os.chdir(tmp), os.dup2(null.fileno(), 2)
+        try:
+            with gym.make(env_id) as env:
+                return env.observation_space, env.action_space
+        except Exception as e:
+            error = f"cannot make env '{env_id}': {type(e).__name__}: {(str(e).strip() or ' ').splitlines()[0]}"
+        finally:
+            os.dup2(stderr_fd, 2), os.close(stderr_fd), os.chdir(cwd)
+    fail(error)
+
+
+def check_ranges(args, rules: dict):
+    """Fail on the first flag outside its range; a rule is a condition on x, the flag's value (e.g. "0 <= x <= 1")."""
+    rules = {"total_timesteps": "x >= 1", "eval_episodes": "x >= 0", "eval_every": "x >= 0",
+             "checkpoint_every": "x >= 1", **rules}
+    for name, rule in rules.items():
+        if (x := getattr(args, name)) is not None and not eval(rule, {"x": x}):  # the rules are literals of this file
+            fail(f"--{name.replace('_', '-')} {x} is out of range: it must satisfy {rule}")
+
+
+def sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def start_run(args, check_args):
+    """Resume (--resume DIR: the run's saved flags; --total-timesteps may extend it), check the flags, choose the run
+    directory (a new run never writes into one that holds files), seed everything. Returns (args, checkpoint, dir).
+    A checkpoint is data: its SHA-256 must match checkpoint.sha256, and it is read with weights_only=True."""
+    ckpt = None
+    if args.resume:
+        path = Path(args.resume) / "checkpoint.pt"
+        if not path.is_file():
+            fail(f"no checkpoint at {path}; pass the run directory of an earlier {SCRIPT} run")
+        try:
+            if sha256(path) != (path.parent / "checkpoint.sha256").read_text().strip():
+                raise ValueError("its SHA-256 differs from checkpoint.sha256")
+            ckpt = torch.load(path, weights_only=True)
+            saved = Args(**ckpt["args"])
+        except Exception as e:
+            fail(f"{path} is corrupt or not a {SCRIPT} checkpoint ({type(e).__name__}); delete it or start anew")
+        given = [k for k, v in asdict(args).items() if v != getattr(Args(), k) and k not in ("resume", "run_dir")]
+        if "total_timesteps" in given:
+            if args.total_timesteps < ckpt["global_step"]:
+                fail(f"--total-timesteps {args.total_timesteps} is below the {ckpt['global_step']} steps already done")
+            print(f"resume: --total-timesteps {args.total_timesteps} (was {saved.total_timesteps})", file=sys.stderr)
+            saved.total_timesteps = args.total_timesteps
+        elif ckpt["finished"]:
+            print(f"the run in {path.parent} is finished; give a larger --total-timesteps to extend it")
+            sys.exit(0)
+        if ignored := [f"--{k.replace('_', '-')}" for k in given if k != "total_timesteps"]:
+            print(f"resume: the run's saved flags are kept; ignored: {' '.join(ignored)}", file=sys.stderr)
+        args = saved
+        args.resume = args.run_dir = str(path.parent)
+    check_args(args)
+    name = f"{args.env_id.replace('/', '-')}__{SCRIPT[:-3]}__{args.seed}__{time.time():.0f}"
+    run_dir = Path(args.run_dir or f"runs/{name}")
+    if run_dir.exists() and not run_dir.is_dir():
+        fail(f"--run-dir {run_dir} is a file; pass a directory")
+    if ckpt is None and run_dir.is_dir() and any(run_dir.iterdir()):
+        if (run_dir / "metrics.csv").is_file():
+            fail(f"--run-dir {run_dir} holds a run; continue it with --resume {run_dir} or choose a new --run-dir")
+        fail(f"--run-dir {run_dir} is not empty and holds no run; choose a new --run-dir")
+    random.seed(args.seed), np.random.seed(args.seed), torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    torch.set_num_threads(1 if args.torch_deterministic else torch.get_num_threads())  # 1: fastest for small nets
+    return args, ckpt, run_dir
+
+
+def load_states(stateful: dict, ckpt: dict, run_dir: Path):
+    """Resume every object of `stateful` ({name: object with load_state_dict}) from the checkpoint."""
+    for name, obj in stateful.items():
+        try:
+            obj.load_state_dict(ckpt[name])
+        except Exception as e:
+            fail(f"{run_dir / 'checkpoint.pt'} does not fit this run's {name} ({type(e).__name__}); start anew")
+
+
+def plain(obj):
+    """obj with numpy arrays as tensors and numpy scalars as numbers: what torch.load(weights_only=True) reads."""
+    if isinstance(obj, dict):
+        return {k: plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(plain(v) for v in obj)
+    return torch.from_numpy(obj) if isinstance(obj, np.ndarray) else obj.item() if isinstance(obj, np.generic) else obj
+
+
+class RNGs:
+    """torch's global generator and the given numpy Generators, checkpointed as one object."""
+
+    def __init__(self, *np_rngs: np.random.Generator):
+        self.np_rngs = np_rngs
+
+    def state_dict(self):
+        return {"torch": torch.get_rng_state(), "numpy": [rng.bit_generator.state for rng in self.np_rngs]}
+
+    def load_state_dict(self, state):
+        torch.set_rng_state(state["torch"])
+        for rng, rng_state in zip(self.np_rngs, state["numpy"], strict=True):
+            rng.bit_generator.state = rng_state
+
+
+class RunLogger:
+    """What a run shows and leaves behind: config.json, metrics.csv (global_step, wall_time, name, value; append-only),
+    TensorBoard events, a wandb run with --track, the progress bar, checkpoint.pt. Resuming drops the rows logged after
+    the checkpoint (those steps are redone): no step is logged twice. The training clock stops during evaluations.
+    Ctrl-C sets stop_requested: the script finishes its iteration, saves it and calls exit_interrupted()."""
+
+    def __init__(self, args, run_dir: Path, total: int, step: int, resuming: bool):
+        run_dir.mkdir(parents=True, exist_ok=True)
+        metrics, header = run_dir / "metrics.csv", "global_step,wall_time,name,value\n"
+        if resuming:
+            lines = metrics.read_text().splitlines(keepends=True)[1:] if metrics.is_file() else []
+            (run_dir / "metrics.tmp").write_text(header + "".join(ln for ln in lines if int(ln.split(",")[0]) <= step))
+            os.replace(run_dir / "metrics.tmp", metrics)
+        else:
+            git = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ALGOS)
+            config = {"script": SCRIPT, "args": asdict(args), "git_commit": git.stdout.strip() or None,
+                      "versions": {p: version(p) for p in ("torch", "gymnasium", "numpy")}}
+            (run_dir / "config.json").write_text(json.dumps(config, indent=2))
+            metrics.write_text(header)
+        if total != args.total_timesteps:
+            print(f"{total:,} steps will run: whole iterations up to --total-timesteps {args.total_timesteps:,}")
+        self.args, self.run_dir, self.wandb = args, run_dir, None
+        if args.track:  # before the SummaryWriter: wandb syncs only the writers created after wandb.init
+            import wandb
+            self.wandb = wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=asdict(args),
+                                    name=run_dir.name, dir=str(run_dir), sync_tensorboard=True, id=run_dir.name,
+                                    resume="allow")
+        self.file = open(metrics, "a", newline="")
+        self.csv, self.tb = csv.writer(self.file, lineterminator="\n"), SummaryWriter(str(run_dir))
+        self.bar = tqdm(total=total, initial=step, unit="step", mininterval=1.0)
+        self.first_step, self.start, self.eval_seconds, self.last_return = step, time.time(), 0.0, float("nan")
+        self.stop_requested = False
+        signal.signal(signal.SIGINT, self.request_stop)
+
+    def request_stop(self, *_):
+        self.stop_requested = True
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C stops at once, unsaved
+        print("\nCtrl-C: stopping after this iteration (again: at once, without saving it)", file=sys.stderr)
+
+    def log(self, step: int, metrics: dict):
+        for name, value in metrics.items():
+            value = float(value.detach() if torch.is_tensor(value) else value)  # a loss may still require grad
+            self.csv.writerow([step, f"{time.time():.3f}", name, repr(value)])
+            self.tb.add_scalar(name, value, step)
+        self.file.flush()
+
+    def progress(self, step: int):
+        """Log charts/sps (environment steps per training second) and update the progress bar."""
+        sps = int((step - self.first_step) / max(time.time() - self.start - self.eval_seconds, 1e-9))
+        self.log(step, {"charts/sps": sps})
+        self.bar.update(step - self.bar.n)
+        self.bar.set_postfix(sps=sps, ret=f"{self.last_return:.1f}", refresh=False)
+
+    def evaluate(self, step: int, run_episodes):
+        """Log charts/train_seconds, then one row per episode of run_episodes(): a list of episodic returns (logged as
+        eval/episodic_return) or a dict {metric name: one value per episode} (multi-agent: team return, win)."""
+        self.log(step, {"charts/train_seconds": time.time() - self.start - self.eval_seconds})
+        start, results = time.time(), run_episodes()
+        self.eval_seconds += time.time() - start
+        for name, values in (results if isinstance(results, dict) else {"eval/episodic_return": results}).items():
+            for value in values:
+                self.log(step, {name: value})
+        return results
+
+    def save_checkpoint(self, stateful: dict, iteration: int, global_step: int, finished: bool = False):
+        """checkpoint.pt: the flags, the counters and the state_dict() of every object of `stateful`, written then
+        renamed (a crash never leaves half a checkpoint), and its SHA-256 in checkpoint.sha256."""
+        state = {"args": asdict(self.args), "iteration": iteration, "global_step": global_step, "finished": finished,
+                 **{name: obj.state_dict() for name, obj in stateful.items()}}
+        torch.save(plain(state), self.run_dir / "checkpoint.tmp")
+        digest = sha256(self.run_dir / "checkpoint.tmp")
+        os.replace(self.run_dir / "checkpoint.tmp", self.run_dir / "checkpoint.pt")
+        (self.run_dir / "checkpoint.sha256").write_text(digest + "\n")
+
+    def close_files(self):
+        self.bar.close(), self.file.close(), self.tb.close()
+        if self.wandb is not None:
+            self.wandb.finish()
+
+    def exit_interrupted(self):
+        self.close_files()
+        print(f"interrupted: metrics kept, resume with --resume {self.run_dir}", file=sys.stderr)
+        sys.exit(130)
+
+    def close(self, results):
+        """Close the files; the last lines say the evaluation, where the run is and the script's reference."""
+        self.bar.update(self.bar.total - self.bar.n)
+        self.close_files()
+        for name, values in (results if isinstance(results, dict) else {"eval/episodic_return": results}).items():
+            if len(values):
+                print(f"{name}: {np.mean(values):.2f} +- {np.std(values):.2f} over {len(values)} episodes")
+        print(f"run saved in {self.run_dir}" + (" (model.pt, checkpoint.pt)" if self.args.save_model else
+                                                " (checkpoint.pt)"))
+        path = ALGOS.parent / "benchmark" / "references.toml"  # our multi-seed runs of each script, if present
+        refs = [r for r in (tomllib.loads(path.read_text())["reference"] if path.is_file() else []) if "values" in r and
+                (r["script"], r["env_id"]) == (SCRIPT, self.args.env_id) and r["score"] in ("final_eval",
+                                                                                           "final_win_rate")]
+        for r in sorted(refs, key=lambda r: abs(r["total_timesteps"] - self.args.total_timesteps))[:1]:
+            print(f"reference {r['id']} ({r['total_timesteps']:,} steps, {r['score']}, {len(r['values'])} seeds): "
+                  f"{np.mean(r['values']):.2f} +- {np.std(r['values']):.2f}, lowest seed {min(r['values']):.2f}")
+        if not refs:
+            print(f"no reference for {SCRIPT} on {self.args.env_id} to compare with")
+# ---- end shared: helpers ----
 
 
 if __name__ == "__main__":

@@ -1,26 +1,19 @@
-"""SAC for discrete actions on Atari (ALE/Breakout-v5 by default): dqn_atari.py's pipeline with a soft actor-critic.
+"""SAC for discrete actions on Atari (ALE/Breakout-v5 by default) and MinAtar: dqn_atari.py's pipeline with SAC.
 
 Christodoulou 2019, "Soft Actor-Critic for Discrete Action Settings" (arXiv:1910.07207): SAC (Haarnoja et al. 2018)
-with a categorical policy, so that the expectations over the next action are sums over the actions instead of samples:
-the soft value is V(s') = sum_a pi(a|s') [min(Q1', Q2')(s', a) - alpha log pi(a|s')] (eq. 10, sac_discrete_target),
-the actor minimises sum_a pi(a|s) [alpha log pi(a|s) - min(Q1, Q2)(s, a)] (eq. 12) and the temperature is tuned
-towards the target entropy 0.89 * log(#actions) (eq. 11 summed over the actions; 0.89: CleanRL's scale of the paper's
-0.98, which kept the entropy too high). Actor and the two Q-functions are separate Nature CNNs. CleanRL's sac_atari.py
-hyperparameters: Adam 3e-4 with eps 1e-4 for the actor, the Q-functions and the temperature, batch 64, 20k steps of
-random actions before learning, an update every 4 steps, target networks copied every 8000 steps (CleanRL trains 5M
-steps; the Atari suite's budget is 10M). Everything else is dqn_atari.py's: Stable-Baselines3's AtariWrapper (up to 30
-no-ops at reset, each action repeated for 4 frames with a max over the last two, a lost life ends the episode (not the
-game), FIRE at reset, 84x84 grayscale, rewards clipped to their sign for learning), stacks of 4 frames; ALE/<Game>-v5
-ids are made with frameskip=1 (the wrapper skips) and keep v5's sticky actions (repeat_action_probability 0.25,
-Machado et al. 2018); <Game>NoFrameskip-v4 ids (no sticky actions) work too. A step is one agent step (4 frames).
-train/episodic_return and eval/episodic_return are unclipped scores of whole games (all lives); train/episodic_length
-counts a game's steps. The evaluation is greedy (argmax of the policy's logits). The replay buffer stores each frame
-once and rebuilds the stacks when sampling.
+with a categorical policy, so that the expectations over actions are exact sums: the soft value V(s') = sum_a pi(a|s')
+[min(Q1', Q2')(s', a) - alpha log pi(a|s')] (eq. 10), the actor loss (eq. 12) and the temperature loss towards the
+target entropy 0.89 * log(#actions) (eq. 11; CleanRL's 0.89). Actor and the two Q-functions are separate Nature CNNs;
+CleanRL's sac_atari.py hyperparameters (Adam 3e-4, eps 1e-4, batch 64, 20k random steps, an update every 4 steps,
+target copies every 8000 steps); the rest is dqn_atari.py's. Evaluation is greedy (the most probable action).
+Alpha starts at 0.2 (--alpha); CleanRL's tuned alpha starts at 1.0 (log alpha = 0).
+The actor and temperature losses sum over the actions (eqs. 11-12); CleanRL averages them (Adam nearly cancels it).
 
 Run:    python algos/sac_atari.py --env-id ALE/Breakout-v5 --seed 1 --cuda
-Result: no multi-seed reference yet (benchmark/references.toml)
+Results: benchmark/references.toml
 """
-import csv, difflib, json, os, random, subprocess, sys, tempfile, time, tomllib, warnings
+import csv, difflib, hashlib, importlib.util, json, os, random, re, signal, subprocess, sys, tempfile, time, tomllib
+import warnings
 from dataclasses import asdict, dataclass
 from importlib.metadata import version
 from pathlib import Path
@@ -36,29 +29,9 @@ from stable_baselines3.common.atari_wrappers import AtariWrapper
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
-gym.register_envs(ale_py)  # the ALE/<Game>-v5 and <Game>NoFrameskip-v4 ids
-
 
 @dataclass
 class Args:
-    env_id: str = "ALE/Breakout-v5"  # an Atari game: ALE/<Game>-v5 (sticky actions) or <Game>NoFrameskip-v4
-    total_timesteps: int = 10_000_000  # environment steps over all envs (agent steps: 4 frames each)
-    num_envs: int = 1  # parallel environments (one synchronous vector env)
-    # ---- shared: args ----
-    seed: int = 1  # seed of torch, numpy, random and the envs
-    cuda: bool = False  # use CUDA if available (networks this small are faster on the CPU)
-    torch_deterministic: bool = True  # torch.backends.cudnn.deterministic and one CPU thread
-    track: bool = False  # log to Weights & Biases (works offline with WANDB_MODE=offline)
-    wandb_project_name: str = "canonrl"  # wandb project
-    wandb_entity: str | None = None  # wandb entity (team)
-    capture_video: bool = False  # record videos of the first env to <run_dir>/videos
-    save_model: bool = False  # save <run_dir>/model.pt at the end
-    eval_episodes: int = 10  # greedy evaluation episodes at the end (and at each --eval-every)
-    eval_every: int = 0  # also evaluate every this many steps (0: only at the end); logs charts/train_seconds too
-    run_dir: str | None = None  # where the run is written (default runs/<env>__<script>__<seed>__<time>); must be new
-    resume: str | None = None  # continue the run in this directory (its flags; --total-timesteps may extend it)
-    checkpoint_every: int = 50_000  # save <run_dir>/checkpoint.pt every this many steps (and at the end and on Ctrl-C)
-    # ---- end shared: args ----
     learning_rate: float = 3e-4  # Adam learning rate of the actor, the Q-functions and the temperature
     adam_eps: float = 1e-4  # Adam epsilon (CleanRL's sac_atari.py)
     buffer_size: int = 1_000_000  # replay capacity in 84x84 uint8 frames (a step each, an episode 1 more); 1M: 6.6 GiB
@@ -73,184 +46,62 @@ class Args:
     autotune: bool = True  # tune the temperature towards the target entropy (eq. 11)
     target_entropy_scale: float = 0.89  # target entropy = this times log(#actions), the uniform policy's entropy
     eval_epsilon: float = 0.0  # epsilon of the evaluation games (0: greedy)
+    env_id: str = "ALE/Breakout-v5"  # an Atari game: ALE/<Game>-v5 (sticky actions) or <Game>NoFrameskip-v4
+    total_timesteps: int = 10_000_000  # environment steps over all envs (agent steps: 4 frames each)
+    num_envs: int = 1  # parallel environments (one synchronous vector env)
+    # ---- shared: args ----
+    seed: int = 1  # seed of torch, numpy, random and the envs
+    cuda: bool = False  # run on CUDA when available (the CNN scripts gain from it; small MLPs are fastest on a CPU)
+    torch_deterministic: bool = True  # torch.backends.cudnn.deterministic and one CPU thread
+    track: bool = False  # log to Weights & Biases (works offline with WANDB_MODE=offline)
+    wandb_project_name: str = "canonrl"  # wandb project
+    wandb_entity: str | None = None  # wandb entity (team)
+    capture_video: bool = False  # record episode 0 of the final evaluation to <run_dir>/videos
+    save_model: bool = False  # save <run_dir>/model.pt at the end
+    eval_episodes: int = 10  # evaluation episodes (the policy evaluate() runs) at the end and each --eval-every
+    eval_every: int = 0  # also evaluate every this many steps (0: only at the end); logs charts/train_seconds too
+    run_dir: str | None = None  # where the run is written (default runs/<env>__<script>__<seed>__<time>); must be new
+    resume: str | None = None  # continue the run in this directory (its flags; --total-timesteps may extend it)
+    checkpoint_every: int = 50_000  # save <run_dir>/checkpoint.pt every this many steps (and at the end and on Ctrl-C)
+    # ---- end shared: args ----
 
 
-# ---- shared: helpers ----
-SCRIPT, ALGOS = Path(__file__).name, Path(__file__).resolve().parent
+# ---- shared: atari/make_env ----
+gym.register_envs(ale_py)  # the ALE/<Game>-v5 and <Game>NoFrameskip-v4 ids
+for game in ("asterix", "breakout", "freeway", "seaquest", "space_invaders"):  # MinAtar/<Game>-v1 (pip install minatar)
+    gym.register(f"MinAtar/{game.title().replace('_', '')}-v1", "minatar.gym:BaseEnv", max_episode_steps=10_000,
+                 kwargs=dict(game=game, use_minimal_action_set=True))  # registered here: importing minatar takes 1 s
 
 
-def fail(msg: str, *scripts: str):
-    """Bad input: one line on stderr, exit status 2. It suggests those of `scripts` that exist beside this one."""
-    found = [s for s in scripts if (ALGOS / s).is_file()]
-    print(f"error: {msg}" + (f"; use {' or '.join(found)}" if found else ""), file=sys.stderr)
-    sys.exit(2)
+def minatar_frame(obs):
+    """A MinAtar observation (10, 10, channels) of booleans drawn as an 84x84 gray frame: channel c at gray level
+    (c + 1) * 255 // channels (the highest wins where objects overlap), each cell 8x8 pixels, a 2-pixel black border."""
+    levels = np.arange(1, obs.shape[-1] + 1, dtype=np.uint8) * (255 // obs.shape[-1])
+    return np.pad(np.kron((obs * levels).max(-1), np.ones((8, 8), np.uint8)), 2)
 
 
-def env_spaces(env_id: str):
-    """(observation space, action space) of env_id, or a one-line error. The env is made in a temporary directory
-    with stderr muted: MuJoCo prints warnings and leaves MUJOCO_LOG.TXT behind, which must not precede an error."""
-    if env_id not in gym.registry:
-        close = difflib.get_close_matches(env_id, list(gym.registry), n=1)
-        fail(f"unknown env id '{env_id}'" + (f"; did you mean '{close[0]}'?" if close else ""))
-    cwd, stderr_fd = os.getcwd(), os.dup(2)
-    with tempfile.TemporaryDirectory() as tmp, open(os.devnull, "w") as null, warnings.catch_warnings(action="ignore"):
-        os.chdir(tmp), os.dup2(null.fileno(), 2)
-        try:
-            with gym.make(env_id) as env:
-                return env.observation_space, env.action_space
-        except Exception as e:
-            error = f"cannot make env '{env_id}': {type(e).__name__}: {(str(e).strip() or ' ').splitlines()[0]}"
-        finally:
-            os.dup2(stderr_fd, 2), os.close(stderr_fd), os.chdir(cwd)
-    fail(error)
-
-
-def check_ranges(args, rules: dict):
-    """Fail on the first flag outside its range; a rule is a condition on x, the flag's value (e.g. "0 <= x <= 1")."""
-    rules = {"total_timesteps": "x >= 1", "eval_episodes": "x >= 0", "eval_every": "x >= 0",
-             "checkpoint_every": "x >= 1", **rules}
-    for name, rule in rules.items():
-        if (x := getattr(args, name)) is not None and not eval(rule, {"x": x}):  # the rules are literals of this file
-            fail(f"--{name.replace('_', '-')} {x} is out of range: it must satisfy {rule}")
-
-
-def start_run(args, check_args):
-    """Resume (--resume DIR: the run's saved flags; --total-timesteps may extend it), check the flags, choose the run
-    directory (a new run never writes into one that holds files), seed everything. Returns (args, checkpoint, dir)."""
-    ckpt = None
-    if args.resume:
-        path = Path(args.resume) / "checkpoint.pt"
-        if not path.is_file():
-            fail(f"no checkpoint at {path}; pass the run directory of an earlier {SCRIPT} run")
-        try:
-            ckpt = torch.load(path, weights_only=False)
-            saved = Args(**ckpt["args"])
-        except Exception as e:
-            fail(f"{path} is corrupt or not a {SCRIPT} checkpoint ({type(e).__name__}); delete it or start anew")
-        given = [k for k, v in asdict(args).items() if v != getattr(Args(), k) and k not in ("resume", "run_dir")]
-        if "total_timesteps" in given:
-            if args.total_timesteps < ckpt["global_step"]:
-                fail(f"--total-timesteps {args.total_timesteps} is below the {ckpt['global_step']} steps already done")
-            print(f"resume: --total-timesteps {args.total_timesteps} (was {saved.total_timesteps})", file=sys.stderr)
-            saved.total_timesteps = args.total_timesteps
-        if ignored := [f"--{k.replace('_', '-')}" for k in given if k != "total_timesteps"]:
-            print(f"resume: the run's saved flags are kept; ignored: {' '.join(ignored)}", file=sys.stderr)
-        args = saved
-        args.resume = args.run_dir = str(path.parent)
-    check_args(args)
-    name = f"{args.env_id.replace('/', '-')}__{SCRIPT[:-3]}__{args.seed}__{time.time():.0f}"
-    run_dir = Path(args.run_dir or f"runs/{name}")
-    if ckpt is None and run_dir.is_dir() and any(run_dir.iterdir()):
-        fail(f"--run-dir {run_dir} is not empty; continue that run with --resume {run_dir} or choose a new --run-dir")
-    random.seed(args.seed), np.random.seed(args.seed), torch.manual_seed(args.seed)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
-    torch.set_num_threads(1 if args.torch_deterministic else torch.get_num_threads())  # 1: fastest for small nets
-    return args, ckpt, run_dir
-
-
-class RunLogger:
-    """What a run shows and leaves behind: config.json, metrics.csv (global_step, wall_time, name, value; append-only),
-    TensorBoard events, a wandb run with --track, the progress bar. Resuming drops the rows logged after the checkpoint
-    (those steps are redone): no step is logged twice. The training clock stops during evaluations."""
-
-    def __init__(self, args, run_dir: Path, total: int, step: int, resuming: bool):
-        run_dir.mkdir(parents=True, exist_ok=True)
-        metrics, header = run_dir / "metrics.csv", "global_step,wall_time,name,value\n"
-        if resuming:
-            lines = metrics.read_text().splitlines(keepends=True)[1:] if metrics.is_file() else []
-            (run_dir / "metrics.tmp").write_text(header + "".join(ln for ln in lines if int(ln.split(",")[0]) <= step))
-            os.replace(run_dir / "metrics.tmp", metrics)
-        else:
-            git = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ALGOS)
-            config = {"script": SCRIPT, "args": asdict(args), "git_commit": git.stdout.strip() or None,
-                      "versions": {p: version(p) for p in ("torch", "gymnasium", "numpy")}}
-            (run_dir / "config.json").write_text(json.dumps(config, indent=2))
-            metrics.write_text(header)
-        self.file = open(metrics, "a", newline="")
-        self.csv, self.tb = csv.writer(self.file), SummaryWriter(str(run_dir))
-        if args.track:
-            import wandb
-            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=asdict(args),
-                       name=run_dir.name, dir=str(run_dir), sync_tensorboard=True, id=run_dir.name, resume="allow")
-        self.bar = tqdm(total=total, initial=step, unit="step", mininterval=1.0)
-        self.first_step, self.start, self.eval_seconds, self.last_return = step, time.time(), 0.0, float("nan")
-
-    def log(self, step: int, metrics: dict):
-        for name, value in metrics.items():
-            value = float(value.detach() if torch.is_tensor(value) else value)  # a loss may still require grad
-            self.csv.writerow([step, f"{time.time():.3f}", name, repr(value)])
-            self.tb.add_scalar(name, value, step)
-        self.file.flush()
-
-    def progress(self, step: int):
-        """Log charts/sps (environment steps per training second) and update the progress bar."""
-        sps = int((step - self.first_step) / max(time.time() - self.start - self.eval_seconds, 1e-9))
-        self.log(step, {"charts/sps": sps})
-        self.bar.update(step - self.bar.n)
-        self.bar.set_postfix(sps=sps, ret=f"{self.last_return:.1f}", refresh=False)
-
-    def evaluate(self, step: int, run_episodes):
-        """Log charts/train_seconds, then one row per episode of run_episodes(): a list of episodic returns (logged as
-        eval/episodic_return) or a dict {metric name: one value per episode} (multi-agent: team return, win)."""
-        self.log(step, {"charts/train_seconds": time.time() - self.start - self.eval_seconds})
-        start, results = time.time(), run_episodes()
-        self.eval_seconds += time.time() - start
-        for name, values in (results if isinstance(results, dict) else {"eval/episodic_return": results}).items():
-            for value in values:
-                self.log(step, {name: value})
-        return results
-
-    def close(self, run_dir: Path, args, results):
-        """Close the files; the last lines say the evaluation, where the run is and the script's reference."""
-        self.bar.close(), self.file.close(), self.tb.close()
-        for name, values in (results if isinstance(results, dict) else {"eval/episodic_return": results}).items():
-            if len(values):
-                print(f"{name}: {np.mean(values):.2f} +- {np.std(values):.2f} over {len(values)} episodes")
-        print(f"run saved in {run_dir}" + (" (model.pt, checkpoint.pt)" if args.save_model else " (checkpoint.pt)"))
-        path = ALGOS.parent / "benchmark" / "references.toml"  # our multi-seed runs of each script, if present
-        refs = [r for r in (tomllib.loads(path.read_text())["reference"] if path.is_file() else []) if "values" in r and
-                (r["script"], r["env_id"]) == (SCRIPT, args.env_id) and r["score"] in ("final_eval", "final_win_rate")]
-        for r in sorted(refs, key=lambda r: abs(r["total_timesteps"] - args.total_timesteps))[:1]:
-            print(f"reference {r['id']} ({r['total_timesteps']:,} steps, {r['score']}, {len(r['values'])} seeds): "
-                  f"{np.mean(r['values']):.2f} +- {np.std(r['values']):.2f}, lowest seed {min(r['values']):.2f}")
-        if not refs:
-            print(f"no reference for {SCRIPT} on {args.env_id} to compare with")
-# ---- end shared: helpers ----
-
-
-def check_args(args: Args):
-    obs_space, act_space = env_spaces(args.env_id)
-    if not isinstance(act_space, gym.spaces.Discrete):
-        fail(f"{SCRIPT} needs discrete actions but {args.env_id} has {act_space}", "sac_continuous.py",
-             "td3_continuous.py")
-    if gym.spec(args.env_id).entry_point != "ale_py.env:AtariEnv" or len(obs_space.shape) != 3:
-        fail(f"{SCRIPT} needs an Atari game with image observations (ALE/<Game>-v5 or <Game>NoFrameskip-v4) but "
-             f"{args.env_id} is not one", "dqn.py")
-    check_ranges(args, {"num_envs": "x >= 1", "batch_size": "x >= 1", "train_frequency": "x >= 1",
-                        "gradient_steps": "x >= 1", "target_network_frequency": "x >= 1", "learning_rate": "x > 0",
-                        "gamma": "0 <= x <= 1", "tau": "0 < x <= 1", "learning_starts": "x >= 0",
-                        "buffer_size": "x >= 1", "eval_epsilon": "0 <= x <= 1", "adam_eps": "x > 0", "alpha": "x > 0",
-                        "target_entropy_scale": "0 <= x <= 1"})
-    if args.batch_size > min(args.buffer_size, max(args.learning_starts, 1)):
-        fail(f"--batch-size {args.batch_size} must not exceed --learning-starts ({args.learning_starts}) or "
-             f"--buffer-size ({args.buffer_size}): the first minibatch is drawn when learning starts")
-    if args.buffer_size < 8 * args.num_envs:
-        fail(f"--buffer-size {args.buffer_size} must be at least 8 per env (--num-envs {args.num_envs})")
-    if args.total_timesteps <= args.learning_starts:
-        fail(f"--total-timesteps {args.total_timesteps} must exceed --learning-starts {args.learning_starts}")
-
-
-def make_env(env_id, idx, capture_video, run_dir):
-    def thunk():
-        if capture_video and idx == 0:
-            env = gym.wrappers.RecordVideo(gym.make(env_id, frameskip=1, render_mode="rgb_array"), f"{run_dir}/videos")
-        else:
-            env = gym.make(env_id, frameskip=1)  # the wrapper skips frames (v5's sticky actions stay)
-        env = gym.wrappers.RecordEpisodeStatistics(env)  # beneath the wrapper: the unclipped score of a whole game
-        env = AtariWrapper(env)  # no-ops, skip 4 and max-pool, a lost life ends the episode, FIRE, 84x84 gray, clip
-        env = gym.wrappers.ReshapeObservation(env, (84, 84))
-        return gym.wrappers.FrameStackObservation(env, 4)  # at reset, padded with the first frame repeated
-    return thunk
+def make_env(env_id, video_dir=None):
+    """An Atari game as Stable-Baselines3's AtariWrapper preprocesses it (up to 30 no-ops at reset, each action
+    repeated for 4 frames with a max over the last two, a lost life ends the episode (not the game), FIRE at reset,
+    84x84 grayscale, rewards clipped to their sign), or a MinAtar game drawn as 84x84 frames; then stacks of the last
+    4 frames. ALE/<Game>-v5 ids are made with frameskip=1 (the wrapper skips) and keep v5's sticky actions
+    (repeat_action_probability 0.25, Machado et al. 2018); <Game>NoFrameskip-v4 ids have none (CleanRL's setting).
+    info["episode"] (RecordEpisodeStatistics beneath the wrapper) holds the unclipped score of a whole game (all lives).
+    With video_dir, game 0 is recorded there as eval-episode-0.mp4 (--capture-video)."""
+    if env_id.startswith("MinAtar/"):  # 10x10 games as frames for the same CNN and frame stack (no Atari wrapper)
+        env = gym.wrappers.RecordEpisodeStatistics(gym.make(env_id))
+        env = gym.wrappers.TransformObservation(env, minatar_frame, gym.spaces.Box(0, 255, (84, 84), np.uint8))
+        return gym.wrappers.FrameStackObservation(env, 4)
+    if video_dir is None:
+        env = gym.make(env_id, frameskip=1)  # the wrapper skips frames (v5's sticky actions stay)
+    else:  # the raw game, before the preprocessing: the video shows what a player sees
+        env = gym.wrappers.RecordVideo(gym.make(env_id, frameskip=1, render_mode="rgb_array"), str(video_dir),
+                                       lambda ep: ep == 0, name_prefix="eval", disable_logger=True)
+    env = gym.wrappers.RecordEpisodeStatistics(env)  # beneath the wrapper: the unclipped score of a whole game
+    env = AtariWrapper(env)
+    env = gym.wrappers.ReshapeObservation(env, (84, 84))
+    return gym.wrappers.FrameStackObservation(env, 4)  # at reset, padded with the first frame repeated
+# ---- end shared: atari/make_env ----
 
 
 class QNetwork(nn.Module):
@@ -280,7 +131,38 @@ class Actor(QNetwork):
         action = torch.distributions.Categorical(logits=logits, validate_args=False).sample()
         return action, F.log_softmax(logits, dim=1), F.softmax(logits, dim=1)
 
+    def get_greedy_action(self, x):
+        """The most probable action (argmax of the logits): the policy that evaluate() runs."""
+        return self(x).argmax(dim=-1)
 
+
+class Temperature(nn.Module):
+    """The entropy temperature alpha, learnt as log alpha (it stays positive)."""
+
+    def __init__(self, alpha: float):
+        super().__init__()
+        self.log_alpha = nn.Parameter(torch.full((1,), float(np.log(alpha))))
+
+
+def sac_discrete_target(next_probs, next_log_probs, next_q1, next_q2, rewards, terminated, gamma, alpha):
+    """Soft Bellman target r + gamma * V(s'), V(s') = sum_a pi(a|s') [min(Q1', Q2')(s', a) - alpha log pi(a|s')]: the
+    expectation over the next action is exact (eq. 10); only termination stops the bootstrap. (batch,)."""
+    next_v = (next_probs * (torch.min(next_q1, next_q2) - alpha * next_log_probs)).sum(dim=1)
+    return rewards + gamma * (1.0 - terminated) * next_v
+
+
+def actor_loss_fn(probs, log_probs, min_q, alpha):
+    """J(pi) = E_s [sum_a pi(a|s) (alpha log pi(a|s) - min(Q1, Q2)(s, a))] (eq. 12); min_q carries no gradient."""
+    return (probs * (alpha * log_probs - min_q)).sum(dim=1).mean()
+
+
+def temperature_loss(log_alpha, probs, log_probs, target_entropy):
+    """J(alpha) = E_s [sum_a pi(a|s) (-alpha (log pi(a|s) + target entropy))] (eq. 11): alpha grows when the policy's
+    entropy falls below the target and shrinks when it exceeds it."""
+    return -(log_alpha.exp() * (probs * (log_probs + target_entropy)).detach().sum(dim=1)).mean()
+
+
+# ---- shared: atari/ReplayBuffer ----
 class ReplayBuffer:
     """A replay buffer of frame stacks that stores each frame once: a ring of slots per env, each slot holding a frame
     (the newest of an observation), how many steps into its episode it came, and the step taken from it (action,
@@ -340,51 +222,37 @@ class ReplayBuffer:
     def load_state_dict(self, state):
         for name, value in state.items():
             setattr(self, name, value.numpy())
+# ---- end shared: atari/ReplayBuffer ----
 
 
-def sac_discrete_target(next_probs, next_log_probs, next_q1, next_q2, rewards, terminated, gamma, alpha):
-    """Soft Bellman target r + gamma * V(s'), V(s') = sum_a pi(a|s') [min(Q1', Q2')(s', a) - alpha log pi(a|s')]: the
-    expectation over the next action is exact (eq. 10); only termination stops the bootstrap. (batch,)."""
-    next_v = (next_probs * (torch.min(next_q1, next_q2) - alpha * next_log_probs)).sum(dim=1)
-    return rewards + gamma * (1.0 - terminated) * next_v
-
-
-def actor_loss_fn(probs, log_probs, min_q, alpha):
-    """J(pi) = E_s [sum_a pi(a|s) (alpha log pi(a|s) - min(Q1, Q2)(s, a))] (eq. 12); min_q carries no gradient."""
-    return (probs * (alpha * log_probs - min_q)).sum(dim=1).mean()
-
-
-def temperature_loss(log_alpha, probs, log_probs, target_entropy):
-    """J(alpha) = E_s [sum_a pi(a|s) (-alpha (log pi(a|s) + target entropy))] (eq. 11): alpha grows when the policy's
-    entropy falls below the target and shrinks when it exceeds it."""
-    return -(log_alpha.exp() * (probs * (log_probs + target_entropy)).detach().sum(dim=1)).mean()
-
-
+# ---- shared: atari/evaluate ----
 @torch.no_grad()
-def evaluate(actor, env_id, episodes, seed, device="cpu", epsilon=0.0):
-    """Whole games (all lives) on a fresh env preprocessed as in training, a random action with probability epsilon,
-    else the most probable action; returns the list of unclipped game scores."""
-    env, rng, returns = make_env(env_id, 0, False, None)(), np.random.default_rng(seed), []
+def evaluate(agent, env_id, episodes, seed, device="cpu", epsilon=Args.eval_epsilon, video_dir=None):
+    """Whole games (all lives) on a fresh env preprocessed as in training: a random action with probability epsilon
+    (--eval-epsilon: 0.05, Nature DQN's evaluation, in the Q-learning scripts; 0 in sac_atari.py), else
+    agent.get_greedy_action; returns the list of unclipped game scores. With video_dir, game 0 is recorded there."""
+    env, rng, returns = make_env(env_id, video_dir), np.random.default_rng(seed), []
     for ep in range(episodes):
         obs, info = env.reset(seed=seed + ep)
         while "episode" not in info:  # RecordEpisodeStatistics's record of the game, when it ends
             if rng.random() < epsilon:
                 action = int(rng.integers(env.action_space.n))
             else:
-                action = int(actor(torch.as_tensor(obs, device=device)[None]).argmax())
+                action = int(agent.get_greedy_action(torch.as_tensor(obs, device=device)[None]))
             obs, _, terminated, truncated, info = env.step(action)
             if (terminated or truncated) and "episode" not in info:  # a life lost: the game goes on
                 obs, _ = env.reset()
         returns.append(float(info["episode"]["r"]))
     env.close()
     return returns
+# ---- end shared: atari/evaluate ----
 
 
 def main(args: Args):
     args, ckpt, run_dir = start_run(args, check_args)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     envs = gym.vector.SyncVectorEnv(  # same-step autoreset: a finished episode's last observation is in infos
-        [make_env(args.env_id, i, args.capture_video, run_dir) for i in range(args.num_envs)],
+        [lambda: make_env(args.env_id)] * args.num_envs,
         autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     obs_shape, n_actions = envs.single_observation_space.shape, int(envs.single_action_space.n)
     actor = Actor(n_actions).to(device)
@@ -395,122 +263,374 @@ def main(args: Args):
                                    fused=True)  # fused: 4x faster step
     actor_optimizer = torch.optim.Adam(actor.parameters(), lr=args.learning_rate, eps=args.adam_eps, fused=True)
     target_entropy = args.target_entropy_scale * float(np.log(n_actions))  # a share of the uniform policy's entropy
-    log_alpha = torch.full((1,), float(np.log(args.alpha)), device=device, requires_grad=True)
-    alpha_optimizer = torch.optim.Adam([log_alpha], lr=args.learning_rate, eps=args.adam_eps, fused=True)
+    temperature = Temperature(args.alpha).to(device)
+    alpha_optimizer = torch.optim.Adam(temperature.parameters(), lr=args.learning_rate, eps=args.adam_eps, fused=True)
     rng = np.random.default_rng(args.seed)  # random actions before learning starts and replay sampling
     rb = ReplayBuffer(args.buffer_size, args.num_envs, obs_shape, rng)
     num_iterations = args.total_timesteps // args.num_envs  # one iteration = one step of every env
-    iteration, eval_seed = 0, args.seed + 100_000  # evaluation episodes are seeded apart from training
-    run_eval = lambda: evaluate(actor, args.env_id, args.eval_episodes, eval_seed, device,  # noqa: E731
-                                args.eval_epsilon)
+    iteration = 0
+
+    def run_eval(video_dir=None):  # evaluation games are seeded apart from training
+        return evaluate(actor, args.env_id, args.eval_episodes, args.seed + 100_000, device, args.eval_epsilon,
+                        video_dir)
+
+    stateful = {"actor": actor, "qf1": qf1, "qf2": qf2, "qf1_target": qf1_target, "qf2_target": qf2_target,
+                "q_optimizer": q_optimizer, "actor_optimizer": actor_optimizer, "temperature": temperature,
+                "alpha_optimizer": alpha_optimizer, "rb": rb,
+                "rng": RNGs(rng)}  # what a checkpoint holds, saved and resumed; torch's RNG: the policy's samples
     if ckpt is not None:
-        try:
-            for key, obj in (("actor", actor), ("qf1", qf1), ("qf2", qf2), ("qf1_target", qf1_target),
-                             ("qf2_target", qf2_target), ("q_optimizer", q_optimizer),
-                             ("actor_optimizer", actor_optimizer), ("alpha_optimizer", alpha_optimizer), ("rb", rb)):
-                obj.load_state_dict(ckpt[key])
-            with torch.no_grad():
-                log_alpha.copy_(ckpt["log_alpha"])
-        except Exception as e:
-            fail(f"{run_dir / 'checkpoint.pt'} does not fit this network ({type(e).__name__}); delete it or start anew")
-        rng.bit_generator.state = ckpt["rng"]  # numpy: random actions and sampling; torch: the policy's samples
-        torch.set_rng_state(ckpt["torch_rng"])
+        load_states(stateful, ckpt, run_dir)  # envs are not saved: they are seeded anew on reset
         iteration = ckpt["iteration"]
     global_step = iteration * args.num_envs
     logger = RunLogger(args, run_dir, num_iterations * args.num_envs, global_step, resuming=ckpt is not None)
 
-    def checkpoint(iteration):  # write, then rename: a crash never leaves a half-written checkpoint.pt
-        torch.save({"args": asdict(args), "iteration": iteration, "global_step": iteration * args.num_envs,
-                    "actor": actor.state_dict(), "qf1": qf1.state_dict(), "qf2": qf2.state_dict(),
-                    "qf1_target": qf1_target.state_dict(), "qf2_target": qf2_target.state_dict(),
-                    "q_optimizer": q_optimizer.state_dict(), "actor_optimizer": actor_optimizer.state_dict(),
-                    "alpha_optimizer": alpha_optimizer.state_dict(), "log_alpha": log_alpha.detach(),
-                    "rb": rb.state_dict(), "rng": rng.bit_generator.state, "torch_rng": torch.get_rng_state()},
-                   run_dir / "checkpoint.tmp")
-        os.replace(run_dir / "checkpoint.tmp", run_dir / "checkpoint.pt")
-
     obs, _ = envs.reset(seed=args.seed + global_step)  # a resumed run starts fresh episodes
     first = np.ones(args.num_envs, dtype=bool)  # obs starts an episode (the buffer then stores its newest frame)
     game_length = np.zeros(args.num_envs, dtype=np.int64)  # steps of the game (all its lives) each env is playing
-    alpha = log_alpha.detach().exp()  # a tensor: reading it never waits for the host
-    try:
-        for iteration in range(iteration, num_iterations):
-            if global_step < args.learning_starts:  # uniform random actions fill the buffer first
-                actions = rng.integers(0, n_actions, args.num_envs)
-            else:
+    alpha = temperature.log_alpha.detach().exp()  # a tensor: reading it never waits for the host
+    for iteration in range(iteration, num_iterations):
+        if global_step < args.learning_starts:  # uniform random actions fill the buffer first
+            actions = rng.integers(0, n_actions, args.num_envs)
+        else:
+            with torch.no_grad():
+                actions, _, _ = actor.get_action(torch.as_tensor(obs, device=device))
+            actions = actions.cpu().numpy()
+        # ---- shared: atari/step ----
+        next_obs, rewards, terminated, truncated, infos = envs.step(actions)
+        real_next_obs = next_obs.copy()  # same-step autoreset: store the true last observation, not the reset one
+        for i in np.flatnonzero(infos.get("_final_obs", [])):
+            real_next_obs[i] = infos["final_obs"][i]
+        rb.add(obs, real_next_obs, actions, rewards, terminated, first)
+        global_step += args.num_envs  # right after rb.add: on Ctrl-C the steps counted are the steps stored
+        obs, first = next_obs, terminated | truncated  # an episode ends with a life; a game with the last one
+        game_length += 1
+        games = infos.get("final_info", {})  # RecordEpisodeStatistics's unclipped score of each game that ended
+        for i in np.flatnonzero(games.get("_episode", [])):  # every finished game of every sub-env
+            logger.last_return = games["episode"]["r"][i]
+            logger.log(global_step, {"train/episodic_return": games["episode"]["r"][i],
+                                     "train/episodic_length": game_length[i]})
+            game_length[i] = 0
+        if global_step <= args.learning_starts and iteration % 1000 == 0:  # the bar moves before learning too
+            logger.progress(global_step)
+        # ---- end shared: atari/step ----
+
+        if global_step > args.learning_starts and iteration % args.train_frequency == 0:
+            for _ in range(args.gradient_steps):
+                b_obs, b_next_obs, b_actions, b_rewards, b_terminated = rb.sample(args.batch_size, device)
                 with torch.no_grad():
-                    actions, _, _ = actor.get_action(torch.as_tensor(obs, device=device))
-                actions = actions.cpu().numpy()
-            next_obs, rewards, terminated, truncated, infos = envs.step(actions)
-            real_next_obs = next_obs.copy()  # same-step autoreset: store the true last observation, not the reset one
-            for i in np.flatnonzero(infos.get("_final_obs", [])):
-                real_next_obs[i] = infos["final_obs"][i]
-            rb.add(obs, real_next_obs, actions, rewards, terminated, first)
-            global_step += args.num_envs  # right after rb.add: on Ctrl-C the steps counted are the steps stored
-            obs, first = next_obs, terminated | truncated  # an episode ends with a life; a game with the last one
-            game_length += 1
-            games = infos.get("final_info", {})  # RecordEpisodeStatistics's unclipped score of each game that ended
-            for i in np.flatnonzero(games.get("_episode", [])):  # every finished game of every sub-env
-                logger.last_return = games["episode"]["r"][i]
-                logger.log(global_step, {"train/episodic_return": games["episode"]["r"][i],
-                                         "train/episodic_length": game_length[i]})
-                game_length[i] = 0
+                    _, next_log_probs, next_probs = actor.get_action(b_next_obs)
+                    target = sac_discrete_target(next_probs, next_log_probs, qf1_target(b_next_obs),
+                                                 qf2_target(b_next_obs), b_rewards, b_terminated, args.gamma, alpha)
+                q1, q2 = qf1(b_obs), qf2(b_obs)
+                q1_taken, q2_taken = (q.gather(1, b_actions[:, None]).squeeze(1) for q in (q1, q2))
+                qf_loss = F.mse_loss(q1_taken, target) + F.mse_loss(q2_taken, target)
+                q_optimizer.zero_grad()
+                qf_loss.backward()
+                q_optimizer.step()
 
-            if global_step <= args.learning_starts and iteration % 1000 == 0:  # the bar moves before learning too
+                _, log_probs, probs = actor.get_action(b_obs)
+                with torch.no_grad():  # the Q-functions just updated
+                    min_q = torch.min(qf1(b_obs), qf2(b_obs))
+                actor_loss = actor_loss_fn(probs, log_probs, min_q, alpha)
+                actor_optimizer.zero_grad()
+                actor_loss.backward()
+                actor_optimizer.step()
+                if args.autotune:
+                    alpha_loss = temperature_loss(temperature.log_alpha, probs, log_probs, target_entropy)
+                    alpha_optimizer.zero_grad()
+                    alpha_loss.backward()
+                    alpha_optimizer.step()
+                    alpha = temperature.log_alpha.detach().exp()
+            if (iteration // args.train_frequency) % max(1, 100 // args.gradient_steps) == 0:  # every ~100 updates
+                logger.log(global_step, {"losses/qf_loss": qf_loss / 2, "losses/qf_values": (q1_taken.mean() +
+                                         q2_taken.mean()) / 2, "losses/actor_loss": actor_loss, "charts/alpha": alpha,
+                                         **({"losses/alpha_loss": alpha_loss} if args.autotune else {})})
                 logger.progress(global_step)
-            if global_step > args.learning_starts and iteration % args.train_frequency == 0:
-                for _ in range(args.gradient_steps):
-                    b_obs, b_next_obs, b_actions, b_rewards, b_terminated = rb.sample(args.batch_size, device)
-                    with torch.no_grad():
-                        _, next_log_probs, next_probs = actor.get_action(b_next_obs)
-                        target = sac_discrete_target(next_probs, next_log_probs, qf1_target(b_next_obs),
-                                                     qf2_target(b_next_obs), b_rewards, b_terminated, args.gamma, alpha)
-                    q1, q2 = qf1(b_obs), qf2(b_obs)
-                    q1_taken, q2_taken = (q.gather(1, b_actions[:, None]).squeeze(1) for q in (q1, q2))
-                    qf1_loss, qf2_loss = F.mse_loss(q1_taken, target), F.mse_loss(q2_taken, target)
-                    q_optimizer.zero_grad()
-                    (qf1_loss + qf2_loss).backward()
-                    q_optimizer.step()
-
-                    _, log_probs, probs = actor.get_action(b_obs)
-                    with torch.no_grad():  # the Q-functions just updated
-                        min_q = torch.min(qf1(b_obs), qf2(b_obs))
-                    actor_loss = actor_loss_fn(probs, log_probs, min_q, alpha)
-                    actor_optimizer.zero_grad()
-                    actor_loss.backward()
-                    actor_optimizer.step()
-                    if args.autotune:
-                        alpha_loss = temperature_loss(log_alpha, probs, log_probs, target_entropy)
-                        alpha_optimizer.zero_grad()
-                        alpha_loss.backward()
-                        alpha_optimizer.step()
-                        alpha = log_alpha.detach().exp()
-                if (iteration // args.train_frequency) % max(1, 100 // args.gradient_steps) == 0:  # every ~100 updates
-                    logger.log(global_step, {"losses/qf1_values": q1_taken.mean(), "losses/qf2_values": q2_taken.mean(),
-                                             "losses/qf1_loss": qf1_loss, "losses/qf2_loss": qf2_loss,
-                                             "losses/actor_loss": actor_loss, "losses/alpha": alpha,
-                                             **({"losses/alpha_loss": alpha_loss} if args.autotune else {})})
-                    logger.progress(global_step)
-            if global_step > args.learning_starts and global_step % args.target_network_frequency < args.num_envs:
-                with torch.no_grad():  # target <- tau * online + (1 - tau) * target (tau = 1: a copy)
-                    for target_param, param in zip([*qf1_target.parameters(), *qf2_target.parameters()],
-                                                   [*qf1.parameters(), *qf2.parameters()]):
-                        target_param.lerp_(param, args.tau)
-            if args.eval_every and iteration + 1 < num_iterations and global_step % args.eval_every < args.num_envs:
-                logger.evaluate(global_step, run_eval)
-            if (iteration + 1) % max(1, args.checkpoint_every // args.num_envs) == 0:
-                checkpoint(iteration + 1)
-    except KeyboardInterrupt:
-        checkpoint(global_step // args.num_envs)  # a step interrupted before rb.add is redone
-        print(f"\ninterrupted: metrics kept, resume with --resume {run_dir}", file=sys.stderr)
-        sys.exit(130)
+        if global_step > args.learning_starts and global_step % args.target_network_frequency < args.num_envs:
+            with torch.no_grad():  # target <- tau * online + (1 - tau) * target (tau = 1: a copy)
+                for target_param, param in zip([*qf1_target.parameters(), *qf2_target.parameters()],
+                                               [*qf1.parameters(), *qf2.parameters()]):
+                    target_param.lerp_(param, args.tau)
+        if args.eval_every and iteration + 1 < num_iterations and global_step % args.eval_every < args.num_envs:
+            logger.evaluate(global_step, run_eval)
+        if (iteration + 1) % max(1, args.checkpoint_every // args.num_envs) == 0 or logger.stop_requested:
+            logger.save_checkpoint(stateful, iteration + 1, global_step)
+        if logger.stop_requested:  # Ctrl-C: the iteration it came in is finished and saved
+            logger.exit_interrupted()
     envs.close()
-    checkpoint(num_iterations)
-    eval_returns = logger.evaluate(global_step, run_eval)
+    video_dir = run_dir / "videos" if args.capture_video else None
+    eval_returns = logger.evaluate(global_step, lambda: run_eval(video_dir))
+    logger.save_checkpoint(stateful, num_iterations, global_step, finished=True)
     if args.save_model:
         torch.save({"actor": actor.state_dict(), "args": asdict(args), "eval_returns": eval_returns,
                     "n_actions": n_actions}, run_dir / "model.pt")
-    logger.close(run_dir, args, eval_returns)
+    logger.close(eval_returns)
+
+
+def check_args(args: Args):
+    obs_space, act_space = env_spaces(args.env_id)
+    if not isinstance(act_space, gym.spaces.Discrete):
+        fail(f"{SCRIPT} needs discrete actions but {args.env_id} has {act_space}", "sac_continuous.py",
+             "td3_continuous.py")
+    pixels = gym.spec(args.env_id).entry_point in ("ale_py.env:AtariEnv", "minatar.gym:BaseEnv")
+    if not pixels or len(obs_space.shape) != 3:
+        fail(f"{SCRIPT} needs an Atari game with image observations (ALE/<Game>-v5 or <Game>NoFrameskip-v4) or a "
+             f"MinAtar game (MinAtar/<Game>-v1) but {args.env_id} is not one", "dqn.py")
+    if args.capture_video and args.env_id.startswith("MinAtar/"):
+        fail("MinAtar games record no video: drop --capture-video")
+    check_ranges(args, {"num_envs": "x >= 1", "batch_size": "x >= 1", "train_frequency": "x >= 1",
+                        "gradient_steps": "x >= 1", "target_network_frequency": "x >= 1", "learning_rate": "x > 0",
+                        "gamma": "0 <= x <= 1", "tau": "0 < x <= 1", "learning_starts": "x >= 0",
+                        "buffer_size": "x >= 1", "eval_epsilon": "0 <= x <= 1", "adam_eps": "x > 0", "alpha": "x > 0",
+                        "target_entropy_scale": "0 <= x <= 1"})
+    if args.batch_size > min(args.buffer_size, max(args.learning_starts, 1)):
+        fail(f"--batch-size {args.batch_size} must not exceed --learning-starts ({args.learning_starts}) or "
+             f"--buffer-size ({args.buffer_size}): the first minibatch is drawn when learning starts")
+    if args.buffer_size < 8 * args.num_envs:
+        fail(f"--buffer-size {args.buffer_size} must be at least 8 per env (--num-envs {args.num_envs})")
+    if args.total_timesteps <= args.learning_starts:
+        fail(f"--total-timesteps {args.total_timesteps} must exceed --learning-starts {args.learning_starts}")
+
+
+# ---- shared: helpers ----
+SCRIPT, ALGOS = Path(__file__).name, Path(__file__).resolve().parent
+
+
+def fail(msg: str, *scripts: str):
+    """Bad input: one line on stderr, exit status 2. It suggests those of `scripts` that exist beside this one."""
+    found = [s for s in scripts if s != SCRIPT and (ALGOS / s).is_file()]
+    print(f"error: {msg}" + (f"; use {' or '.join(found)}" if found else ""), file=sys.stderr)
+    sys.exit(2)
+
+
+def other_family(env_id: str) -> tuple[str, ...]:
+    """The scripts that take env_id, an id of another family of envs (Atari, MinAtar, mpe2, smac_lite)."""
+    if env_id.startswith("ALE/") or env_id.endswith("NoFrameskip-v4"):
+        return "ppo_atari.py", "dqn_atari.py"
+    if env_id.startswith("MinAtar/"):
+        return "dqn_atari.py", "ddqn_atari.py"
+    if re.fullmatch(r"(simple\w*|collect_treasure)_v\d+", env_id):
+        return "mappo_mpe.py", "maddpg_mpe.py"
+    if importlib.util.find_spec("smac_lite") and env_id in importlib.import_module("smac_lite.maps").MAPS:
+        return "mappo_smac_lite.py", "qmix_smac_lite.py"
+    return ()
+
+
+def env_spaces(env_id: str):
+    """(observation space, action space) of env_id, or a one-line error. The env is made in a temporary directory
+    with stderr muted: MuJoCo prints warnings and leaves MUJOCO_LOG.TXT behind, which must not precede an error."""
+    if env_id not in gym.registry:
+        if scripts := other_family(env_id):
+            fail(f"{env_id} is not an env of {SCRIPT}", *scripts)
+        close = difflib.get_close_matches(env_id, list(gym.registry), n=1)
+        fail(f"unknown env id '{env_id}'" + (f"; did you mean '{close[0]}'?" if close else ""))
+    cwd, stderr_fd = os.getcwd(), os.dup(2)
+    with tempfile.TemporaryDirectory() as tmp, open(os.devnull, "w") as null, warnings.catch_warnings(action="ignore"):
+        os.chdir(tmp), os.dup2(null.fileno(), 2)
+        try:
+            with gym.make(env_id) as env:
+                return env.observation_space, env.action_space
+        except Exception as e:
+            error = f"cannot make env '{env_id}': {type(e).__name__}: {(str(e).strip() or ' ').splitlines()[0]}"
+        finally:
+            os.dup2(stderr_fd, 2), os.close(stderr_fd), os.chdir(cwd)
+    fail(error)
+
+
+def check_ranges(args, rules: dict):
+    """Fail on the first flag outside its range; a rule is a condition on x, the flag's value (e.g. "0 <= x <= 1")."""
+    rules = {"total_timesteps": "x >= 1", "eval_episodes": "x >= 0", "eval_every": "x >= 0",
+             "checkpoint_every": "x >= 1", **rules}
+    for name, rule in rules.items():
+        if (x := getattr(args, name)) is not None and not eval(rule, {"x": x}):  # the rules are literals of this file
+            fail(f"--{name.replace('_', '-')} {x} is out of range: it must satisfy {rule}")
+
+
+def sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def start_run(args, check_args):
+    """Resume (--resume DIR: the run's saved flags; --total-timesteps may extend it), check the flags, choose the run
+    directory (a new run never writes into one that holds files), seed everything. Returns (args, checkpoint, dir).
+    A checkpoint is data: its SHA-256 must match checkpoint.sha256, and it is read with weights_only=True."""
+    ckpt = None
+    if args.resume:
+        path = Path(args.resume) / "checkpoint.pt"
+        if not path.is_file():
+            fail(f"no checkpoint at {path}; pass the run directory of an earlier {SCRIPT} run")
+        try:
+            if sha256(path) != (path.parent / "checkpoint.sha256").read_text().strip():
+                raise ValueError("its SHA-256 differs from checkpoint.sha256")
+            ckpt = torch.load(path, weights_only=True)
+            saved = Args(**ckpt["args"])
+        except Exception as e:
+            fail(f"{path} is corrupt or not a {SCRIPT} checkpoint ({type(e).__name__}); delete it or start anew")
+        given = [k for k, v in asdict(args).items() if v != getattr(Args(), k) and k not in ("resume", "run_dir")]
+        if "total_timesteps" in given:
+            if args.total_timesteps < ckpt["global_step"]:
+                fail(f"--total-timesteps {args.total_timesteps} is below the {ckpt['global_step']} steps already done")
+            print(f"resume: --total-timesteps {args.total_timesteps} (was {saved.total_timesteps})", file=sys.stderr)
+            saved.total_timesteps = args.total_timesteps
+        elif ckpt["finished"]:
+            print(f"the run in {path.parent} is finished; give a larger --total-timesteps to extend it")
+            sys.exit(0)
+        if ignored := [f"--{k.replace('_', '-')}" for k in given if k != "total_timesteps"]:
+            print(f"resume: the run's saved flags are kept; ignored: {' '.join(ignored)}", file=sys.stderr)
+        args = saved
+        args.resume = args.run_dir = str(path.parent)
+    check_args(args)
+    name = f"{args.env_id.replace('/', '-')}__{SCRIPT[:-3]}__{args.seed}__{time.time():.0f}"
+    run_dir = Path(args.run_dir or f"runs/{name}")
+    if run_dir.exists() and not run_dir.is_dir():
+        fail(f"--run-dir {run_dir} is a file; pass a directory")
+    if ckpt is None and run_dir.is_dir() and any(run_dir.iterdir()):
+        if (run_dir / "metrics.csv").is_file():
+            fail(f"--run-dir {run_dir} holds a run; continue it with --resume {run_dir} or choose a new --run-dir")
+        fail(f"--run-dir {run_dir} is not empty and holds no run; choose a new --run-dir")
+    random.seed(args.seed), np.random.seed(args.seed), torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    torch.set_num_threads(1 if args.torch_deterministic else torch.get_num_threads())  # 1: fastest for small nets
+    return args, ckpt, run_dir
+
+
+def load_states(stateful: dict, ckpt: dict, run_dir: Path):
+    """Resume every object of `stateful` ({name: object with load_state_dict}) from the checkpoint."""
+    for name, obj in stateful.items():
+        try:
+            obj.load_state_dict(ckpt[name])
+        except Exception as e:
+            fail(f"{run_dir / 'checkpoint.pt'} does not fit this run's {name} ({type(e).__name__}); start anew")
+
+
+def plain(obj):
+    """obj with numpy arrays as tensors and numpy scalars as numbers: what torch.load(weights_only=True) reads."""
+    if isinstance(obj, dict):
+        return {k: plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(plain(v) for v in obj)
+    return torch.from_numpy(obj) if isinstance(obj, np.ndarray) else obj.item() if isinstance(obj, np.generic) else obj
+
+
+class RNGs:
+    """torch's global generator and the given numpy Generators, checkpointed as one object."""
+
+    def __init__(self, *np_rngs: np.random.Generator):
+        self.np_rngs = np_rngs
+
+    def state_dict(self):
+        return {"torch": torch.get_rng_state(), "numpy": [rng.bit_generator.state for rng in self.np_rngs]}
+
+    def load_state_dict(self, state):
+        torch.set_rng_state(state["torch"])
+        for rng, rng_state in zip(self.np_rngs, state["numpy"], strict=True):
+            rng.bit_generator.state = rng_state
+
+
+class RunLogger:
+    """What a run shows and leaves behind: config.json, metrics.csv (global_step, wall_time, name, value; append-only),
+    TensorBoard events, a wandb run with --track, the progress bar, checkpoint.pt. Resuming drops the rows logged after
+    the checkpoint (those steps are redone): no step is logged twice. The training clock stops during evaluations.
+    Ctrl-C sets stop_requested: the script finishes its iteration, saves it and calls exit_interrupted()."""
+
+    def __init__(self, args, run_dir: Path, total: int, step: int, resuming: bool):
+        run_dir.mkdir(parents=True, exist_ok=True)
+        metrics, header = run_dir / "metrics.csv", "global_step,wall_time,name,value\n"
+        if resuming:
+            lines = metrics.read_text().splitlines(keepends=True)[1:] if metrics.is_file() else []
+            (run_dir / "metrics.tmp").write_text(header + "".join(ln for ln in lines if int(ln.split(",")[0]) <= step))
+            os.replace(run_dir / "metrics.tmp", metrics)
+        else:
+            git = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ALGOS)
+            config = {"script": SCRIPT, "args": asdict(args), "git_commit": git.stdout.strip() or None,
+                      "versions": {p: version(p) for p in ("torch", "gymnasium", "numpy")}}
+            (run_dir / "config.json").write_text(json.dumps(config, indent=2))
+            metrics.write_text(header)
+        if total != args.total_timesteps:
+            print(f"{total:,} steps will run: whole iterations up to --total-timesteps {args.total_timesteps:,}")
+        self.args, self.run_dir, self.wandb = args, run_dir, None
+        if args.track:  # before the SummaryWriter: wandb syncs only the writers created after wandb.init
+            import wandb
+            self.wandb = wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=asdict(args),
+                                    name=run_dir.name, dir=str(run_dir), sync_tensorboard=True, id=run_dir.name,
+                                    resume="allow")
+        self.file = open(metrics, "a", newline="")
+        self.csv, self.tb = csv.writer(self.file, lineterminator="\n"), SummaryWriter(str(run_dir))
+        self.bar = tqdm(total=total, initial=step, unit="step", mininterval=1.0)
+        self.first_step, self.start, self.eval_seconds, self.last_return = step, time.time(), 0.0, float("nan")
+        self.stop_requested = False
+        signal.signal(signal.SIGINT, self.request_stop)
+
+    def request_stop(self, *_):
+        self.stop_requested = True
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C stops at once, unsaved
+        print("\nCtrl-C: stopping after this iteration (again: at once, without saving it)", file=sys.stderr)
+
+    def log(self, step: int, metrics: dict):
+        for name, value in metrics.items():
+            value = float(value.detach() if torch.is_tensor(value) else value)  # a loss may still require grad
+            self.csv.writerow([step, f"{time.time():.3f}", name, repr(value)])
+            self.tb.add_scalar(name, value, step)
+        self.file.flush()
+
+    def progress(self, step: int):
+        """Log charts/sps (environment steps per training second) and update the progress bar."""
+        sps = int((step - self.first_step) / max(time.time() - self.start - self.eval_seconds, 1e-9))
+        self.log(step, {"charts/sps": sps})
+        self.bar.update(step - self.bar.n)
+        self.bar.set_postfix(sps=sps, ret=f"{self.last_return:.1f}", refresh=False)
+
+    def evaluate(self, step: int, run_episodes):
+        """Log charts/train_seconds, then one row per episode of run_episodes(): a list of episodic returns (logged as
+        eval/episodic_return) or a dict {metric name: one value per episode} (multi-agent: team return, win)."""
+        self.log(step, {"charts/train_seconds": time.time() - self.start - self.eval_seconds})
+        start, results = time.time(), run_episodes()
+        self.eval_seconds += time.time() - start
+        for name, values in (results if isinstance(results, dict) else {"eval/episodic_return": results}).items():
+            for value in values:
+                self.log(step, {name: value})
+        return results
+
+    def save_checkpoint(self, stateful: dict, iteration: int, global_step: int, finished: bool = False):
+        """checkpoint.pt: the flags, the counters and the state_dict() of every object of `stateful`, written then
+        renamed (a crash never leaves half a checkpoint), and its SHA-256 in checkpoint.sha256."""
+        state = {"args": asdict(self.args), "iteration": iteration, "global_step": global_step, "finished": finished,
+                 **{name: obj.state_dict() for name, obj in stateful.items()}}
+        torch.save(plain(state), self.run_dir / "checkpoint.tmp")
+        digest = sha256(self.run_dir / "checkpoint.tmp")
+        os.replace(self.run_dir / "checkpoint.tmp", self.run_dir / "checkpoint.pt")
+        (self.run_dir / "checkpoint.sha256").write_text(digest + "\n")
+
+    def close_files(self):
+        self.bar.close(), self.file.close(), self.tb.close()
+        if self.wandb is not None:
+            self.wandb.finish()
+
+    def exit_interrupted(self):
+        self.close_files()
+        print(f"interrupted: metrics kept, resume with --resume {self.run_dir}", file=sys.stderr)
+        sys.exit(130)
+
+    def close(self, results):
+        """Close the files; the last lines say the evaluation, where the run is and the script's reference."""
+        self.bar.update(self.bar.total - self.bar.n)
+        self.close_files()
+        for name, values in (results if isinstance(results, dict) else {"eval/episodic_return": results}).items():
+            if len(values):
+                print(f"{name}: {np.mean(values):.2f} +- {np.std(values):.2f} over {len(values)} episodes")
+        print(f"run saved in {self.run_dir}" + (" (model.pt, checkpoint.pt)" if self.args.save_model else
+                                                " (checkpoint.pt)"))
+        path = ALGOS.parent / "benchmark" / "references.toml"  # our multi-seed runs of each script, if present
+        refs = [r for r in (tomllib.loads(path.read_text())["reference"] if path.is_file() else []) if "values" in r and
+                (r["script"], r["env_id"]) == (SCRIPT, self.args.env_id) and r["score"] in ("final_eval",
+                                                                                           "final_win_rate")]
+        for r in sorted(refs, key=lambda r: abs(r["total_timesteps"] - self.args.total_timesteps))[:1]:
+            print(f"reference {r['id']} ({r['total_timesteps']:,} steps, {r['score']}, {len(r['values'])} seeds): "
+                  f"{np.mean(r['values']):.2f} +- {np.std(r['values']):.2f}, lowest seed {min(r['values']):.2f}")
+        if not refs:
+            print(f"no reference for {SCRIPT} on {self.args.env_id} to compare with")
+# ---- end shared: helpers ----
 
 
 if __name__ == "__main__":

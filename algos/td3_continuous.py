@@ -2,20 +2,16 @@
 
 Fujimoto et al. 2018, "Addressing Function Approximation Error in Actor-Critic Methods" (ICML): DDPG with clipped
 double Q-learning (the target takes the minimum of two target Q-functions), target policy smoothing (Gaussian noise,
-std 0.2 clipped at 0.5, on the target action) and delayed policy updates (the actor and all targets are updated
-after every second Q update). The hyperparameters of the authors' repository and CleanRL: 256x256 ReLU networks, Adam
-3e-4, batch 256, tau 0.005, Gaussian exploration noise 0.1, 25e3 steps of uniformly random actions before learning
-starts (the paper's v1: 400-300 networks, 1e4 random steps). Noise is in units of the action's half-range. Same-step
-autoreset vector env: the replay buffer stores the true final observation and only termination (not a time limit)
-cuts the bootstrap; with --num-envs N, global_step counts env steps.
+std 0.2 clipped at 0.5) and delayed policy updates (the actor and all targets after every second Q update). The
+authors' repository's and CleanRL's hyperparameters: 256x256 ReLU, Adam 3e-4, batch 256, tau 0.005, exploration noise
+0.1, 25e3 uniformly random steps first (the paper's v1: 400-300 networks, 1e4 random steps). Noise is in units of the
+action's half-range. Only termination (not a time limit) cuts the bootstrap.
 
 Run:    python algos/td3_continuous.py --env-id Hopper-v5 --seed 1
-Result: Pendulum-v1, 12k steps, --learning-starts 1000 --learning-rate 1e-3 --batch-size 128: final deterministic
-        evaluation -178.07 +- 25.11 over seeds 1-10, lowest -229.56 (references.toml). Hopper-v5, 100k steps, the
-        defaults: 556.1, 306.0, 674.8 on seeds 1-3 (SB3's TD3, same hyperparameters: 326.4, 324.4, 259.7).
-        MuJoCo at 1M steps: not yet run.
+Result: benchmark/references.toml (Pendulum-v1; Hopper-v5 at 100k steps beside SB3's TD3)
 """
-import csv, difflib, json, os, random, subprocess, sys, tempfile, time, tomllib, warnings
+import csv, difflib, hashlib, importlib.util, json, os, random, re, signal, subprocess, sys, tempfile, time, tomllib
+import warnings
 from dataclasses import asdict, dataclass
 from importlib.metadata import version
 from pathlib import Path
@@ -32,24 +28,6 @@ from tqdm import tqdm
 
 @dataclass
 class Args:
-    env_id: str = "Hopper-v5"  # Gymnasium id of a continuous-action (bounded Box) env with a flat observation vector
-    total_timesteps: int = 1_000_000  # environment steps over all envs
-    num_envs: int = 1  # parallel environments (one synchronous vector env)
-    # ---- shared: args ----
-    seed: int = 1  # seed of torch, numpy, random and the envs
-    cuda: bool = False  # use CUDA if available (networks this small are faster on the CPU)
-    torch_deterministic: bool = True  # torch.backends.cudnn.deterministic and one CPU thread
-    track: bool = False  # log to Weights & Biases (works offline with WANDB_MODE=offline)
-    wandb_project_name: str = "canonrl"  # wandb project
-    wandb_entity: str | None = None  # wandb entity (team)
-    capture_video: bool = False  # record videos of the first env to <run_dir>/videos
-    save_model: bool = False  # save <run_dir>/model.pt at the end
-    eval_episodes: int = 10  # greedy evaluation episodes at the end (and at each --eval-every)
-    eval_every: int = 0  # also evaluate every this many steps (0: only at the end); logs charts/train_seconds too
-    run_dir: str | None = None  # where the run is written (default runs/<env>__<script>__<seed>__<time>); must be new
-    resume: str | None = None  # continue the run in this directory (its flags; --total-timesteps may extend it)
-    checkpoint_every: int = 50_000  # save <run_dir>/checkpoint.pt every this many steps (and at the end and on Ctrl-C)
-    # ---- end shared: args ----
     learning_rate: float = 3e-4  # Adam learning rate of the actor and the Q-functions
     buffer_size: int = 1_000_000  # replay buffer capacity (transitions)
     gamma: float = 0.99  # discount factor
@@ -61,6 +39,279 @@ class Args:
     policy_noise: float = 0.2  # std of the target policy smoothing noise
     noise_clip: float = 0.5  # the target policy smoothing noise is clipped to [-noise_clip, noise_clip]
     policy_frequency: int = 2  # Q updates per actor and target update (the policy delay d)
+    env_id: str = "Hopper-v5"  # Gymnasium id of a continuous-action (bounded Box) env with a flat observation vector
+    total_timesteps: int = 1_000_000  # environment steps over all envs
+    num_envs: int = 1  # parallel environments (one synchronous vector env)
+    # ---- shared: args ----
+    seed: int = 1  # seed of torch, numpy, random and the envs
+    cuda: bool = False  # run on CUDA when available (the CNN scripts gain from it; small MLPs are fastest on a CPU)
+    torch_deterministic: bool = True  # torch.backends.cudnn.deterministic and one CPU thread
+    track: bool = False  # log to Weights & Biases (works offline with WANDB_MODE=offline)
+    wandb_project_name: str = "canonrl"  # wandb project
+    wandb_entity: str | None = None  # wandb entity (team)
+    capture_video: bool = False  # record episode 0 of the final evaluation to <run_dir>/videos
+    save_model: bool = False  # save <run_dir>/model.pt at the end
+    eval_episodes: int = 10  # evaluation episodes (the policy evaluate() runs) at the end and each --eval-every
+    eval_every: int = 0  # also evaluate every this many steps (0: only at the end); logs charts/train_seconds too
+    run_dir: str | None = None  # where the run is written (default runs/<env>__<script>__<seed>__<time>); must be new
+    resume: str | None = None  # continue the run in this directory (its flags; --total-timesteps may extend it)
+    checkpoint_every: int = 50_000  # save <run_dir>/checkpoint.pt every this many steps (and at the end and on Ctrl-C)
+    # ---- end shared: args ----
+
+
+# ---- shared: continuous/make_env ----
+def make_env(env_id, video_dir=None):
+    """env_id; with video_dir, episode 0 is recorded there as eval-episode-0.mp4 (--capture-video)."""
+    if video_dir is None:
+        return gym.make(env_id)
+    if sys.platform == "linux" and "DISPLAY" not in os.environ:
+        os.environ.setdefault("MUJOCO_GL", "egl")  # no display: MuJoCo renders off-screen through EGL
+    return gym.wrappers.RecordVideo(gym.make(env_id, render_mode="rgb_array"), str(video_dir), lambda ep: ep == 0,
+                                    name_prefix="eval", disable_logger=True)
+# ---- end shared: continuous/make_env ----
+
+
+# ---- shared: continuous/QNetwork ----
+class QNetwork(nn.Module):
+    """(obs, action) -> 256 -> 256 -> Q-value, ReLU (the critic of the TD3 authors, SAC v2 and CleanRL);
+    nn.Linear's default init."""
+
+    def __init__(self, obs_dim: int, action_dim: int):
+        super().__init__()
+        self.network = nn.Sequential(
+            nn.Linear(obs_dim + action_dim, 256), nn.ReLU(),
+            nn.Linear(256, 256), nn.ReLU(),
+            nn.Linear(256, 1),
+        )
+
+    def forward(self, obs, actions):
+        return self.network(torch.cat([obs, actions], dim=1)).squeeze(1)
+# ---- end shared: continuous/QNetwork ----
+
+
+class Actor(nn.Module):
+    """obs -> 256 -> 256 -> tanh, scaled to the env's action bounds: a deterministic policy (action_scale and
+    action_bias are buffers: saved with the weights, so a saved actor needs no env to act)."""
+
+    def __init__(self, obs_dim: int, action_dim: int, action_low=-1.0, action_high=1.0):
+        super().__init__()
+        self.network = nn.Sequential(nn.Linear(obs_dim, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(),
+                                     nn.Linear(256, action_dim), nn.Tanh())
+        low, high = (torch.tensor(x, dtype=torch.float32).expand(action_dim).clone() for x in (action_low, action_high))
+        self.register_buffer("action_scale", (high - low) / 2)
+        self.register_buffer("action_bias", (high + low) / 2)
+
+    def forward(self, obs):
+        return self.network(obs) * self.action_scale + self.action_bias
+
+    def get_greedy_action(self, obs):
+        """The deterministic action mu(obs) (no noise): the policy evaluate() runs, and that exploration perturbs."""
+        return self(obs)
+
+
+def smoothed_target_action(target_actions, noise, noise_clip, action_scale, action_bias):
+    """a' = clip(mu'(s') + clip(noise, -c, c) * scale, low, high), noise ~ N(0, policy_noise) (TD3, eq. 14): the target
+    averages Q over nearby actions, so that the actor cannot exploit a narrow peak of Q's error."""
+    actions = target_actions + noise.clamp(-noise_clip, noise_clip) * action_scale
+    return actions.clamp(action_bias - action_scale, action_bias + action_scale)
+
+
+def td3_target(next_q1, next_q2, rewards, terminated, gamma):
+    """Clipped double-Q target r + gamma * min(Q1', Q2')(s', a') (TD3, eq. 10), a' the smoothed target action; only
+    termination stops the bootstrap: a time-limit truncation has a future."""
+    return rewards + gamma * (1.0 - terminated) * torch.min(next_q1, next_q2)
+
+
+# ---- shared: continuous/ReplayBuffer ----
+class ReplayBuffer:
+    """A ring buffer of preallocated numpy arrays. next_obs is the true next observation (the last one of an episode
+    cut by a time limit), so that only `terminated` stops the bootstrap. Checkpointable through state_dict()."""
+    FIELDS = ("obs", "next_obs", "actions", "rewards", "terminated")
+
+    def __init__(self, size: int, obs_dim: int, action_dim: int, rng: np.random.Generator):
+        self.obs, self.next_obs = np.zeros((size, obs_dim), np.float32), np.zeros((size, obs_dim), np.float32)
+        self.actions, self.rewards, self.terminated = (np.zeros((size, action_dim), np.float32),
+                                                       np.zeros(size, np.float32), np.zeros(size, np.float32))
+        self.size, self.pos, self.full, self.rng = size, 0, False, rng
+
+    def add(self, obs, next_obs, actions, rewards, terminated):
+        idx = (self.pos + np.arange(len(obs))) % self.size
+        for name, value in zip(self.FIELDS, (obs, next_obs, actions, rewards, terminated)):
+            getattr(self, name)[idx] = value
+        self.full, self.pos = self.full or self.pos + len(obs) >= self.size, (self.pos + len(obs)) % self.size
+
+    def sample(self, batch_size: int, device):
+        """A uniform minibatch (obs, next_obs, actions, rewards, terminated) as tensors on `device`."""
+        idx = self.rng.integers(0, self.size if self.full else self.pos, batch_size)
+        return [torch.as_tensor(getattr(self, name)[idx], device=device) for name in self.FIELDS]
+
+    def state_dict(self):
+        return {name: getattr(self, name) for name in (*self.FIELDS, "pos", "full")}
+
+    def load_state_dict(self, state):  # a checkpoint holds the arrays as tensors
+        for name, value in state.items():
+            setattr(self, name, value.numpy() if torch.is_tensor(value) else value)
+# ---- end shared: continuous/ReplayBuffer ----
+
+
+# ---- shared: continuous/evaluate ----
+@torch.no_grad()
+def evaluate(actor, env_id, episodes, seed, device="cpu", video_dir=None):
+    """Deterministic episodes (actor.get_greedy_action, no noise) on a fresh env; returns the episodic returns."""
+    env, returns = make_env(env_id, video_dir), []
+    for ep in range(episodes):
+        (obs, _), done, total = env.reset(seed=seed + ep), False, 0.0
+        while not done:
+            action = actor.get_greedy_action(torch.as_tensor(obs, dtype=torch.float32, device=device)[None])
+            obs, reward, terminated, truncated, _ = env.step(action[0].cpu().numpy())
+            total, done = total + float(reward), terminated or truncated
+        returns.append(total)
+    env.close()
+    return returns
+# ---- end shared: continuous/evaluate ----
+
+
+def main(args: Args):
+    # ---- shared: continuous/envs ----
+    args, ckpt, run_dir = start_run(args, check_args)
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    envs = gym.vector.SyncVectorEnv(  # same-step autoreset: a finished episode's last observation is in infos
+        [lambda: make_env(args.env_id)] * args.num_envs,
+        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    obs_dim, action_dim = envs.single_observation_space.shape[0], envs.single_action_space.shape[0]
+    low, high = envs.single_action_space.low, envs.single_action_space.high
+    # ---- end shared: continuous/envs ----
+    actor = Actor(obs_dim, action_dim, low, high).to(device)
+    actor_target = Actor(obs_dim, action_dim, low, high).to(device)
+    actor_target.load_state_dict(actor.state_dict())
+    qf1, qf2 = QNetwork(obs_dim, action_dim).to(device), QNetwork(obs_dim, action_dim).to(device)
+    qf1_target, qf2_target = QNetwork(obs_dim, action_dim).to(device), QNetwork(obs_dim, action_dim).to(device)
+    qf1_target.load_state_dict(qf1.state_dict()), qf2_target.load_state_dict(qf2.state_dict())
+    q_optimizer = torch.optim.Adam([*qf1.parameters(), *qf2.parameters()], lr=args.learning_rate, fused=True)
+    actor_optimizer = torch.optim.Adam(actor.parameters(), lr=args.learning_rate, fused=True)
+    rng = np.random.default_rng(args.seed)  # random actions, exploration noise and replay sampling
+    rb = ReplayBuffer(args.buffer_size, obs_dim, action_dim, rng)
+    stateful = {"actor": actor, "actor_target": actor_target, "qf1": qf1, "qf2": qf2, "qf1_target": qf1_target,
+                "qf2_target": qf2_target, "q_optimizer": q_optimizer, "actor_optimizer": actor_optimizer, "rb": rb,
+                "rng": RNGs(rng)}  # what a checkpoint holds, saved and resumed; torch's RNG: the smoothing noise
+    # ---- shared: continuous/resume ----
+    num_iterations = args.total_timesteps // args.num_envs  # one iteration = one step of every env
+    iteration = 0
+
+    def run_eval(video_dir=None):  # evaluation episodes are seeded apart from training
+        return evaluate(actor, args.env_id, args.eval_episodes, args.seed + 100_000, device, video_dir)
+
+    if ckpt is not None:
+        load_states(stateful, ckpt, run_dir)  # envs are not saved: they are seeded anew on reset
+        iteration = ckpt["iteration"]
+    global_step = iteration * args.num_envs
+    logger = RunLogger(args, run_dir, num_iterations * args.num_envs, global_step, resuming=ckpt is not None)
+    obs, _ = envs.reset(seed=args.seed + global_step)  # a resumed run starts fresh episodes
+    episode_return, episode_length = np.zeros(args.num_envs), np.zeros(args.num_envs, dtype=np.int64)
+    # ---- end shared: continuous/resume ----
+    actor_loss = torch.tensor(float("nan"))  # logged before the first delayed actor update
+    for iteration in range(iteration, num_iterations):
+        if global_step < args.learning_starts:  # uniform random actions fill the buffer first
+            actions = rng.uniform(low, high, (args.num_envs, action_dim)).astype(np.float32)
+        else:
+            with torch.no_grad():  # exploration: the deterministic action plus Gaussian noise
+                actions = actor.get_greedy_action(torch.as_tensor(obs, dtype=torch.float32, device=device))
+            actions = actions.cpu().numpy()
+            noise = rng.normal(0.0, args.exploration_noise * (high - low) / 2, actions.shape)
+            actions = np.clip(actions + noise, low, high).astype(np.float32)
+        # ---- shared: continuous/step ----
+        next_obs, rewards, terminated, truncated, infos = envs.step(actions)
+        real_next_obs = next_obs.copy()  # same-step autoreset: store the true last observation, not the reset one
+        for i in np.flatnonzero(infos.get("_final_obs", [])):
+            real_next_obs[i] = infos["final_obs"][i]
+        rb.add(obs, real_next_obs, actions, rewards, terminated)
+        global_step += args.num_envs  # right after rb.add: on Ctrl-C the steps counted are the steps stored
+        obs = next_obs
+        episode_return, episode_length = episode_return + rewards, episode_length + 1
+        for i in np.flatnonzero(terminated | truncated):  # every finished episode of every sub-env
+            logger.last_return = episode_return[i]
+            logger.log(global_step, {"train/episodic_return": episode_return[i],
+                                     "train/episodic_length": episode_length[i]})
+            episode_return[i], episode_length[i] = 0.0, 0
+        # ---- end shared: continuous/step ----
+
+        if global_step > args.learning_starts:
+            for update in range(iteration * args.gradient_steps, (iteration + 1) * args.gradient_steps):
+                b_obs, b_next_obs, b_actions, b_rewards, b_terminated = rb.sample(args.batch_size, device)
+                with torch.no_grad():
+                    noise = torch.randn_like(b_actions) * args.policy_noise
+                    next_actions = smoothed_target_action(actor_target(b_next_obs), noise, args.noise_clip,
+                                                          actor.action_scale, actor.action_bias)
+                    target = td3_target(qf1_target(b_next_obs, next_actions), qf2_target(b_next_obs, next_actions),
+                                        b_rewards, b_terminated, args.gamma)
+                q1, q2 = qf1(b_obs, b_actions), qf2(b_obs, b_actions)
+                qf1_loss, qf2_loss = F.mse_loss(q1, target), F.mse_loss(q2, target)
+                q_optimizer.zero_grad()
+                (qf1_loss + qf2_loss).backward()
+                q_optimizer.step()
+
+                if update % args.policy_frequency == 0:  # delayed policy updates (TD3, section 5.2)
+                    qf1.requires_grad_(False)  # the actor loss needs no gradient for Q weights
+                    actor_loss = -qf1(b_obs, actor(b_obs)).mean()  # deterministic policy gradient through Q1
+                    qf1.requires_grad_(True)
+                    actor_optimizer.zero_grad()
+                    actor_loss.backward()
+                    actor_optimizer.step()
+
+                    with torch.no_grad():  # target <- tau * online + (1 - tau) * target
+                        for target_param, param in zip(
+                                [*actor_target.parameters(), *qf1_target.parameters(), *qf2_target.parameters()],
+                                [*actor.parameters(), *qf1.parameters(), *qf2.parameters()]):
+                            target_param.lerp_(param, args.tau)
+        if iteration % 100 == 0:  # every 100 vector steps (the only host syncs of the losses)
+            if global_step > args.learning_starts:  # qf_*: the mean over the two Q-functions
+                logger.log(global_step, {"losses/qf_loss": (qf1_loss + qf2_loss) / 2, "losses/actor_loss": actor_loss,
+                                         "losses/qf_values": (q1.mean() + q2.mean()) / 2})
+            logger.progress(global_step)
+        # ---- shared: continuous/loop_end ----
+        if args.eval_every and iteration + 1 < num_iterations and global_step % args.eval_every < args.num_envs:
+            logger.evaluate(global_step, run_eval)
+        if (iteration + 1) % max(1, args.checkpoint_every // args.num_envs) == 0 or logger.stop_requested:
+            logger.save_checkpoint(stateful, iteration + 1, global_step)
+        if logger.stop_requested:  # Ctrl-C: the iteration it came in is finished and saved
+            logger.exit_interrupted()
+        # ---- end shared: continuous/loop_end ----
+    # ---- shared: continuous/finish ----
+    envs.close()
+    video_dir = run_dir / "videos" if args.capture_video else None
+    eval_returns = logger.evaluate(global_step, lambda: run_eval(video_dir))
+    logger.save_checkpoint(stateful, num_iterations, global_step, finished=True)
+    if args.save_model:
+        torch.save({"actor": actor.state_dict(), "args": asdict(args), "eval_returns": eval_returns,
+                    "obs_dim": obs_dim, "action_dim": action_dim}, run_dir / "model.pt")
+    logger.close(eval_returns)
+    # ---- end shared: continuous/finish ----
+
+
+def check_args(args: Args):
+    check_continuous_args(args, {"exploration_noise": "x >= 0", "policy_noise": "x >= 0", "noise_clip": "x >= 0",
+                                 "policy_frequency": "x >= 1"})
+
+
+# ---- shared: continuous/check_args ----
+def check_continuous_args(args, rules: dict):
+    """The flags of every script of this family, then `rules` (the script's own ranges, as in check_ranges)."""
+    obs_space, act_space = env_spaces(args.env_id)
+    if not isinstance(act_space, gym.spaces.Box) or len(act_space.shape) != 1:
+        fail(f"{SCRIPT} needs continuous (Box) actions but {args.env_id} has {act_space}", "dqn.py", "ppo.py")
+    if not (np.isfinite(act_space.low).all() and np.isfinite(act_space.high).all()):
+        fail(f"{SCRIPT} squashes actions into the env's bounds but {args.env_id} has unbounded actions {act_space}")
+    if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) != 1:
+        fail(f"{SCRIPT} needs flat vector observations but {args.env_id} has {obs_space}")
+    check_ranges(args, {"num_envs": "x >= 1", "batch_size": "x >= 1", "gradient_steps": "x >= 1",
+                        "learning_rate": "x > 0", "gamma": "0 <= x <= 1", "tau": "0 < x <= 1",
+                        "learning_starts": "x >= 0", "buffer_size": "x >= 1", **rules})
+    if args.batch_size > min(args.buffer_size, max(args.learning_starts, 1)):
+        fail(f"--batch-size {args.batch_size} must not exceed --learning-starts ({args.learning_starts}) or "
+             f"--buffer-size ({args.buffer_size}): the first minibatch is drawn when learning starts")
+    if args.total_timesteps <= args.learning_starts:
+        fail(f"--total-timesteps {args.total_timesteps} must exceed --learning-starts {args.learning_starts}")
+# ---- end shared: continuous/check_args ----
 
 
 # ---- shared: helpers ----
@@ -69,15 +320,30 @@ SCRIPT, ALGOS = Path(__file__).name, Path(__file__).resolve().parent
 
 def fail(msg: str, *scripts: str):
     """Bad input: one line on stderr, exit status 2. It suggests those of `scripts` that exist beside this one."""
-    found = [s for s in scripts if (ALGOS / s).is_file()]
+    found = [s for s in scripts if s != SCRIPT and (ALGOS / s).is_file()]
     print(f"error: {msg}" + (f"; use {' or '.join(found)}" if found else ""), file=sys.stderr)
     sys.exit(2)
+
+
+def other_family(env_id: str) -> tuple[str, ...]:
+    """The scripts that take env_id, an id of another family of envs (Atari, MinAtar, mpe2, smac_lite)."""
+    if env_id.startswith("ALE/") or env_id.endswith("NoFrameskip-v4"):
+        return "ppo_atari.py", "dqn_atari.py"
+    if env_id.startswith("MinAtar/"):
+        return "dqn_atari.py", "ddqn_atari.py"
+    if re.fullmatch(r"(simple\w*|collect_treasure)_v\d+", env_id):
+        return "mappo_mpe.py", "maddpg_mpe.py"
+    if importlib.util.find_spec("smac_lite") and env_id in importlib.import_module("smac_lite.maps").MAPS:
+        return "mappo_smac_lite.py", "qmix_smac_lite.py"
+    return ()
 
 
 def env_spaces(env_id: str):
     """(observation space, action space) of env_id, or a one-line error. The env is made in a temporary directory
     with stderr muted: MuJoCo prints warnings and leaves MUJOCO_LOG.TXT behind, which must not precede an error."""
     if env_id not in gym.registry:
+        if scripts := other_family(env_id):
+            fail(f"{env_id} is not an env of {SCRIPT}", *scripts)
         close = difflib.get_close_matches(env_id, list(gym.registry), n=1)
         fail(f"unknown env id '{env_id}'" + (f"; did you mean '{close[0]}'?" if close else ""))
     cwd, stderr_fd = os.getcwd(), os.dup(2)
@@ -102,16 +368,24 @@ def check_ranges(args, rules: dict):
             fail(f"--{name.replace('_', '-')} {x} is out of range: it must satisfy {rule}")
 
 
+def sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
 def start_run(args, check_args):
     """Resume (--resume DIR: the run's saved flags; --total-timesteps may extend it), check the flags, choose the run
-    directory (a new run never writes into one that holds files), seed everything. Returns (args, checkpoint, dir)."""
+    directory (a new run never writes into one that holds files), seed everything. Returns (args, checkpoint, dir).
+    A checkpoint is data: its SHA-256 must match checkpoint.sha256, and it is read with weights_only=True."""
     ckpt = None
     if args.resume:
         path = Path(args.resume) / "checkpoint.pt"
         if not path.is_file():
             fail(f"no checkpoint at {path}; pass the run directory of an earlier {SCRIPT} run")
         try:
-            ckpt = torch.load(path, weights_only=False)
+            if sha256(path) != (path.parent / "checkpoint.sha256").read_text().strip():
+                raise ValueError("its SHA-256 differs from checkpoint.sha256")
+            ckpt = torch.load(path, weights_only=True)
             saved = Args(**ckpt["args"])
         except Exception as e:
             fail(f"{path} is corrupt or not a {SCRIPT} checkpoint ({type(e).__name__}); delete it or start anew")
@@ -121,6 +395,9 @@ def start_run(args, check_args):
                 fail(f"--total-timesteps {args.total_timesteps} is below the {ckpt['global_step']} steps already done")
             print(f"resume: --total-timesteps {args.total_timesteps} (was {saved.total_timesteps})", file=sys.stderr)
             saved.total_timesteps = args.total_timesteps
+        elif ckpt["finished"]:
+            print(f"the run in {path.parent} is finished; give a larger --total-timesteps to extend it")
+            sys.exit(0)
         if ignored := [f"--{k.replace('_', '-')}" for k in given if k != "total_timesteps"]:
             print(f"resume: the run's saved flags are kept; ignored: {' '.join(ignored)}", file=sys.stderr)
         args = saved
@@ -128,18 +405,56 @@ def start_run(args, check_args):
     check_args(args)
     name = f"{args.env_id.replace('/', '-')}__{SCRIPT[:-3]}__{args.seed}__{time.time():.0f}"
     run_dir = Path(args.run_dir or f"runs/{name}")
+    if run_dir.exists() and not run_dir.is_dir():
+        fail(f"--run-dir {run_dir} is a file; pass a directory")
     if ckpt is None and run_dir.is_dir() and any(run_dir.iterdir()):
-        fail(f"--run-dir {run_dir} is not empty; continue that run with --resume {run_dir} or choose a new --run-dir")
+        if (run_dir / "metrics.csv").is_file():
+            fail(f"--run-dir {run_dir} holds a run; continue it with --resume {run_dir} or choose a new --run-dir")
+        fail(f"--run-dir {run_dir} is not empty and holds no run; choose a new --run-dir")
     random.seed(args.seed), np.random.seed(args.seed), torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
     torch.set_num_threads(1 if args.torch_deterministic else torch.get_num_threads())  # 1: fastest for small nets
     return args, ckpt, run_dir
 
 
+def load_states(stateful: dict, ckpt: dict, run_dir: Path):
+    """Resume every object of `stateful` ({name: object with load_state_dict}) from the checkpoint."""
+    for name, obj in stateful.items():
+        try:
+            obj.load_state_dict(ckpt[name])
+        except Exception as e:
+            fail(f"{run_dir / 'checkpoint.pt'} does not fit this run's {name} ({type(e).__name__}); start anew")
+
+
+def plain(obj):
+    """obj with numpy arrays as tensors and numpy scalars as numbers: what torch.load(weights_only=True) reads."""
+    if isinstance(obj, dict):
+        return {k: plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(plain(v) for v in obj)
+    return torch.from_numpy(obj) if isinstance(obj, np.ndarray) else obj.item() if isinstance(obj, np.generic) else obj
+
+
+class RNGs:
+    """torch's global generator and the given numpy Generators, checkpointed as one object."""
+
+    def __init__(self, *np_rngs: np.random.Generator):
+        self.np_rngs = np_rngs
+
+    def state_dict(self):
+        return {"torch": torch.get_rng_state(), "numpy": [rng.bit_generator.state for rng in self.np_rngs]}
+
+    def load_state_dict(self, state):
+        torch.set_rng_state(state["torch"])
+        for rng, rng_state in zip(self.np_rngs, state["numpy"], strict=True):
+            rng.bit_generator.state = rng_state
+
+
 class RunLogger:
     """What a run shows and leaves behind: config.json, metrics.csv (global_step, wall_time, name, value; append-only),
-    TensorBoard events, a wandb run with --track, the progress bar. Resuming drops the rows logged after the checkpoint
-    (those steps are redone): no step is logged twice. The training clock stops during evaluations."""
+    TensorBoard events, a wandb run with --track, the progress bar, checkpoint.pt. Resuming drops the rows logged after
+    the checkpoint (those steps are redone): no step is logged twice. The training clock stops during evaluations.
+    Ctrl-C sets stop_requested: the script finishes its iteration, saves it and calls exit_interrupted()."""
 
     def __init__(self, args, run_dir: Path, total: int, step: int, resuming: bool):
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -154,14 +469,25 @@ class RunLogger:
                       "versions": {p: version(p) for p in ("torch", "gymnasium", "numpy")}}
             (run_dir / "config.json").write_text(json.dumps(config, indent=2))
             metrics.write_text(header)
-        self.file = open(metrics, "a", newline="")
-        self.csv, self.tb = csv.writer(self.file), SummaryWriter(str(run_dir))
-        if args.track:
+        if total != args.total_timesteps:
+            print(f"{total:,} steps will run: whole iterations up to --total-timesteps {args.total_timesteps:,}")
+        self.args, self.run_dir, self.wandb = args, run_dir, None
+        if args.track:  # before the SummaryWriter: wandb syncs only the writers created after wandb.init
             import wandb
-            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=asdict(args),
-                       name=run_dir.name, dir=str(run_dir), sync_tensorboard=True, id=run_dir.name, resume="allow")
+            self.wandb = wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=asdict(args),
+                                    name=run_dir.name, dir=str(run_dir), sync_tensorboard=True, id=run_dir.name,
+                                    resume="allow")
+        self.file = open(metrics, "a", newline="")
+        self.csv, self.tb = csv.writer(self.file, lineterminator="\n"), SummaryWriter(str(run_dir))
         self.bar = tqdm(total=total, initial=step, unit="step", mininterval=1.0)
         self.first_step, self.start, self.eval_seconds, self.last_return = step, time.time(), 0.0, float("nan")
+        self.stop_requested = False
+        signal.signal(signal.SIGINT, self.request_stop)
+
+    def request_stop(self, *_):
+        self.stop_requested = True
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C stops at once, unsaved
+        print("\nCtrl-C: stopping after this iteration (again: at once, without saving it)", file=sys.stderr)
 
     def log(self, step: int, metrics: dict):
         for name, value in metrics.items():
@@ -188,260 +514,45 @@ class RunLogger:
                 self.log(step, {name: value})
         return results
 
-    def close(self, run_dir: Path, args, results):
-        """Close the files; the last lines say the evaluation, where the run is and the script's reference."""
+    def save_checkpoint(self, stateful: dict, iteration: int, global_step: int, finished: bool = False):
+        """checkpoint.pt: the flags, the counters and the state_dict() of every object of `stateful`, written then
+        renamed (a crash never leaves half a checkpoint), and its SHA-256 in checkpoint.sha256."""
+        state = {"args": asdict(self.args), "iteration": iteration, "global_step": global_step, "finished": finished,
+                 **{name: obj.state_dict() for name, obj in stateful.items()}}
+        torch.save(plain(state), self.run_dir / "checkpoint.tmp")
+        digest = sha256(self.run_dir / "checkpoint.tmp")
+        os.replace(self.run_dir / "checkpoint.tmp", self.run_dir / "checkpoint.pt")
+        (self.run_dir / "checkpoint.sha256").write_text(digest + "\n")
+
+    def close_files(self):
         self.bar.close(), self.file.close(), self.tb.close()
+        if self.wandb is not None:
+            self.wandb.finish()
+
+    def exit_interrupted(self):
+        self.close_files()
+        print(f"interrupted: metrics kept, resume with --resume {self.run_dir}", file=sys.stderr)
+        sys.exit(130)
+
+    def close(self, results):
+        """Close the files; the last lines say the evaluation, where the run is and the script's reference."""
+        self.bar.update(self.bar.total - self.bar.n)
+        self.close_files()
         for name, values in (results if isinstance(results, dict) else {"eval/episodic_return": results}).items():
             if len(values):
                 print(f"{name}: {np.mean(values):.2f} +- {np.std(values):.2f} over {len(values)} episodes")
-        print(f"run saved in {run_dir}" + (" (model.pt, checkpoint.pt)" if args.save_model else " (checkpoint.pt)"))
+        print(f"run saved in {self.run_dir}" + (" (model.pt, checkpoint.pt)" if self.args.save_model else
+                                                " (checkpoint.pt)"))
         path = ALGOS.parent / "benchmark" / "references.toml"  # our multi-seed runs of each script, if present
         refs = [r for r in (tomllib.loads(path.read_text())["reference"] if path.is_file() else []) if "values" in r and
-                (r["script"], r["env_id"]) == (SCRIPT, args.env_id) and r["score"] in ("final_eval", "final_win_rate")]
-        for r in sorted(refs, key=lambda r: abs(r["total_timesteps"] - args.total_timesteps))[:1]:
+                (r["script"], r["env_id"]) == (SCRIPT, self.args.env_id) and r["score"] in ("final_eval",
+                                                                                           "final_win_rate")]
+        for r in sorted(refs, key=lambda r: abs(r["total_timesteps"] - self.args.total_timesteps))[:1]:
             print(f"reference {r['id']} ({r['total_timesteps']:,} steps, {r['score']}, {len(r['values'])} seeds): "
                   f"{np.mean(r['values']):.2f} +- {np.std(r['values']):.2f}, lowest seed {min(r['values']):.2f}")
         if not refs:
-            print(f"no reference for {SCRIPT} on {args.env_id} to compare with")
+            print(f"no reference for {SCRIPT} on {self.args.env_id} to compare with")
 # ---- end shared: helpers ----
-
-
-def check_args(args: Args):
-    obs_space, act_space = env_spaces(args.env_id)
-    if not isinstance(act_space, gym.spaces.Box) or len(act_space.shape) != 1:
-        fail(f"{SCRIPT} needs continuous (Box) actions but {args.env_id} has {act_space}", "dqn.py", "ppo.py")
-    if not (np.isfinite(act_space.low).all() and np.isfinite(act_space.high).all()):
-        fail(f"{SCRIPT} squashes actions into the env's bounds but {args.env_id} has unbounded actions {act_space}")
-    if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) != 1:
-        fail(f"{SCRIPT} needs flat vector observations but {args.env_id} has {obs_space}")
-    check_ranges(args, {"num_envs": "x >= 1", "batch_size": "x >= 1", "gradient_steps": "x >= 1",
-                        "learning_rate": "x > 0", "gamma": "0 <= x <= 1", "tau": "0 < x <= 1",
-                        "learning_starts": "x >= 0", "buffer_size": "x >= 1", "exploration_noise": "x >= 0",
-                        "policy_noise": "x >= 0", "noise_clip": "x >= 0", "policy_frequency": "x >= 1"})
-    if args.batch_size > min(args.buffer_size, max(args.learning_starts, 1)):
-        fail(f"--batch-size {args.batch_size} must not exceed --learning-starts ({args.learning_starts}) or "
-             f"--buffer-size ({args.buffer_size}): the first minibatch is drawn when learning starts")
-    if args.total_timesteps <= args.learning_starts:
-        fail(f"--total-timesteps {args.total_timesteps} must exceed --learning-starts {args.learning_starts}")
-
-
-def make_env(env_id, idx, capture_video, run_dir):
-    def thunk():
-        if capture_video and idx == 0:
-            return gym.wrappers.RecordVideo(gym.make(env_id, render_mode="rgb_array"), f"{run_dir}/videos")
-        return gym.make(env_id)
-    return thunk
-
-
-class QNetwork(nn.Module):
-    """(obs, action) -> 256 -> 256 -> Q-value, ReLU (the TD3 authors' critic); nn.Linear's default init."""
-
-    def __init__(self, obs_dim: int, action_dim: int):
-        super().__init__()
-        self.network = nn.Sequential(
-            nn.Linear(obs_dim + action_dim, 256), nn.ReLU(),
-            nn.Linear(256, 256), nn.ReLU(),
-            nn.Linear(256, 1),
-        )
-
-    def forward(self, obs, actions):
-        return self.network(torch.cat([obs, actions], dim=1)).squeeze(1)
-
-
-class Actor(nn.Module):
-    """obs -> 256 -> 256 -> tanh, scaled to the env's action bounds: a deterministic policy (action_scale and
-    action_bias are buffers: saved with the weights, so a saved actor needs no env to act)."""
-
-    def __init__(self, obs_dim: int, action_dim: int, action_low=-1.0, action_high=1.0):
-        super().__init__()
-        self.network = nn.Sequential(nn.Linear(obs_dim, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(),
-                                     nn.Linear(256, action_dim), nn.Tanh())
-        low, high = (torch.tensor(x, dtype=torch.float32).expand(action_dim).clone() for x in (action_low, action_high))
-        self.register_buffer("action_scale", (high - low) / 2)
-        self.register_buffer("action_bias", (high + low) / 2)
-
-    def forward(self, obs):
-        return self.network(obs) * self.action_scale + self.action_bias
-
-
-class ReplayBuffer:
-    """A ring buffer of preallocated numpy arrays. next_obs is the true next observation (the last one of an episode
-    cut by a time limit), so that only `terminated` stops the bootstrap. Checkpointable through state_dict()."""
-    FIELDS = ("obs", "next_obs", "actions", "rewards", "terminated")
-
-    def __init__(self, size: int, obs_dim: int, action_dim: int, rng: np.random.Generator):
-        self.obs, self.next_obs = np.zeros((size, obs_dim), np.float32), np.zeros((size, obs_dim), np.float32)
-        self.actions, self.rewards, self.terminated = (np.zeros((size, action_dim), np.float32),
-                                                       np.zeros(size, np.float32), np.zeros(size, np.float32))
-        self.size, self.pos, self.full, self.rng = size, 0, False, rng
-
-    def add(self, obs, next_obs, actions, rewards, terminated):
-        idx = (self.pos + np.arange(len(obs))) % self.size
-        for name, value in zip(self.FIELDS, (obs, next_obs, actions, rewards, terminated)):
-            getattr(self, name)[idx] = value
-        self.full, self.pos = self.full or self.pos + len(obs) >= self.size, (self.pos + len(obs)) % self.size
-
-    def sample(self, batch_size: int, device):
-        """A uniform minibatch (obs, next_obs, actions, rewards, terminated) as tensors on `device`."""
-        idx = self.rng.integers(0, self.size if self.full else self.pos, batch_size)
-        return [torch.as_tensor(getattr(self, name)[idx], device=device) for name in self.FIELDS]
-
-    def state_dict(self):
-        return {name: getattr(self, name) for name in (*self.FIELDS, "pos", "full")}
-
-    def load_state_dict(self, state):
-        for name, value in state.items():
-            setattr(self, name, value)
-
-
-def smoothed_target_action(target_actions, noise, noise_clip, action_scale, action_bias):
-    """a' = clip(mu'(s') + clip(noise, -c, c) * scale, low, high), noise ~ N(0, policy_noise) (TD3, eq. 14): the target
-    averages Q over nearby actions, so that the actor cannot exploit a narrow peak of Q's error."""
-    actions = target_actions + noise.clamp(-noise_clip, noise_clip) * action_scale
-    return actions.clamp(action_bias - action_scale, action_bias + action_scale)
-
-
-def td3_target(next_q1, next_q2, rewards, terminated, gamma):
-    """Clipped double-Q target r + gamma * min(Q1', Q2')(s', a') (TD3, eq. 10), a' the smoothed target action; only
-    termination stops the bootstrap: a time-limit truncation has a future."""
-    return rewards + gamma * (1.0 - terminated) * torch.min(next_q1, next_q2)
-
-
-@torch.no_grad()
-def evaluate(actor, env_id, episodes, seed, device="cpu"):
-    """Deterministic episodes (the actor's action, no noise) on a fresh env; returns the episodic returns."""
-    env, returns = gym.make(env_id), []
-    for ep in range(episodes):
-        (obs, _), done, total = env.reset(seed=seed + ep), False, 0.0
-        while not done:
-            action = actor(torch.as_tensor(obs, dtype=torch.float32, device=device)[None])
-            obs, reward, terminated, truncated, _ = env.step(action[0].cpu().numpy())
-            total, done = total + float(reward), terminated or truncated
-        returns.append(total)
-    env.close()
-    return returns
-
-
-def main(args: Args):
-    args, ckpt, run_dir = start_run(args, check_args)
-    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    envs = gym.vector.SyncVectorEnv(  # same-step autoreset: a finished episode's last observation is in infos
-        [make_env(args.env_id, i, args.capture_video, run_dir) for i in range(args.num_envs)],
-        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
-    obs_dim, action_dim = envs.single_observation_space.shape[0], envs.single_action_space.shape[0]
-    low, high = envs.single_action_space.low, envs.single_action_space.high
-    actor = Actor(obs_dim, action_dim, low, high).to(device)
-    actor_target = Actor(obs_dim, action_dim, low, high).to(device)
-    actor_target.load_state_dict(actor.state_dict())
-    qf1, qf2 = QNetwork(obs_dim, action_dim).to(device), QNetwork(obs_dim, action_dim).to(device)
-    qf1_target, qf2_target = QNetwork(obs_dim, action_dim).to(device), QNetwork(obs_dim, action_dim).to(device)
-    qf1_target.load_state_dict(qf1.state_dict()), qf2_target.load_state_dict(qf2.state_dict())
-    q_optimizer = torch.optim.Adam([*qf1.parameters(), *qf2.parameters()], lr=args.learning_rate, fused=True)
-    actor_optimizer = torch.optim.Adam(actor.parameters(), lr=args.learning_rate, fused=True)
-    rng = np.random.default_rng(args.seed)  # random actions, exploration noise and replay sampling
-    rb = ReplayBuffer(args.buffer_size, obs_dim, action_dim, rng)
-    num_iterations = args.total_timesteps // args.num_envs  # one iteration = one step of every env
-    iteration, eval_seed = 0, args.seed + 100_000  # evaluation episodes are seeded apart from training
-    run_eval = lambda: evaluate(actor, args.env_id, args.eval_episodes, eval_seed, device)  # noqa: E731
-    if ckpt is not None:
-        try:
-            for key, obj in (("actor", actor), ("actor_target", actor_target), ("qf1", qf1), ("qf2", qf2),
-                             ("qf1_target", qf1_target), ("qf2_target", qf2_target), ("q_optimizer", q_optimizer),
-                             ("actor_optimizer", actor_optimizer), ("rb", rb)):
-                obj.load_state_dict(ckpt[key])
-        except Exception as e:
-            fail(f"{run_dir / 'checkpoint.pt'} does not fit this network ({type(e).__name__}); delete it or start anew")
-        rng.bit_generator.state = ckpt["rng"]  # numpy: actions and sampling; torch: the smoothing noise
-        torch.set_rng_state(ckpt["torch_rng"])
-        iteration = ckpt["iteration"]
-    global_step = iteration * args.num_envs
-    logger = RunLogger(args, run_dir, num_iterations * args.num_envs, global_step, resuming=ckpt is not None)
-
-    def checkpoint(iteration):  # write, then rename: a crash never leaves a half-written checkpoint.pt
-        torch.save({"args": asdict(args), "iteration": iteration, "global_step": iteration * args.num_envs,
-                    "actor": actor.state_dict(), "actor_target": actor_target.state_dict(),
-                    "qf1": qf1.state_dict(), "qf2": qf2.state_dict(),
-                    "qf1_target": qf1_target.state_dict(), "qf2_target": qf2_target.state_dict(),
-                    "q_optimizer": q_optimizer.state_dict(), "actor_optimizer": actor_optimizer.state_dict(),
-                    "rb": rb.state_dict(), "rng": rng.bit_generator.state, "torch_rng": torch.get_rng_state()},
-                   run_dir / "checkpoint.tmp")
-        os.replace(run_dir / "checkpoint.tmp", run_dir / "checkpoint.pt")
-
-    obs, _ = envs.reset(seed=args.seed + global_step)  # a resumed run starts fresh episodes
-    episode_return, episode_length = np.zeros(args.num_envs), np.zeros(args.num_envs, dtype=np.int64)
-    actor_loss = torch.tensor(float("nan"))  # logged before the first delayed actor update
-    try:
-        for iteration in range(iteration, num_iterations):
-            if global_step < args.learning_starts:  # uniform random actions fill the buffer first
-                actions = rng.uniform(low, high, (args.num_envs, action_dim)).astype(np.float32)
-            else:
-                with torch.no_grad():
-                    actions = actor(torch.as_tensor(obs, dtype=torch.float32, device=device)).cpu().numpy()
-                noise = rng.normal(0.0, args.exploration_noise * (high - low) / 2, actions.shape)
-                actions = np.clip(actions + noise, low, high).astype(np.float32)
-            next_obs, rewards, terminated, truncated, infos = envs.step(actions)
-            real_next_obs = next_obs.copy()  # same-step autoreset: store the true last observation, not the reset one
-            for i in np.flatnonzero(infos.get("_final_obs", [])):
-                real_next_obs[i] = infos["final_obs"][i]
-            rb.add(obs, real_next_obs, actions, rewards, terminated)
-            global_step += args.num_envs  # right after rb.add: on Ctrl-C the steps counted are the steps stored
-            obs = next_obs
-            episode_return, episode_length = episode_return + rewards, episode_length + 1
-            for i in np.flatnonzero(terminated | truncated):  # every finished episode of every sub-env
-                logger.last_return = episode_return[i]
-                logger.log(global_step, {"train/episodic_return": episode_return[i],
-                                         "train/episodic_length": episode_length[i]})
-                episode_return[i], episode_length[i] = 0.0, 0
-
-            if global_step > args.learning_starts:
-                for update in range(iteration * args.gradient_steps, (iteration + 1) * args.gradient_steps):
-                    b_obs, b_next_obs, b_actions, b_rewards, b_terminated = rb.sample(args.batch_size, device)
-                    with torch.no_grad():
-                        noise = torch.randn_like(b_actions) * args.policy_noise
-                        next_actions = smoothed_target_action(actor_target(b_next_obs), noise, args.noise_clip,
-                                                              actor.action_scale, actor.action_bias)
-                        target = td3_target(qf1_target(b_next_obs, next_actions), qf2_target(b_next_obs, next_actions),
-                                            b_rewards, b_terminated, args.gamma)
-                    q1, q2 = qf1(b_obs, b_actions), qf2(b_obs, b_actions)
-                    qf1_loss, qf2_loss = F.mse_loss(q1, target), F.mse_loss(q2, target)
-                    q_optimizer.zero_grad()
-                    (qf1_loss + qf2_loss).backward()
-                    q_optimizer.step()
-
-                    if update % args.policy_frequency == 0:  # delayed policy updates (TD3, section 5.2)
-                        qf1.requires_grad_(False)  # the actor loss needs no gradient for Q weights
-                        actor_loss = -qf1(b_obs, actor(b_obs)).mean()  # deterministic policy gradient through Q1
-                        qf1.requires_grad_(True)
-                        actor_optimizer.zero_grad()
-                        actor_loss.backward()
-                        actor_optimizer.step()
-
-                        with torch.no_grad():  # target <- tau * online + (1 - tau) * target
-                            for target_param, param in zip(
-                                    [*actor_target.parameters(), *qf1_target.parameters(), *qf2_target.parameters()],
-                                    [*actor.parameters(), *qf1.parameters(), *qf2.parameters()]):
-                                target_param.lerp_(param, args.tau)
-            if iteration % 100 == 0:  # every 100 vector steps (the only host syncs of the losses)
-                if global_step > args.learning_starts:
-                    logger.log(global_step, {"losses/qf1_values": q1.mean(), "losses/qf2_values": q2.mean(),
-                                             "losses/qf1_loss": qf1_loss, "losses/qf2_loss": qf2_loss,
-                                             "losses/actor_loss": actor_loss})
-                logger.progress(global_step)
-            if args.eval_every and iteration + 1 < num_iterations and global_step % args.eval_every < args.num_envs:
-                logger.evaluate(global_step, run_eval)
-            if (iteration + 1) % max(1, args.checkpoint_every // args.num_envs) == 0:
-                checkpoint(iteration + 1)
-    except KeyboardInterrupt:
-        checkpoint(global_step // args.num_envs)  # a step interrupted before rb.add is redone
-        print(f"\ninterrupted: metrics kept, resume with --resume {run_dir}", file=sys.stderr)
-        sys.exit(130)
-    envs.close()
-    checkpoint(num_iterations)
-    eval_returns = logger.evaluate(global_step, run_eval)
-    if args.save_model:
-        torch.save({"actor": actor.state_dict(), "args": asdict(args), "eval_returns": eval_returns,
-                    "obs_dim": obs_dim, "action_dim": action_dim}, run_dir / "model.pt")
-    logger.close(run_dir, args, eval_returns)
 
 
 if __name__ == "__main__":

@@ -1,23 +1,18 @@
 """VDN on smac_lite (3m by default): value decomposition as a sum of the agents' Qs.
 
-Sunehag et al. 2018, "Value-Decomposition Networks For Cooperative Multi-Agent Learning" (arXiv 2017): each agent has
-a recurrent Q-network (one network shared by all agents; input: its observation, its last action and a one-hot agent
-id; a GRU cell), and the team's Q is the sum of the agents' chosen-action Qs, Q_tot(s, a) = sum_i Q_i(o_i, a_i): the
-greedy joint action is every agent's own argmax, and the agents act alone. One TD loss on Q_tot trains every agent
-through the sum. The sibling of qmix_smac_lite.py (QMIX mixes the Qs with a state-conditioned monotonic network in
-place of the sum), with pymarl's details: whole episodes in the replay buffer (the GRU is unrolled over each),
-double-Q targets (the online net picks the next action, the target net rates it), a hard target copy every 200
-updates, epsilon-greedy over the available actions only, unavailable actions masked out of the target max, gradient
-clip 10. Every battle of the batched smac_lite env steps in one call, with no host copy per step. A time-limit
-truncation is bootstrapped (only a termination cuts it). global_step counts battle steps. The team reward (SMAC's
-scaled reward: 20 for a clean win) is logged as train/episodic_return_team, with train/win_rate; the evaluation is
-greedy.
+Sunehag et al. 2018, "Value-Decomposition Networks For Cooperative Multi-Agent Learning" (arXiv 2017): one recurrent
+Q-network shared by the agents (input: its observation, last action and one-hot id; a GRU cell), and the team's Q is
+the sum of the agents' chosen-action Qs, Q_tot(s, a) = sum_i Q_i(o_i, a_i), so each agent's own argmax is the joint
+argmax. The sibling of qmix_smac_lite.py (QMIX mixes the Qs with a state-conditioned monotonic network), with pymarl's
+details: whole episodes in the replay buffer, double-Q targets, a hard target copy every 200 updates, epsilon-greedy
+over the available actions, gradient clip 10. Only a termination (not a time limit) cuts the bootstrap.
+Deviation: replay episodes are drawn with replacement (pymarl draws a batch without).
 
 Run:    python algos/vdn_smac_lite.py --env-id 3m --seed 1
-Result: 3m, 200k battle steps (~190 s on one CPU core): greedy win rate over 64 battles 0.97-1.0 on seeds 1-10
-        (references.toml)
+Result: benchmark/references.toml (3m: greedy win rate over 64 battles)
 """
-import csv, difflib, json, os, random, subprocess, sys, tempfile, time, tomllib, warnings
+import csv, difflib, hashlib, importlib.util, json, os, random, re, signal, subprocess, sys, tempfile, time, tomllib
+import warnings
 from dataclasses import asdict, dataclass
 from importlib.metadata import version
 from pathlib import Path
@@ -37,24 +32,6 @@ from smac_lite.render import render_frame
 
 @dataclass
 class Args:
-    env_id: str = "3m"  # smac_lite map name (SMAC's maps: 3m, 8m, 2s3z, 5m_vs_6m, ...)
-    total_timesteps: int = 200_000  # battle steps over all battles
-    num_envs: int = 8  # battles stepped at once (one batched smac_lite env)
-    # ---- shared: args ----
-    seed: int = 1  # seed of torch, numpy, random and the envs
-    cuda: bool = False  # use CUDA if available (networks this small are faster on the CPU)
-    torch_deterministic: bool = True  # torch.backends.cudnn.deterministic and one CPU thread
-    track: bool = False  # log to Weights & Biases (works offline with WANDB_MODE=offline)
-    wandb_project_name: str = "canonrl"  # wandb project
-    wandb_entity: str | None = None  # wandb entity (team)
-    capture_video: bool = False  # record videos of the first env to <run_dir>/videos
-    save_model: bool = False  # save <run_dir>/model.pt at the end
-    eval_episodes: int = 10  # greedy evaluation episodes at the end (and at each --eval-every)
-    eval_every: int = 0  # also evaluate every this many steps (0: only at the end); logs charts/train_seconds too
-    run_dir: str | None = None  # where the run is written (default runs/<env>__<script>__<seed>__<time>); must be new
-    resume: str | None = None  # continue the run in this directory (its flags; --total-timesteps may extend it)
-    checkpoint_every: int = 50_000  # save <run_dir>/checkpoint.pt every this many steps (and at the end and on Ctrl-C)
-    # ---- end shared: args ----
     learning_rate: float = 5e-4  # Adam learning rate (EPyMARL's QMIX; pymarl's RMSprop used the same rate)
     buffer_size: int = 5000  # replay buffer capacity in episodes (pymarl's 5000; ~190 MB on 3m, less on big maps)
     batch_size: int = 32  # episodes per gradient update (pymarl's 32)
@@ -69,170 +46,27 @@ class Args:
     max_grad_norm: float = 10.0  # global gradient norm clip (pymarl's 10)
     hidden_dim: int = 64  # width of the agent network's layer and GRU (pymarl's 64)
     double_q: bool = True  # the online net picks the next action, the target net rates it (van Hasselt et al. 2016)
+    env_id: str = "3m"  # smac_lite map name (SMAC's maps: 3m, 8m, 2s3z, 5m_vs_6m, ...)
+    total_timesteps: int = 200_000  # battle steps over all battles
+    num_envs: int = 8  # battles stepped at once (one batched smac_lite env)
+    # ---- shared: args ----
+    seed: int = 1  # seed of torch, numpy, random and the envs
+    cuda: bool = False  # run on CUDA when available (the CNN scripts gain from it; small MLPs are fastest on a CPU)
+    torch_deterministic: bool = True  # torch.backends.cudnn.deterministic and one CPU thread
+    track: bool = False  # log to Weights & Biases (works offline with WANDB_MODE=offline)
+    wandb_project_name: str = "canonrl"  # wandb project
+    wandb_entity: str | None = None  # wandb entity (team)
+    capture_video: bool = False  # record episode 0 of the final evaluation to <run_dir>/videos
+    save_model: bool = False  # save <run_dir>/model.pt at the end
+    eval_episodes: int = 10  # evaluation episodes (the policy evaluate() runs) at the end and each --eval-every
+    eval_every: int = 0  # also evaluate every this many steps (0: only at the end); logs charts/train_seconds too
+    run_dir: str | None = None  # where the run is written (default runs/<env>__<script>__<seed>__<time>); must be new
+    resume: str | None = None  # continue the run in this directory (its flags; --total-timesteps may extend it)
+    checkpoint_every: int = 50_000  # save <run_dir>/checkpoint.pt every this many steps (and at the end and on Ctrl-C)
+    # ---- end shared: args ----
 
 
-# ---- shared: helpers ----
-SCRIPT, ALGOS = Path(__file__).name, Path(__file__).resolve().parent
-
-
-def fail(msg: str, *scripts: str):
-    """Bad input: one line on stderr, exit status 2. It suggests those of `scripts` that exist beside this one."""
-    found = [s for s in scripts if (ALGOS / s).is_file()]
-    print(f"error: {msg}" + (f"; use {' or '.join(found)}" if found else ""), file=sys.stderr)
-    sys.exit(2)
-
-
-def env_spaces(env_id: str):
-    """(observation space, action space) of env_id, or a one-line error. The env is made in a temporary directory
-    with stderr muted: MuJoCo prints warnings and leaves MUJOCO_LOG.TXT behind, which must not precede an error."""
-    if env_id not in gym.registry:
-        close = difflib.get_close_matches(env_id, list(gym.registry), n=1)
-        fail(f"unknown env id '{env_id}'" + (f"; did you mean '{close[0]}'?" if close else ""))
-    cwd, stderr_fd = os.getcwd(), os.dup(2)
-    with tempfile.TemporaryDirectory() as tmp, open(os.devnull, "w") as null, warnings.catch_warnings(action="ignore"):
-        os.chdir(tmp), os.dup2(null.fileno(), 2)
-        try:
-            with gym.make(env_id) as env:
-                return env.observation_space, env.action_space
-        except Exception as e:
-            error = f"cannot make env '{env_id}': {type(e).__name__}: {(str(e).strip() or ' ').splitlines()[0]}"
-        finally:
-            os.dup2(stderr_fd, 2), os.close(stderr_fd), os.chdir(cwd)
-    fail(error)
-
-
-def check_ranges(args, rules: dict):
-    """Fail on the first flag outside its range; a rule is a condition on x, the flag's value (e.g. "0 <= x <= 1")."""
-    rules = {"total_timesteps": "x >= 1", "eval_episodes": "x >= 0", "eval_every": "x >= 0",
-             "checkpoint_every": "x >= 1", **rules}
-    for name, rule in rules.items():
-        if (x := getattr(args, name)) is not None and not eval(rule, {"x": x}):  # the rules are literals of this file
-            fail(f"--{name.replace('_', '-')} {x} is out of range: it must satisfy {rule}")
-
-
-def start_run(args, check_args):
-    """Resume (--resume DIR: the run's saved flags; --total-timesteps may extend it), check the flags, choose the run
-    directory (a new run never writes into one that holds files), seed everything. Returns (args, checkpoint, dir)."""
-    ckpt = None
-    if args.resume:
-        path = Path(args.resume) / "checkpoint.pt"
-        if not path.is_file():
-            fail(f"no checkpoint at {path}; pass the run directory of an earlier {SCRIPT} run")
-        try:
-            ckpt = torch.load(path, weights_only=False)
-            saved = Args(**ckpt["args"])
-        except Exception as e:
-            fail(f"{path} is corrupt or not a {SCRIPT} checkpoint ({type(e).__name__}); delete it or start anew")
-        given = [k for k, v in asdict(args).items() if v != getattr(Args(), k) and k not in ("resume", "run_dir")]
-        if "total_timesteps" in given:
-            if args.total_timesteps < ckpt["global_step"]:
-                fail(f"--total-timesteps {args.total_timesteps} is below the {ckpt['global_step']} steps already done")
-            print(f"resume: --total-timesteps {args.total_timesteps} (was {saved.total_timesteps})", file=sys.stderr)
-            saved.total_timesteps = args.total_timesteps
-        if ignored := [f"--{k.replace('_', '-')}" for k in given if k != "total_timesteps"]:
-            print(f"resume: the run's saved flags are kept; ignored: {' '.join(ignored)}", file=sys.stderr)
-        args = saved
-        args.resume = args.run_dir = str(path.parent)
-    check_args(args)
-    name = f"{args.env_id.replace('/', '-')}__{SCRIPT[:-3]}__{args.seed}__{time.time():.0f}"
-    run_dir = Path(args.run_dir or f"runs/{name}")
-    if ckpt is None and run_dir.is_dir() and any(run_dir.iterdir()):
-        fail(f"--run-dir {run_dir} is not empty; continue that run with --resume {run_dir} or choose a new --run-dir")
-    random.seed(args.seed), np.random.seed(args.seed), torch.manual_seed(args.seed)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
-    torch.set_num_threads(1 if args.torch_deterministic else torch.get_num_threads())  # 1: fastest for small nets
-    return args, ckpt, run_dir
-
-
-class RunLogger:
-    """What a run shows and leaves behind: config.json, metrics.csv (global_step, wall_time, name, value; append-only),
-    TensorBoard events, a wandb run with --track, the progress bar. Resuming drops the rows logged after the checkpoint
-    (those steps are redone): no step is logged twice. The training clock stops during evaluations."""
-
-    def __init__(self, args, run_dir: Path, total: int, step: int, resuming: bool):
-        run_dir.mkdir(parents=True, exist_ok=True)
-        metrics, header = run_dir / "metrics.csv", "global_step,wall_time,name,value\n"
-        if resuming:
-            lines = metrics.read_text().splitlines(keepends=True)[1:] if metrics.is_file() else []
-            (run_dir / "metrics.tmp").write_text(header + "".join(ln for ln in lines if int(ln.split(",")[0]) <= step))
-            os.replace(run_dir / "metrics.tmp", metrics)
-        else:
-            git = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ALGOS)
-            config = {"script": SCRIPT, "args": asdict(args), "git_commit": git.stdout.strip() or None,
-                      "versions": {p: version(p) for p in ("torch", "gymnasium", "numpy")}}
-            (run_dir / "config.json").write_text(json.dumps(config, indent=2))
-            metrics.write_text(header)
-        self.file = open(metrics, "a", newline="")
-        self.csv, self.tb = csv.writer(self.file), SummaryWriter(str(run_dir))
-        if args.track:
-            import wandb
-            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=asdict(args),
-                       name=run_dir.name, dir=str(run_dir), sync_tensorboard=True, id=run_dir.name, resume="allow")
-        self.bar = tqdm(total=total, initial=step, unit="step", mininterval=1.0)
-        self.first_step, self.start, self.eval_seconds, self.last_return = step, time.time(), 0.0, float("nan")
-
-    def log(self, step: int, metrics: dict):
-        for name, value in metrics.items():
-            value = float(value.detach() if torch.is_tensor(value) else value)  # a loss may still require grad
-            self.csv.writerow([step, f"{time.time():.3f}", name, repr(value)])
-            self.tb.add_scalar(name, value, step)
-        self.file.flush()
-
-    def progress(self, step: int):
-        """Log charts/sps (environment steps per training second) and update the progress bar."""
-        sps = int((step - self.first_step) / max(time.time() - self.start - self.eval_seconds, 1e-9))
-        self.log(step, {"charts/sps": sps})
-        self.bar.update(step - self.bar.n)
-        self.bar.set_postfix(sps=sps, ret=f"{self.last_return:.1f}", refresh=False)
-
-    def evaluate(self, step: int, run_episodes):
-        """Log charts/train_seconds, then one row per episode of run_episodes(): a list of episodic returns (logged as
-        eval/episodic_return) or a dict {metric name: one value per episode} (multi-agent: team return, win)."""
-        self.log(step, {"charts/train_seconds": time.time() - self.start - self.eval_seconds})
-        start, results = time.time(), run_episodes()
-        self.eval_seconds += time.time() - start
-        for name, values in (results if isinstance(results, dict) else {"eval/episodic_return": results}).items():
-            for value in values:
-                self.log(step, {name: value})
-        return results
-
-    def close(self, run_dir: Path, args, results):
-        """Close the files; the last lines say the evaluation, where the run is and the script's reference."""
-        self.bar.close(), self.file.close(), self.tb.close()
-        for name, values in (results if isinstance(results, dict) else {"eval/episodic_return": results}).items():
-            if len(values):
-                print(f"{name}: {np.mean(values):.2f} +- {np.std(values):.2f} over {len(values)} episodes")
-        print(f"run saved in {run_dir}" + (" (model.pt, checkpoint.pt)" if args.save_model else " (checkpoint.pt)"))
-        path = ALGOS.parent / "benchmark" / "references.toml"  # our multi-seed runs of each script, if present
-        refs = [r for r in (tomllib.loads(path.read_text())["reference"] if path.is_file() else []) if "values" in r and
-                (r["script"], r["env_id"]) == (SCRIPT, args.env_id) and r["score"] in ("final_eval", "final_win_rate")]
-        for r in sorted(refs, key=lambda r: abs(r["total_timesteps"] - args.total_timesteps))[:1]:
-            print(f"reference {r['id']} ({r['total_timesteps']:,} steps, {r['score']}, {len(r['values'])} seeds): "
-                  f"{np.mean(r['values']):.2f} +- {np.std(r['values']):.2f}, lowest seed {min(r['values']):.2f}")
-        if not refs:
-            print(f"no reference for {SCRIPT} on {args.env_id} to compare with")
-# ---- end shared: helpers ----
-
-
-def check_args(args: Args):
-    if args.env_id not in smac_lite.MAPS:
-        close = difflib.get_close_matches(args.env_id, list(smac_lite.MAPS), n=1)
-        fail(f"unknown smac_lite map '{args.env_id}'" + (f"; did you mean '{close[0]}'?" if close else "") +
-             f"; the maps: {', '.join(smac_lite.MAPS)}", *(("dqn.py", "sac_continuous.py") if args.env_id in
-                                                          gym.registry else ()))  # a single-agent Gymnasium env
-    check_ranges(args, {"num_envs": "x >= 1", "learning_rate": "x > 0", "buffer_size": "x >= 1", "batch_size": "x >= 1",
-                        "gamma": "0 <= x <= 1", "tau": "0 < x <= 1", "target_network_frequency": "x >= 1",
-                        "start_e": "0 <= x <= 1", "end_e": "0 <= x <= 1", "exploration_steps": "x >= 1",
-                        "learning_starts": "x >= 0", "train_frequency": "x >= 1", "max_grad_norm": "x > 0",
-                        "hidden_dim": "x >= 1"})
-    if args.end_e > args.start_e:
-        fail(f"--end-e {args.end_e} is above --start-e {args.start_e}: epsilon is annealed down")
-    if args.batch_size > args.buffer_size:
-        fail(f"--batch-size {args.batch_size} exceeds --buffer-size {args.buffer_size} (both count episodes)")
-    if args.total_timesteps <= args.learning_starts:
-        fail(f"--total-timesteps {args.total_timesteps} must exceed --learning-starts {args.learning_starts}")
-
-
+# ---- shared: qmix/RNNAgent ----
 class RNNAgent(nn.Module):
     """The agent Q-network, one for all agents (pymarl's RNNAgent): [obs, last action, agent id] -> hidden (ReLU) ->
     GRU cell -> one Q-value per action; nn.Linear's default init."""
@@ -249,6 +83,13 @@ class RNNAgent(nn.Module):
         hidden = self.gru(x.flatten(0, -2), hidden.flatten(0, -2)).view_as(hidden)
         return self.fc2(hidden), hidden
 
+    def get_greedy_action(self, inputs, hidden, avail):
+        """(each agent's argmax over its available actions, the next hidden): the exploiting action of the rollout
+        and the policy that evaluate() runs."""
+        q_values, hidden = self(inputs, hidden)
+        return masked(q_values, avail).argmax(-1), hidden
+# ---- end shared: qmix/RNNAgent ----
+
 
 class VDNMixer(nn.Module):
     """VDN's mixer: Q_tot = the sum of the agents' chosen-action Qs. No parameters, and the global state is not used
@@ -259,6 +100,7 @@ class VDNMixer(nn.Module):
         return agent_qs.sum(-1)
 
 
+# ---- shared: qmix/learning ----
 def agent_inputs(obs, last_actions, agent_ids):
     """pymarl's agent input: the observation, the agent's last action one-hot (zeros at an episode's start), its id."""
     return torch.cat([obs, last_actions, agent_ids.expand(*obs.shape[:-1], -1)], -1)
@@ -269,12 +111,12 @@ def masked(q_values, avail):
     return q_values.masked_fill(avail == 0, -1e8)
 
 
-def epsilon_greedy(q_values, avail, epsilon: float):
-    """Each agent's greedy action among its available ones or, with probability epsilon, one of them drawn uniformly
+def epsilon_greedy(greedy_actions, avail, epsilon: float):
+    """Each agent's greedy action or, with probability epsilon, one of its available actions drawn uniformly
     (pymarl's EpsilonGreedyActionSelector: exploration never picks an unavailable action)."""
     random_actions = torch.multinomial(avail.flatten(0, -2).float(), 1).view(avail.shape[:-1])
     explore = torch.rand(avail.shape[:-1], device=avail.device) < epsilon
-    return torch.where(explore, random_actions, masked(q_values, avail).argmax(-1))
+    return torch.where(explore, random_actions, greedy_actions)
 
 
 def linear_schedule(start_e: float, end_e: float, duration: float, t: int):
@@ -318,7 +160,7 @@ class EpisodeBuffer:
         idx = (torch.rand(batch_size, device=self.pos.device) * self.count).long()
         return {name: episodes[idx] for name, episodes in self.episodes.items()}
 
-    def state_dict(self):  # the stored episodes only: a resumed run restarts its battles
+    def state_dict(self):  # the stored episodes only (tensors): a resumed run restarts its battles
         n = int(self.count)
         return {"episodes": {k: v[:n].clone() for k, v in self.episodes.items()}, "pos": self.pos, "count": self.count}
 
@@ -372,7 +214,7 @@ def td_loss(batch, agent, mixer, target_agent, target_mixer, agent_ids, gamma: f
 
 @torch.no_grad()
 def evaluate(agent, map_name, battles, seed, device="cpu", frames=None):
-    """Greedy (argmax over the available actions) play of the first episode of `battles` battles; returns
+    """Greedy play (agent.get_greedy_action) of the first episode of `battles` battles; returns
     {"eval/episodic_return_team": [...], "eval/win_rate": [1.0 or 0.0, ...]}, one value per battle. frames: a list
     that receives battle 0's frames (--capture-video)."""
     if battles == 0:
@@ -384,8 +226,7 @@ def evaluate(agent, map_name, battles, seed, device="cpu", frames=None):
     finished, won = torch.zeros(battles, dtype=torch.bool, device=device), torch.zeros(battles, device=device)
     returns = torch.zeros(battles, device=device)
     for _ in range(env.episode_limit):
-        q_values, hidden = agent(agent_inputs(obs, last_actions, agent_ids), hidden)
-        actions = masked(q_values, avail).argmax(-1)
+        actions, hidden = agent.get_greedy_action(agent_inputs(obs, last_actions, agent_ids), hidden, avail)
         obs, _, avail, _, done, info = env.step(actions)
         last_actions = F.one_hot(actions, env.n_actions).float()
         new = done & ~finished  # each battle's first episode; finished battles are left as they are
@@ -395,9 +236,11 @@ def evaluate(agent, map_name, battles, seed, device="cpu", frames=None):
         if (finished := finished | done).all():
             break
     return {"eval/episodic_return_team": returns.tolist(), "eval/win_rate": won.tolist()}
+# ---- end shared: qmix/learning ----
 
 
 def main(args: Args):
+    # ---- shared: qmix/setup ----
     args, ckpt, run_dir = start_run(args, check_args)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     env = smac_lite.BatchedSMAC(args.env_id, num_envs=args.num_envs, device=device, seed=args.seed, return_final=True)
@@ -405,35 +248,29 @@ def main(args: Args):
     agent_ids = torch.eye(A, device=device)  # row i: agent i's one-hot id
     input_dim = env.obs_dim + n_actions + A
     agent, target_agent = (RNNAgent(input_dim, n_actions, args.hidden_dim).to(device) for _ in range(2))
+    # ---- end shared: qmix/setup ----
     mixer, target_mixer = (VDNMixer().to(device) for _ in range(2))
+    # ---- shared: qmix/main ----
     target_agent.load_state_dict(agent.state_dict()), target_mixer.load_state_dict(mixer.state_dict())
     params = [*agent.parameters(), *mixer.parameters()]
     target_params = [*target_agent.parameters(), *target_mixer.parameters()]
     optimizer = torch.optim.Adam(params, lr=args.learning_rate, fused=True)  # fused: a faster step
     rb = EpisodeBuffer(args.buffer_size, N, env.episode_limit, A, env.obs_dim, env.state_dim, n_actions, device)
     num_iterations = args.total_timesteps // N  # one iteration = one step of every battle
-    iteration, updates, eval_seed = 0, 0, args.seed + 100_000  # evaluation battles are seeded apart from training
-    log_every = max(1, 1000 // N)  # iterations between logs (and host copies of the episodes' results)
-    run_eval = lambda frames=None: evaluate(  # noqa: E731
-        agent, args.env_id, args.eval_episodes, eval_seed, device, frames)
+    iteration, log_every = 0, max(1, 1000 // N)  # iterations between logs (and host copies of the episodes' results)
+
+    def run_eval(frames=None):  # evaluation battles are seeded apart from training
+        return evaluate(agent, args.env_id, args.eval_episodes, args.seed + 100_000, device, frames)
+
+    stateful = {"agent": agent, "mixer": mixer, "target_agent": target_agent, "target_mixer": target_mixer,
+                "optimizer": optimizer, "episode_buffer": rb, "rng": RNGs()}  # what a checkpoint holds
     if ckpt is not None:
-        try:
-            for key, obj in (("agent", agent), ("mixer", mixer), ("target_agent", target_agent),
-                             ("target_mixer", target_mixer), ("optimizer", optimizer), ("episode_buffer", rb)):
-                obj.load_state_dict(ckpt[key])
-        except Exception as e:
-            fail(f"{run_dir / 'checkpoint.pt'} does not fit this network ({type(e).__name__}); delete it or start anew")
-        torch.set_rng_state(ckpt["torch_rng"])  # exploration and replay sampling; battles are seeded on reset
-        iteration, updates = ckpt["iteration"], ckpt["updates"]
+        load_states(stateful, ckpt, run_dir)  # battles are not saved: they are seeded anew on reset
+        iteration = ckpt["iteration"]
     global_step = iteration * N
     logger = RunLogger(args, run_dir, num_iterations * N, global_step, resuming=ckpt is not None)
-
-    def checkpoint(iteration):  # write, then rename: a crash never leaves a half-written checkpoint.pt
-        torch.save({"args": asdict(args), "iteration": iteration, "global_step": iteration * N, "updates": updates,
-                    "agent": agent.state_dict(), "mixer": mixer.state_dict(), "target_agent": target_agent.state_dict(),
-                    "target_mixer": target_mixer.state_dict(), "optimizer": optimizer.state_dict(),
-                    "episode_buffer": rb.state_dict(), "torch_rng": torch.get_rng_state()}, run_dir / "checkpoint.tmp")
-        os.replace(run_dir / "checkpoint.tmp", run_dir / "checkpoint.pt")
+    # gradient updates done: one after each train_frequency-th iteration once global_step passed learning_starts
+    updates = sum((i + 1) * N > args.learning_starts and i % args.train_frequency == 0 for i in range(iteration))
 
     def log_episodes(ended, first_step):
         """Log the episodes that ended in the steps since first_step (one host copy of (done, return, length, won))."""
@@ -452,55 +289,50 @@ def main(args: Args):
     hidden, last_actions = torch.zeros((N, A, args.hidden_dim), device=device), torch.zeros((N, A, n_actions),
                                                                                              device=device)
     ended, first_step, stats = [], global_step, {}
-    try:
-        for iteration in range(iteration, num_iterations):
-            epsilon = linear_schedule(args.start_e, args.end_e, args.exploration_steps, global_step)
-            with torch.no_grad():
-                q_values, hidden = agent(agent_inputs(obs, last_actions, agent_ids), hidden)
-            actions = epsilon_greedy(q_values, avail, epsilon)
-            next_obs, next_state, next_avail, reward, done, info = env.step(actions)
-            rb.add(obs, state, avail, actions, reward, info["terminated"], done, info["final_obs"], info["final_state"],
-                   info["final_avail"])
-            global_step += N  # right after rb.add: on Ctrl-C the steps counted are the steps stored
-            ended.append(torch.stack([done.float(), info["episode_return"], info["episode_length"].float(),
-                                      info["won"].float()], 0))
-            obs, state, avail = next_obs, next_state, next_avail
-            going_on = (~done).float()[:, None, None]  # a battle that ended starts a new episode: memory and
-            hidden, last_actions = hidden * going_on, F.one_hot(actions, n_actions).float() * going_on  # last action 0
+    for iteration in range(iteration, num_iterations):
+        epsilon = linear_schedule(args.start_e, args.end_e, args.exploration_steps, global_step)
+        with torch.no_grad():
+            greedy, hidden = agent.get_greedy_action(agent_inputs(obs, last_actions, agent_ids), hidden, avail)
+        actions = epsilon_greedy(greedy, avail, epsilon)
+        next_obs, next_state, next_avail, reward, done, info = env.step(actions)
+        rb.add(obs, state, avail, actions, reward, info["terminated"], done, info["final_obs"], info["final_state"],
+               info["final_avail"])
+        global_step += N
+        ended.append(torch.stack([done.float(), info["episode_return"], info["episode_length"].float(),
+                                  info["won"].float()], 0))
+        obs, state, avail = next_obs, next_state, next_avail
+        going_on = (~done).float()[:, None, None]  # a battle that ended starts a new episode: memory and
+        hidden, last_actions = hidden * going_on, F.one_hot(actions, n_actions).float() * going_on  # last action 0
 
-            if global_step > args.learning_starts and iteration % args.train_frequency == 0:
-                batch = rb.sample(args.batch_size)
-                steps = int(batch["filled"].sum(1).max().clamp(min=1))  # unroll only to the longest episode drawn
-                loss, q_taken = td_loss({k: v[:, :steps + 1] for k, v in batch.items()}, agent, mixer, target_agent,
-                                        target_mixer, agent_ids, args.gamma, args.double_q)
-                optimizer.zero_grad()
-                loss.backward()
-                grad_norm = nn.utils.clip_grad_norm_(params, args.max_grad_norm)
-                optimizer.step()
-                updates += 1
-                if updates % args.target_network_frequency == 0:
-                    with torch.no_grad():  # target <- tau * online + (1 - tau) * target (tau = 1: a copy)
-                        for target_param, param in zip(target_params, params):
-                            target_param.lerp_(param, args.tau)
-                stats = {"losses/td_loss": loss, "losses/q_taken": q_taken, "losses/grad_norm": grad_norm}
-            if (iteration + 1) % log_every == 0 or iteration + 1 == num_iterations:
-                log_episodes(ended, first_step)
-                first_step = global_step
-                logger.log(global_step, {**stats, "charts/epsilon": epsilon, "charts/updates": updates})
-                logger.progress(global_step)
-            if args.eval_every and iteration + 1 < num_iterations and global_step % args.eval_every < N:
-                logger.evaluate(global_step, run_eval)
-            if (iteration + 1) % max(1, args.checkpoint_every // N) == 0:
-                checkpoint(iteration + 1)
-    except KeyboardInterrupt:
-        if ended:
-            log_episodes(ended[:global_step // N - first_step // N], first_step)  # the steps that were stored
-        checkpoint(global_step // N)  # a step interrupted before rb.add is redone
-        print(f"\ninterrupted: metrics kept, resume with --resume {run_dir}", file=sys.stderr)
-        sys.exit(130)
-    checkpoint(num_iterations)
-    frames = [] if args.capture_video else None
+        if global_step > args.learning_starts and iteration % args.train_frequency == 0:
+            batch = rb.sample(args.batch_size)
+            steps = int(batch["filled"].sum(1).max().clamp(min=1))  # unroll only to the longest episode drawn
+            loss, q_values = td_loss({k: v[:, :steps + 1] for k, v in batch.items()}, agent, mixer, target_agent,
+                                     target_mixer, agent_ids, args.gamma, args.double_q)
+            optimizer.zero_grad()
+            loss.backward()
+            grad_norm = nn.utils.clip_grad_norm_(params, args.max_grad_norm)
+            optimizer.step()
+            updates += 1
+            if updates % args.target_network_frequency == 0:
+                with torch.no_grad():  # target <- tau * online + (1 - tau) * target (tau = 1: a copy)
+                    for target_param, param in zip(target_params, params):
+                        target_param.lerp_(param, args.tau)
+            stats = {"losses/td_loss": loss, "losses/q_values": q_values, "losses/grad_norm": grad_norm}
+        if (iteration + 1) % log_every == 0 or iteration + 1 == num_iterations or logger.stop_requested:
+            log_episodes(ended, first_step)
+            first_step = global_step
+            logger.log(global_step, {**stats, "charts/epsilon": epsilon, "charts/updates": updates})
+            logger.progress(global_step)
+        if args.eval_every and iteration + 1 < num_iterations and global_step % args.eval_every < N:
+            logger.evaluate(global_step, run_eval)
+        if (iteration + 1) % max(1, args.checkpoint_every // N) == 0 or logger.stop_requested:
+            logger.save_checkpoint(stateful, iteration + 1, global_step)
+        if logger.stop_requested:  # Ctrl-C: the iteration it came in is finished, logged and saved
+            logger.exit_interrupted()
+    frames = [] if args.capture_video else None  # battle 0 of the final evaluation, as a GIF
     eval_results = logger.evaluate(global_step, lambda: run_eval(frames))
+    logger.save_checkpoint(stateful, num_iterations, global_step, finished=True)
     if frames:
         import imageio.v2 as imageio
         (run_dir / "videos").mkdir(exist_ok=True)
@@ -510,7 +342,285 @@ def main(args: Args):
                     "eval_returns": eval_results, "input_dim": input_dim, "obs_dim": env.obs_dim,
                     "state_dim": env.state_dim, "n_agents": A, "n_actions": n_actions, "hidden": args.hidden_dim},
                    run_dir / "model.pt")
-    logger.close(run_dir, args, eval_results)
+    logger.close(eval_results)
+    # ---- end shared: qmix/main ----
+
+
+def check_args(args: Args):
+    check_map(args.env_id, "dqn.py", "sac_continuous.py")
+    check_value_decomposition_args(args, {})
+
+
+# ---- shared: qmix/check_args ----
+def check_value_decomposition_args(args, rules: dict):
+    """The flags of qmix and vdn, then `rules` (the script's own ranges, as in check_ranges)."""
+    check_ranges(args, {"num_envs": "x >= 1", "learning_rate": "x > 0", "buffer_size": "x >= 1", "batch_size": "x >= 1",
+                        "gamma": "0 <= x <= 1", "tau": "0 < x <= 1", "target_network_frequency": "x >= 1",
+                        "start_e": "0 <= x <= 1", "end_e": "0 <= x <= 1", "exploration_steps": "x >= 1",
+                        "learning_starts": "x >= 0", "train_frequency": "x >= 1", "max_grad_norm": "x > 0",
+                        "hidden_dim": "x >= 1", **rules})
+    if args.end_e > args.start_e:
+        fail(f"--end-e {args.end_e} is above --start-e {args.start_e}: epsilon is annealed down")
+    if args.batch_size > args.buffer_size:
+        fail(f"--batch-size {args.batch_size} exceeds --buffer-size {args.buffer_size} (both count episodes)")
+    if args.total_timesteps <= args.learning_starts:
+        fail(f"--total-timesteps {args.total_timesteps} must exceed --learning-starts {args.learning_starts}")
+# ---- end shared: qmix/check_args ----
+
+
+# ---- shared: smac_lite/check_map ----
+def check_map(env_id: str, *single_agent_scripts: str):
+    """A smac_lite map, or one error line that names the scripts that take env_id (single_agent_scripts: those
+    suggested for a Gymnasium id)."""
+    if env_id in smac_lite.MAPS:
+        return
+    if scripts := other_family(env_id) or (single_agent_scripts if env_id in gym.registry else ()):
+        fail(f"{env_id} is not a smac_lite map (the maps: {', '.join(smac_lite.MAPS)})", *scripts)
+    close = difflib.get_close_matches(env_id, list(smac_lite.MAPS), n=1)
+    fail(f"unknown smac_lite map '{env_id}'" + (f"; did you mean '{close[0]}'?" if close else "") +
+         f"; the maps: {', '.join(smac_lite.MAPS)}")
+# ---- end shared: smac_lite/check_map ----
+
+
+# ---- shared: helpers ----
+SCRIPT, ALGOS = Path(__file__).name, Path(__file__).resolve().parent
+
+
+def fail(msg: str, *scripts: str):
+    """Bad input: one line on stderr, exit status 2. It suggests those of `scripts` that exist beside this one."""
+    found = [s for s in scripts if s != SCRIPT and (ALGOS / s).is_file()]
+    print(f"error: {msg}" + (f"; use {' or '.join(found)}" if found else ""), file=sys.stderr)
+    sys.exit(2)
+
+
+def other_family(env_id: str) -> tuple[str, ...]:
+    """The scripts that take env_id, an id of another family of envs (Atari, MinAtar, mpe2, smac_lite)."""
+    if env_id.startswith("ALE/") or env_id.endswith("NoFrameskip-v4"):
+        return "ppo_atari.py", "dqn_atari.py"
+    if env_id.startswith("MinAtar/"):
+        return "dqn_atari.py", "ddqn_atari.py"
+    if re.fullmatch(r"(simple\w*|collect_treasure)_v\d+", env_id):
+        return "mappo_mpe.py", "maddpg_mpe.py"
+    if importlib.util.find_spec("smac_lite") and env_id in importlib.import_module("smac_lite.maps").MAPS:
+        return "mappo_smac_lite.py", "qmix_smac_lite.py"
+    return ()
+
+
+def env_spaces(env_id: str):
+    """(observation space, action space) of env_id, or a one-line error. The env is made in a temporary directory
+    with stderr muted: MuJoCo prints warnings and leaves MUJOCO_LOG.TXT behind, which must not precede an error."""
+    if env_id not in gym.registry:
+        if scripts := other_family(env_id):
+            fail(f"{env_id} is not an env of {SCRIPT}", *scripts)
+        close = difflib.get_close_matches(env_id, list(gym.registry), n=1)
+        fail(f"unknown env id '{env_id}'" + (f"; did you mean '{close[0]}'?" if close else ""))
+    cwd, stderr_fd = os.getcwd(), os.dup(2)
+    with tempfile.TemporaryDirectory() as tmp, open(os.devnull, "w") as null, warnings.catch_warnings(action="ignore"):
+        os.chdir(tmp), os.dup2(null.fileno(), 2)
+        try:
+            with gym.make(env_id) as env:
+                return env.observation_space, env.action_space
+        except Exception as e:
+            error = f"cannot make env '{env_id}': {type(e).__name__}: {(str(e).strip() or ' ').splitlines()[0]}"
+        finally:
+            os.dup2(stderr_fd, 2), os.close(stderr_fd), os.chdir(cwd)
+    fail(error)
+
+
+def check_ranges(args, rules: dict):
+    """Fail on the first flag outside its range; a rule is a condition on x, the flag's value (e.g. "0 <= x <= 1")."""
+    rules = {"total_timesteps": "x >= 1", "eval_episodes": "x >= 0", "eval_every": "x >= 0",
+             "checkpoint_every": "x >= 1", **rules}
+    for name, rule in rules.items():
+        if (x := getattr(args, name)) is not None and not eval(rule, {"x": x}):  # the rules are literals of this file
+            fail(f"--{name.replace('_', '-')} {x} is out of range: it must satisfy {rule}")
+
+
+def sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def start_run(args, check_args):
+    """Resume (--resume DIR: the run's saved flags; --total-timesteps may extend it), check the flags, choose the run
+    directory (a new run never writes into one that holds files), seed everything. Returns (args, checkpoint, dir).
+    A checkpoint is data: its SHA-256 must match checkpoint.sha256, and it is read with weights_only=True."""
+    ckpt = None
+    if args.resume:
+        path = Path(args.resume) / "checkpoint.pt"
+        if not path.is_file():
+            fail(f"no checkpoint at {path}; pass the run directory of an earlier {SCRIPT} run")
+        try:
+            if sha256(path) != (path.parent / "checkpoint.sha256").read_text().strip():
+                raise ValueError("its SHA-256 differs from checkpoint.sha256")
+            ckpt = torch.load(path, weights_only=True)
+            saved = Args(**ckpt["args"])
+        except Exception as e:
+            fail(f"{path} is corrupt or not a {SCRIPT} checkpoint ({type(e).__name__}); delete it or start anew")
+        given = [k for k, v in asdict(args).items() if v != getattr(Args(), k) and k not in ("resume", "run_dir")]
+        if "total_timesteps" in given:
+            if args.total_timesteps < ckpt["global_step"]:
+                fail(f"--total-timesteps {args.total_timesteps} is below the {ckpt['global_step']} steps already done")
+            print(f"resume: --total-timesteps {args.total_timesteps} (was {saved.total_timesteps})", file=sys.stderr)
+            saved.total_timesteps = args.total_timesteps
+        elif ckpt["finished"]:
+            print(f"the run in {path.parent} is finished; give a larger --total-timesteps to extend it")
+            sys.exit(0)
+        if ignored := [f"--{k.replace('_', '-')}" for k in given if k != "total_timesteps"]:
+            print(f"resume: the run's saved flags are kept; ignored: {' '.join(ignored)}", file=sys.stderr)
+        args = saved
+        args.resume = args.run_dir = str(path.parent)
+    check_args(args)
+    name = f"{args.env_id.replace('/', '-')}__{SCRIPT[:-3]}__{args.seed}__{time.time():.0f}"
+    run_dir = Path(args.run_dir or f"runs/{name}")
+    if run_dir.exists() and not run_dir.is_dir():
+        fail(f"--run-dir {run_dir} is a file; pass a directory")
+    if ckpt is None and run_dir.is_dir() and any(run_dir.iterdir()):
+        if (run_dir / "metrics.csv").is_file():
+            fail(f"--run-dir {run_dir} holds a run; continue it with --resume {run_dir} or choose a new --run-dir")
+        fail(f"--run-dir {run_dir} is not empty and holds no run; choose a new --run-dir")
+    random.seed(args.seed), np.random.seed(args.seed), torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    torch.set_num_threads(1 if args.torch_deterministic else torch.get_num_threads())  # 1: fastest for small nets
+    return args, ckpt, run_dir
+
+
+def load_states(stateful: dict, ckpt: dict, run_dir: Path):
+    """Resume every object of `stateful` ({name: object with load_state_dict}) from the checkpoint."""
+    for name, obj in stateful.items():
+        try:
+            obj.load_state_dict(ckpt[name])
+        except Exception as e:
+            fail(f"{run_dir / 'checkpoint.pt'} does not fit this run's {name} ({type(e).__name__}); start anew")
+
+
+def plain(obj):
+    """obj with numpy arrays as tensors and numpy scalars as numbers: what torch.load(weights_only=True) reads."""
+    if isinstance(obj, dict):
+        return {k: plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(plain(v) for v in obj)
+    return torch.from_numpy(obj) if isinstance(obj, np.ndarray) else obj.item() if isinstance(obj, np.generic) else obj
+
+
+class RNGs:
+    """torch's global generator and the given numpy Generators, checkpointed as one object."""
+
+    def __init__(self, *np_rngs: np.random.Generator):
+        self.np_rngs = np_rngs
+
+    def state_dict(self):
+        return {"torch": torch.get_rng_state(), "numpy": [rng.bit_generator.state for rng in self.np_rngs]}
+
+    def load_state_dict(self, state):
+        torch.set_rng_state(state["torch"])
+        for rng, rng_state in zip(self.np_rngs, state["numpy"], strict=True):
+            rng.bit_generator.state = rng_state
+
+
+class RunLogger:
+    """What a run shows and leaves behind: config.json, metrics.csv (global_step, wall_time, name, value; append-only),
+    TensorBoard events, a wandb run with --track, the progress bar, checkpoint.pt. Resuming drops the rows logged after
+    the checkpoint (those steps are redone): no step is logged twice. The training clock stops during evaluations.
+    Ctrl-C sets stop_requested: the script finishes its iteration, saves it and calls exit_interrupted()."""
+
+    def __init__(self, args, run_dir: Path, total: int, step: int, resuming: bool):
+        run_dir.mkdir(parents=True, exist_ok=True)
+        metrics, header = run_dir / "metrics.csv", "global_step,wall_time,name,value\n"
+        if resuming:
+            lines = metrics.read_text().splitlines(keepends=True)[1:] if metrics.is_file() else []
+            (run_dir / "metrics.tmp").write_text(header + "".join(ln for ln in lines if int(ln.split(",")[0]) <= step))
+            os.replace(run_dir / "metrics.tmp", metrics)
+        else:
+            git = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ALGOS)
+            config = {"script": SCRIPT, "args": asdict(args), "git_commit": git.stdout.strip() or None,
+                      "versions": {p: version(p) for p in ("torch", "gymnasium", "numpy")}}
+            (run_dir / "config.json").write_text(json.dumps(config, indent=2))
+            metrics.write_text(header)
+        if total != args.total_timesteps:
+            print(f"{total:,} steps will run: whole iterations up to --total-timesteps {args.total_timesteps:,}")
+        self.args, self.run_dir, self.wandb = args, run_dir, None
+        if args.track:  # before the SummaryWriter: wandb syncs only the writers created after wandb.init
+            import wandb
+            self.wandb = wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=asdict(args),
+                                    name=run_dir.name, dir=str(run_dir), sync_tensorboard=True, id=run_dir.name,
+                                    resume="allow")
+        self.file = open(metrics, "a", newline="")
+        self.csv, self.tb = csv.writer(self.file, lineterminator="\n"), SummaryWriter(str(run_dir))
+        self.bar = tqdm(total=total, initial=step, unit="step", mininterval=1.0)
+        self.first_step, self.start, self.eval_seconds, self.last_return = step, time.time(), 0.0, float("nan")
+        self.stop_requested = False
+        signal.signal(signal.SIGINT, self.request_stop)
+
+    def request_stop(self, *_):
+        self.stop_requested = True
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C stops at once, unsaved
+        print("\nCtrl-C: stopping after this iteration (again: at once, without saving it)", file=sys.stderr)
+
+    def log(self, step: int, metrics: dict):
+        for name, value in metrics.items():
+            value = float(value.detach() if torch.is_tensor(value) else value)  # a loss may still require grad
+            self.csv.writerow([step, f"{time.time():.3f}", name, repr(value)])
+            self.tb.add_scalar(name, value, step)
+        self.file.flush()
+
+    def progress(self, step: int):
+        """Log charts/sps (environment steps per training second) and update the progress bar."""
+        sps = int((step - self.first_step) / max(time.time() - self.start - self.eval_seconds, 1e-9))
+        self.log(step, {"charts/sps": sps})
+        self.bar.update(step - self.bar.n)
+        self.bar.set_postfix(sps=sps, ret=f"{self.last_return:.1f}", refresh=False)
+
+    def evaluate(self, step: int, run_episodes):
+        """Log charts/train_seconds, then one row per episode of run_episodes(): a list of episodic returns (logged as
+        eval/episodic_return) or a dict {metric name: one value per episode} (multi-agent: team return, win)."""
+        self.log(step, {"charts/train_seconds": time.time() - self.start - self.eval_seconds})
+        start, results = time.time(), run_episodes()
+        self.eval_seconds += time.time() - start
+        for name, values in (results if isinstance(results, dict) else {"eval/episodic_return": results}).items():
+            for value in values:
+                self.log(step, {name: value})
+        return results
+
+    def save_checkpoint(self, stateful: dict, iteration: int, global_step: int, finished: bool = False):
+        """checkpoint.pt: the flags, the counters and the state_dict() of every object of `stateful`, written then
+        renamed (a crash never leaves half a checkpoint), and its SHA-256 in checkpoint.sha256."""
+        state = {"args": asdict(self.args), "iteration": iteration, "global_step": global_step, "finished": finished,
+                 **{name: obj.state_dict() for name, obj in stateful.items()}}
+        torch.save(plain(state), self.run_dir / "checkpoint.tmp")
+        digest = sha256(self.run_dir / "checkpoint.tmp")
+        os.replace(self.run_dir / "checkpoint.tmp", self.run_dir / "checkpoint.pt")
+        (self.run_dir / "checkpoint.sha256").write_text(digest + "\n")
+
+    def close_files(self):
+        self.bar.close(), self.file.close(), self.tb.close()
+        if self.wandb is not None:
+            self.wandb.finish()
+
+    def exit_interrupted(self):
+        self.close_files()
+        print(f"interrupted: metrics kept, resume with --resume {self.run_dir}", file=sys.stderr)
+        sys.exit(130)
+
+    def close(self, results):
+        """Close the files; the last lines say the evaluation, where the run is and the script's reference."""
+        self.bar.update(self.bar.total - self.bar.n)
+        self.close_files()
+        for name, values in (results if isinstance(results, dict) else {"eval/episodic_return": results}).items():
+            if len(values):
+                print(f"{name}: {np.mean(values):.2f} +- {np.std(values):.2f} over {len(values)} episodes")
+        print(f"run saved in {self.run_dir}" + (" (model.pt, checkpoint.pt)" if self.args.save_model else
+                                                " (checkpoint.pt)"))
+        path = ALGOS.parent / "benchmark" / "references.toml"  # our multi-seed runs of each script, if present
+        refs = [r for r in (tomllib.loads(path.read_text())["reference"] if path.is_file() else []) if "values" in r and
+                (r["script"], r["env_id"]) == (SCRIPT, self.args.env_id) and r["score"] in ("final_eval",
+                                                                                           "final_win_rate")]
+        for r in sorted(refs, key=lambda r: abs(r["total_timesteps"] - self.args.total_timesteps))[:1]:
+            print(f"reference {r['id']} ({r['total_timesteps']:,} steps, {r['score']}, {len(r['values'])} seeds): "
+                  f"{np.mean(r['values']):.2f} +- {np.std(r['values']):.2f}, lowest seed {min(r['values']):.2f}")
+        if not refs:
+            print(f"no reference for {SCRIPT} on {self.args.env_id} to compare with")
+# ---- end shared: helpers ----
 
 
 if __name__ == "__main__":

@@ -137,8 +137,8 @@ def dqn_atari_update_fns(m):
 
 
 def ppo_atari_update_fns(m):
-    """ppo_atari.py's update: its ppo_loss (clipped surrogate, clipped value, entropy) on a minibatch of 256 stacks,
-    the gradient clipped at norm 0.5."""
+    """ppo_atari.py's update: its minibatch_loss (the forward pass and ppo_loss: clipped surrogate, clipped value,
+    entropy) on a minibatch of 256 stacks, the gradient clipped at norm 0.5."""
     import torch
     agent = m.Agent(4)
     optimizer = torch.optim.Adam(agent.parameters(), lr=2.5e-4, eps=1e-5, fused=True)
@@ -147,8 +147,8 @@ def ppo_atari_update_fns(m):
              torch.full((n,), -1.386), torch.randn(n), torch.randn(n), torch.randn(n)]
 
     def loss(b_obs, b_actions, b_logprobs, b_advantages, b_returns, b_values):
-        return m.ppo_loss(agent, b_obs, b_actions, b_logprobs, b_advantages, b_returns, b_values, 0.1, 0.01, 0.5,
-                          True)[0]
+        return m.minibatch_loss(agent, b_obs, b_actions, b_logprobs, b_values, b_advantages, b_returns, 0.1, 0.01,
+                                0.5, 0.1)[0]
 
     def step(loss_fn):
         optimizer.zero_grad()

@@ -1,8 +1,16 @@
-"""Run an algos/ script as a subprocess and read what it left behind."""
+"""Run an algos/ script as a subprocess (a fresh process, or a child forked from a parent that has already imported
+torch and the rest) and read what it left behind."""
 import csv
+import json
+import locale
 import os
+import select
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
+import threading
 from collections import defaultdict
 from pathlib import Path
 
@@ -36,11 +44,356 @@ def script_command(script: str, flags: list[str], run_dir: Path | str | None) ->
 
 
 def run_script(script: str, flags: list[str], run_dir: Path | str | None = None, timeout: float | None = None,
-               cwd: Path | str = ROOT, **env) -> subprocess.CompletedProcess:
+               cwd: Path | str = ROOT, fork: bool = False, **env) -> subprocess.CompletedProcess:
     """Run `python algos/<script> <flags> --run-dir <run_dir>` in `cwd` with the extra environment variables `env`;
-    stdout and stderr are captured as text."""
-    return subprocess.run(script_command(script, flags, run_dir), capture_output=True, text=True, timeout=timeout,
-                          cwd=cwd, env=run_env(**env))
+    stdout and stderr are captured as text. fork=True: the run is a child of this process's fork server (see
+    start_script), the same run without the seconds of start-up; a timeout kills the run and raises TimeoutExpired
+    either way."""
+    if not fork:
+        return subprocess.run(script_command(script, flags, run_dir), capture_output=True, text=True,
+                              timeout=timeout, cwd=cwd, env=run_env(**env))
+    proc = start_script(script, flags, run_dir, cwd=cwd, fork=True, **env)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        stdout, stderr = proc.communicate()
+        raise subprocess.TimeoutExpired(proc.args, timeout, output=stdout, stderr=stderr) from None
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+
+
+def start_script(script: str, flags: list[str], run_dir: Path | str | None = None, cwd: Path | str = ROOT,
+                 fork: bool = False, **env):
+    """Start algos/<script> without waiting for it: a subprocess.Popen (fork=False), or a ForkedProcess (fork=True),
+    which has the same pid, poll, wait, send_signal, terminate, kill, communicate and returncode. stdout and stderr
+    come back as text from communicate(). SIGINT is Python's default in the run (Ctrl-C raises KeyboardInterrupt),
+    even where the shell that started the tests ignores it."""
+    cmd, env = script_command(script, flags, run_dir), run_env(**env)
+    if fork:
+        return fork_server().start(cmd, cwd, env)
+    return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_default_sigint)
+
+
+def _default_sigint():
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # Python then installs its KeyboardInterrupt handler
+
+
+# ---- the fork server ----
+# Most of a short script run is start-up: importing torch (with torch._dynamo, which the first optimizer step imports)
+# and gymnasium costs more than a smoke run's training, and so does exiting with torch loaded. The fork server is one
+# process per test worker that has imported these once; each run is a child forked from it that runs the script with
+# runpy under the run's argv, working directory, environment and file-descriptor-level stdout/stderr, and reports its
+# exit status as a fresh process would (SystemExit codes, 1 and a traceback for an uncaught exception, death by
+# SIGINT for an uncaught KeyboardInterrupt). What forking cannot give: unseeded random state (numpy's, torch's, the
+# hash seed) is the same in every child, so a determinism check needs one fresh process; environment variables read
+# at import or at start-up come from the server (FORK_IMPORT_ENV and PYTHON* may not differ); the server imports only
+# what a script would import anyway and nothing that changes a registry (ale_py registers ALE ids in gymnasium);
+# the imports must print nothing (a fresh process would print it on every run) and start no thread (fork keeps only
+# the forking thread), or the server refuses to start. CUDA is never initialised in the server.
+FORK_PRELOAD = ("numpy", "torch", "torch._dynamo", "torch.utils.tensorboard", "gymnasium", "tyro", "tqdm",
+                "gymnasium.envs.mujoco", "stable_baselines3.common.atari_wrappers", "pettingzoo", "mpe2", "smac_lite",
+                "imageio.v2", "envpool")
+FORK_IMPORT_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "MUJOCO_GL", "PYOPENGL_PLATFORM")
+_SERVER, _SERVER_LOCK = None, threading.Lock()
+
+
+def fork_server() -> "ForkServer":
+    """This process's fork server, started on first use (a few seconds: the imports) and stopped at exit."""
+    global _SERVER
+    with _SERVER_LOCK:
+        if _SERVER is None or _SERVER.proc.poll() is not None:
+            _SERVER = ForkServer()
+        return _SERVER
+
+
+class ForkServer:
+    """The client side: starts `python benchmark/runs.py --fork-server <modules>` and talks to it in JSON lines over
+    its stdin/stdout. Requests: {"run": id, "argv", "cwd", "env", "stdout", "stderr"} (answered {"started": id,
+    "pid"}) and {"signal": id, "signum"} (sent by the server only while that child is unreaped, so never to a reused
+    pid). The server also sends {"exit": id, "returncode"} when a child ends."""
+
+    def __init__(self, preload=FORK_PRELOAD):
+        import atexit
+        self.log = tempfile.TemporaryFile()  # the server's own stderr, shown if it dies
+        self.env = run_env()
+        self.proc = subprocess.Popen([sys.executable, __file__, "--fork-server", *preload], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=self.log, env=self.env, cwd=ROOT)
+        self.lock, self.buffer, self.started, self.exited, self.next_id = threading.Lock(), b"", {}, {}, 0
+        atexit.register(self.close)
+        with self.lock:
+            if not self._receive_until(lambda: "ready" in self.started, timeout=600):
+                self.close()
+                raise RuntimeError("the fork server did not start within 600 s")
+        if problem := self.started.pop("ready"):
+            self.close()
+            raise RuntimeError(f"the fork server cannot fork script runs: {problem}")
+
+    def _died(self) -> RuntimeError:
+        self.log.seek(0)
+        return RuntimeError("the fork server died: " + self.log.read().decode(errors="replace")[-3000:])
+
+    def _send(self, message: dict):
+        try:
+            self.proc.stdin.write(json.dumps(message).encode() + b"\n")
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            raise self._died() from None
+
+    def _receive_until(self, done, timeout: float | None) -> bool:
+        """Read the server's messages until done() (True) or the timeout (False). Hold self.lock."""
+        import time
+        deadline = None if timeout is None else time.monotonic() + timeout
+        fd = self.proc.stdout.fileno()
+        while not done():
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not select.select([fd], [], [], left)[0]:
+                return False
+            data = os.read(fd, 1 << 16)
+            if not data:
+                raise self._died()
+            self.buffer += data
+            *lines, self.buffer = self.buffer.split(b"\n")
+            for line in lines:
+                message = json.loads(line)
+                if "exit" in message:
+                    self.exited[message["exit"]] = message["returncode"]
+                elif "started" in message:
+                    self.started[message["started"]] = message["pid"]
+                elif "ready" in message:
+                    self.started["ready"] = message["problem"]
+        return True
+
+    def start(self, cmd: list[str], cwd, env: dict) -> "ForkedProcess":
+        changed = [k for k in sorted(set(env) | set(self.env)) if (k in FORK_IMPORT_ENV or k.startswith("PYTHON")) and
+                   env.get(k) != self.env.get(k)]
+        if changed:
+            raise ValueError(f"{', '.join(changed)} differ from the fork server's and are read at import: run this "
+                             f"script in a fresh process (fork=False)")
+        out_dir = tempfile.mkdtemp(prefix="forkrun-")
+        with self.lock:
+            run_id, self.next_id = self.next_id, self.next_id + 1
+            self._send({"run": run_id, "argv": [str(c) for c in cmd], "cwd": str(cwd), "env": env,
+                        "stdout": os.path.join(out_dir, "stdout"), "stderr": os.path.join(out_dir, "stderr")})
+            self._receive_until(lambda: run_id in self.started, timeout=None)
+            pid = self.started.pop(run_id)
+        return ForkedProcess(self, cmd, run_id, pid, out_dir)
+
+    def returncode(self, run_id: int, timeout: float | None) -> int | None:
+        """The run's exit status once it has ended (within timeout seconds), else None."""
+        with self.lock:
+            self._receive_until(lambda: run_id in self.exited, timeout)
+            return self.exited.pop(run_id, None)
+
+    def signal(self, run_id: int, signum: int):
+        with self.lock:
+            self._send({"signal": run_id, "signum": int(signum)})
+
+    def close(self):
+        """Stop the server: it kills the children still running."""
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.close()
+            except BrokenPipeError:
+                pass
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+class ForkedProcess:
+    """A script run forked by the fork server, used like the subprocess.Popen of start_script."""
+
+    def __init__(self, server: ForkServer, args: list[str], run_id: int, pid: int, out_dir: str):
+        self.server, self.args, self.run_id, self.pid, self.out_dir = server, args, run_id, pid, out_dir
+        self.returncode = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.returncode = self.server.returncode(self.run_id, timeout=0)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            self.returncode = self.server.returncode(self.run_id, timeout)
+            if self.returncode is None:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+        return self.returncode
+
+    def send_signal(self, signum: int):
+        if self.poll() is None:
+            self.server.signal(self.run_id, signum)
+
+    def terminate(self):
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self):
+        self.send_signal(signal.SIGKILL)
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, str]:
+        """Wait for the run to end; its (stdout, stderr) as text, decoded as subprocess does with text=True."""
+        self.wait(timeout)
+        outputs = []
+        for name in ("stdout", "stderr"):
+            with open(os.path.join(self.out_dir, name), "rb") as f:
+                text = f.read().decode(locale.getpreferredencoding(False))
+            outputs.append(text.replace("\r\n", "\n").replace("\r", "\n"))
+        shutil.rmtree(self.out_dir, ignore_errors=True)
+        return outputs[0], outputs[1]
+
+    def __del__(self):
+        shutil.rmtree(self.out_dir, ignore_errors=True)
+
+
+def _serve(preload: list[str]):
+    """The server: import `preload`, then fork one child per run request until stdin closes (the client is gone),
+    then kill the children still running."""
+    import gc
+    import importlib
+    import traceback
+    requests, replies = os.dup(0), os.dup(1)  # fds 0 and 1 are the protocol; a child gets its own 0, 1 and 2
+    null = os.open(os.devnull, os.O_RDWR)
+    stderr = os.dup(2)
+    problem = None
+    with tempfile.TemporaryFile() as printed:  # what the imports print: a fresh process would print it every run
+        os.dup2(null, 0), os.dup2(printed.fileno(), 1), os.dup2(printed.fileno(), 2)
+        for name in preload:
+            try:
+                importlib.import_module(name)
+            except ImportError:  # an optional package (envpool): a script that needs it fails as it would fresh
+                pass
+            except Exception:
+                problem = f"importing {name} failed:\n{traceback.format_exc()}"
+        sys.stdout.flush(), sys.stderr.flush()
+        printed.seek(0)
+        if text := printed.read().decode(errors="replace"):
+            problem = problem or f"importing {' '.join(preload)} printed (a fresh run would print it too):\n{text}"
+    os.dup2(stderr, 1), os.dup2(stderr, 2), os.close(stderr)
+    if (threads := len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else
+            threading.active_count()) > 1:
+        problem = problem or f"importing {' '.join(preload)} started {threads - 1} threads, which a fork loses"
+
+    def reply(message: dict):
+        os.write(replies, json.dumps(message).encode() + b"\n")
+
+    reply({"ready": True, "problem": problem})
+    if problem:
+        return
+    wake_read, wake_write = os.pipe()
+    os.set_blocking(wake_read, False), os.set_blocking(wake_write, False)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the terminal's Ctrl-C: the server goes when its client goes
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.set_wakeup_fd(wake_write)
+    live, buffer = {}, b""  # {pid: run id} of the children not reaped yet
+    while True:
+        ready = select.select([requests, wake_read], [], [])[0]
+        if wake_read in ready:
+            while True:
+                try:
+                    os.read(wake_read, 4096)
+                except BlockingIOError:
+                    break
+        while live:  # reap every child that ended
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                break
+            reply({"exit": live.pop(pid), "returncode": os.waitstatus_to_exitcode(status)})
+        if requests not in ready:
+            continue
+        data = os.read(requests, 1 << 16)
+        if not data:
+            for pid in live:
+                os.kill(pid, signal.SIGKILL)
+            return
+        *lines, buffer = (buffer + data).split(b"\n")
+        for line in lines:
+            request = json.loads(line)
+            if "signal" in request:
+                for pid in [pid for pid, run_id in live.items() if run_id == request["signal"]]:
+                    os.kill(pid, request["signum"])
+                continue
+            sys.stdout.flush(), sys.stderr.flush()
+            gc.freeze()  # the server's objects stay out of the children's garbage collections (which would copy them)
+            pid = os.fork()
+            if pid == 0:
+                _child(request, close=(requests, replies, null, wake_read, wake_write))
+            live[pid] = request["run"]
+            reply({"started": request["run"], "pid": pid})
+
+
+def _script_traceback(e: BaseException, script: str):
+    """The traceback of e from the script's frames on, without _child's and runpy's, as a fresh process prints it."""
+    tb = e.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename != script:
+        tb = tb.tb_next
+    return tb or e.__traceback__
+
+
+def _child(request: dict, close: tuple):
+    """A forked run: `python <argv[1]> <argv[2:]>` as a fresh interpreter would run it, then os._exit."""
+    code, interrupted = 1, False
+    try:
+        import atexit
+        import gc
+        import runpy
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        for fd in close:
+            os.close(fd)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+        out = os.open(request["stdout"], flags, 0o644)
+        err = out if request["stderr"] == request["stdout"] else os.open(request["stderr"], flags, 0o644)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0), os.dup2(out, 1), os.dup2(err, 2)
+        for fd in {null, out, err}:
+            os.close(fd)
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        script = request["argv"][1]
+        sys.argv = request["argv"][1:]
+        sys.path[0] = os.path.dirname(os.path.abspath(script))
+        try:
+            runpy.run_path(script, run_name="__main__")
+            code = 0
+        except SystemExit as e:  # as Python's handle_system_exit
+            if e.code is None:
+                code = 0
+            elif isinstance(e.code, int):
+                code = e.code & 0xFF
+            else:
+                print(e.code, file=sys.stderr)
+                code = 1
+        except KeyboardInterrupt as e:  # Python prints the traceback, then dies of SIGINT
+            sys.excepthook(type(e), e, e.with_traceback(_script_traceback(e, script)).__traceback__)
+            interrupted = True
+        except BaseException as e:
+            sys.excepthook(type(e), e, e.with_traceback(_script_traceback(e, script)).__traceback__)
+            code = 1
+        # the rest of an interpreter's exit: join non-daemon threads, run atexit functions, collect garbage (its
+        # __del__ methods close files), flush stdout and stderr
+        threading._shutdown()
+        atexit._run_exitfuncs()
+        gc.collect()
+    except BaseException:
+        try:
+            import traceback
+            traceback.print_exc()
+        except BaseException:
+            pass
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except BaseException:
+                pass
+        if interrupted:
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGINT)
+        os._exit(code)
 
 
 def read_rows(run_dir: Path | str) -> list[dict]:
@@ -136,3 +489,7 @@ def git_commit() -> str:
     """The short commit of this checkout, saying so when tracked files have uncommitted changes."""
     commit, dirty = git_head()
     return commit + (" with uncommitted changes to " + ", ".join(dirty) if dirty else "")
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--fork-server"]:
+    _serve(sys.argv[2:])

@@ -36,32 +36,30 @@ from benchmark.runs import load_script  # noqa: E402
 
 def ppo_same(a) -> tuple[int, dict]:
     """ppo.py's Args -> (n_envs, SB3 PPO kwargs) with the same hyperparameters."""
-    lin = (lambda x: {"linear": x}) if a.anneal_lr else (lambda x: x)
     return a.num_envs, dict(
         n_steps=a.num_steps, batch_size=a.num_envs * a.num_steps // a.num_minibatches, n_epochs=a.update_epochs,
-        learning_rate=lin(a.learning_rate), clip_range=lin(a.clip_coef), gamma=a.gamma, gae_lambda=a.gae_lambda,
+        learning_rate={"linear": a.learning_rate} if a.anneal_lr else a.learning_rate,
+        clip_range={"linear": a.clip_coef} if a.anneal_clip else a.clip_coef, gamma=a.gamma, gae_lambda=a.gae_lambda,
         ent_coef=a.ent_coef, vf_coef=a.vf_coef, max_grad_norm=a.max_grad_norm, target_kl=a.target_kl,
         policy_kwargs={"net_arch": {"pi": [64, 64], "vf": [64, 64]}, "activation_fn": "Tanh"})
 
 
 def ppo_continuous_same(a) -> tuple[int, dict]:
-    """ppo_continuous.py's Args -> (n_envs, SB3 PPO kwargs): ppo.py's mapping but a constant clip coefficient
-    (only the learning rate is annealed, as CleanRL), the value clipped by it too, observations and rewards
-    normalised (VecNormalize with the same gamma) and SB3's default networks (64x64 tanh, separate)."""
+    """ppo_continuous.py's Args -> (n_envs, SB3 PPO kwargs): ppo.py's mapping, the value clipped by the clip
+    coefficient too, observations and rewards normalised (VecNormalize with the same gamma) and SB3's default networks
+    (64x64 tanh, separate)."""
     n_envs, kw = ppo_same(a)
-    kw["clip_range"] = a.clip_coef
     if a.clip_vloss:
         kw["clip_range_vf"] = a.clip_coef
     return n_envs, {**kw, "normalize": True}
 
 
 def ppo_atari_same(a) -> tuple[int, dict]:
-    """ppo_atari.py's Args -> (n_envs, SB3 PPO kwargs): ppo.py's mapping with the clip coefficient annealed only if
-    ours anneals it, the value clipped by it too, and SB3's CnnPolicy (the Nature CNN shared by both heads, as ours)
-    on SB3's AtariWrapper with 4-frame stacks."""
+    """ppo_atari.py's Args -> (n_envs, SB3 PPO kwargs): ppo.py's mapping, the value clipped by the clip coefficient
+    too, and SB3's CnnPolicy (the Nature CNN shared by both heads, as ours) on SB3's AtariWrapper with 4-frame
+    stacks."""
     n_envs, kw = ppo_same(a)
     del kw["policy_kwargs"]
-    kw["clip_range"] = {"linear": a.clip_coef} if a.anneal_clip else a.clip_coef
     if a.clip_vloss:
         kw["clip_range_vf"] = a.clip_coef
     return n_envs, {**kw, "atari": True}
@@ -209,7 +207,7 @@ def evaluate(model, env_id: str, episodes: int, seed: int) -> list[float]:
 
 def evaluate_atari(model, env_id: str, episodes: int, seed: int) -> list[float]:
     """evaluate() for Atari: ppo_atari.py's env ((4, 84, 84) stacks, as SB3's policy takes them) and game loop."""
-    env, returns = load_script("ppo_atari.py").make_env(env_id, 0, False, None)(), []
+    env, returns = load_script("ppo_atari.py").make_env(env_id), []
     for ep in range(episodes):
         obs, info = env.reset(seed=seed + ep)
         while "episode" not in info:  # RecordEpisodeStatistics's record of the game, when it ends

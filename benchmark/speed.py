@@ -211,10 +211,10 @@ def ours_time_to_threshold(entry: Entry, seed: int, workdir: Path) -> dict:
 
 def raw_env_sps(env_id: str, num_envs: int, seconds: float = 3.0, script: str | None = None) -> float:
     """Random actions in a gymnasium SyncVectorEnv (same-step autoreset, as our scripts): the ceiling. The envs are
-    gym.make(env_id), or with `script` that script's make_env(env_id, ...) (e.g. its Atari preprocessing)."""
+    gym.make(env_id), or with `script` that script's make_env(env_id) (e.g. its Atari preprocessing)."""
     import gymnasium as gym
     import numpy as np
-    make = load_script(script).make_env(env_id, 0, False, None) if script else lambda: gym.make(env_id)
+    make = (lambda: load_script(script).make_env(env_id)) if script else lambda: gym.make(env_id)
     envs = gym.vector.SyncVectorEnv([make for _ in range(num_envs)],
                                     autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     envs.reset(seed=0)

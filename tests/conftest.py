@@ -57,12 +57,25 @@ WRONG_ENV = {s: ("Hopper-v4", "discrete") if s in DISCRETE else ("CartPole-v1", 
              ("CartPole-v1", "task") if s in MPE else ("CartPole-v1", "continuous") for s in SMOKE}
 # The budget of the Ctrl-C test: long enough that the run is still training when Ctrl-C comes (after its first
 # update), short enough that the resumed run finishes in seconds.
-LONG = {"ppo.py": 30_000, "dqn.py": 30_000, "c51.py": 30_000, "dqn_atari.py": 1500, "ddqn_atari.py": 1500,
-        "c51_atari.py": 1500, "iqn_atari.py": 1500, "ppo_atari.py": 1536,
-        "ppo_atari_envpool.py": 1536, "sac_atari.py": 1500, "ppo_continuous.py": 4096,
+LONG = {"ppo.py": 30_000, "dqn.py": 10_000, "c51.py": 10_000, "dqn_atari.py": 800, "ddqn_atari.py": 800,
+        "c51_atari.py": 800, "iqn_atari.py": 800, "ppo_atari.py": 1536,
+        "ppo_atari_envpool.py": 1536, "sac_atari.py": 800, "ppo_continuous.py": 4096,
         "ddpg_continuous.py": 2000, "sac_continuous.py": 2000, "td3_continuous.py": 2000,
         "mappo_smac_lite.py": 8192, "ippo_smac_lite.py": 8192, "qmix_smac_lite.py": 8000, "vdn_smac_lite.py": 8000,
         "mappo_mpe.py": 8000, "ippo_mpe.py": 8000, "maddpg_mpe.py": 8000}
+
+
+# Families of scripts by the env code they share (the env check and its errors; the shared blocks are byte-identical in
+# every script): behaviour of the shared blocks is tested on one representative per family (tests/test_cli.py), and
+# every script holds the blocks and calls them (tests/test_shared_blocks.py).
+FAMILY = {**{s: "classic" for s in ("ppo.py", "dqn.py", "c51.py")},
+          **{s: "atari" for s in ("dqn_atari.py", "ddqn_atari.py", "c51_atari.py", "iqn_atari.py", "sac_atari.py",
+                                  "ppo_atari.py", "ppo_atari_envpool.py")},
+          **{s: "continuous" for s in ("ppo_continuous.py", "ddpg_continuous.py", "sac_continuous.py",
+                                       "td3_continuous.py")},
+          **{s: "smac_lite" for s in SMAC_LITE}, **{s: "mpe" for s in MPE}}
+REPRESENTATIVE = {"classic": "ppo.py", "atari": "dqn_atari.py", "continuous": "sac_continuous.py",
+                  "smac_lite": "mappo_smac_lite.py", "mpe": "maddpg_mpe.py"}
 
 
 def smoke_env(script: str) -> str:

@@ -29,21 +29,29 @@ def test_gae_with_lambda_one_is_the_discounted_return():
     assert torch.allclose(ret, expected, atol=1e-6)
 
 
+def ppo_loss_at(module, agent, obs, actions, old_logprobs, advantages, returns, clip_coef, ent_coef, vf_coef,
+                old_values=None):
+    """module.ppo_loss on the agent's forward pass (value clipped by clip_coef around old_values where given)."""
+    _, logprob, entropy, value = agent.get_action_and_value(obs, actions)
+    return module.ppo_loss(logprob, entropy, value, old_logprobs, old_values, advantages, returns, clip_coef, ent_coef,
+                           vf_coef, clip_vloss=None if old_values is None else clip_coef)
+
+
 def test_ppo_loss_at_the_old_policy_and_clipping():
     torch.manual_seed(0)
     agent, obs = ppo.Agent(4, 3), torch.randn(64, 4)
     with torch.no_grad():
         actions, logprobs, _, values = agent.get_action_and_value(obs)
     adv, ret = torch.randn(64), torch.randn(64)
-    loss, stats = ppo.ppo_loss(agent, obs, actions, logprobs, adv, ret, clip_coef=0.2, ent_coef=0.0, vf_coef=0.5)
+    loss, stats = ppo_loss_at(ppo, agent, obs, actions, logprobs, adv, ret, clip_coef=0.2, ent_coef=0.0, vf_coef=0.5)
     # ratio = 1: the surrogate is -mean(advantage), nothing is clipped, the KL estimate is 0
     assert stats["policy_loss"] == pytest.approx(-adv.mean().item(), abs=1e-6)
     assert stats["clipfrac"] == 0 and abs(stats["approx_kl"]) < 1e-6
     assert loss.item() == pytest.approx(-adv.mean().item() + 0.5 * 0.5 * ((values - ret) ** 2).mean().item(), abs=1e-5)
     # old log-probs 1 lower: ratio e > 1 + clip; positive advantages are clipped at 1.2, negative ones are not
-    _, stats = ppo.ppo_loss(agent, obs, actions, logprobs - 1, torch.ones(64), ret, 0.2, 0.0, 0.5)
+    _, stats = ppo_loss_at(ppo, agent, obs, actions, logprobs - 1, torch.ones(64), ret, 0.2, 0.0, 0.5)
     assert stats["policy_loss"] == pytest.approx(-1.2, abs=1e-5) and stats["clipfrac"] == 1
-    _, stats = ppo.ppo_loss(agent, obs, actions, logprobs - 1, -torch.ones(64), ret, 0.2, 0.0, 0.5)
+    _, stats = ppo_loss_at(ppo, agent, obs, actions, logprobs - 1, -torch.ones(64), ret, 0.2, 0.0, 0.5)
     assert stats["policy_loss"] == pytest.approx(np.e, abs=1e-5)
 
 
@@ -100,9 +108,9 @@ def test_gaussian_policy_log_prob_and_clipped_value_loss():
     assert torch.allclose(entropy, torch.full((16,), 2 * (0.5 + 0.5 * np.log(2 * np.pi) - 0.5)), atol=1e-5)
     # value clipping (ppo2): with old values far from the returns, the clipped error is the larger one and counts
     returns, old_values = values + 10.0, values - 5.0
-    _, clipped = ppo_continuous.ppo_loss(agent, obs, actions, logprobs, torch.zeros(16), returns, 0.2, 0.0, 0.5,
-                                         old_values)
-    _, plain = ppo_continuous.ppo_loss(agent, obs, actions, logprobs, torch.zeros(16), returns, 0.2, 0.0, 0.5)
+    _, clipped = ppo_loss_at(ppo_continuous, agent, obs, actions, logprobs, torch.zeros(16), returns, 0.2, 0.0, 0.5,
+                             old_values)
+    _, plain = ppo_loss_at(ppo_continuous, agent, obs, actions, logprobs, torch.zeros(16), returns, 0.2, 0.0, 0.5)
     assert plain["value_loss"] == pytest.approx(0.5 * 100.0, rel=1e-5)
     assert clipped["value_loss"] == pytest.approx(0.5 * (10.0 + 5.0 - 0.2) ** 2, rel=1e-5)
 

@@ -1,4 +1,7 @@
-"""determinism tier: the same seed on CPU gives the same metrics.csv, wall-clock columns aside."""
+"""determinism tier: the same seed on CPU gives the same metrics.csv, wall-clock columns aside. One run of each pair is
+a fresh process and the other is forked from the fork server, whose children all start from the same unseeded random
+state: two forked runs would agree even where a script forgets to seed something, a fresh one and a forked one do not
+(and they show that forking changes nothing a run logs)."""
 from benchmark.runs import read_rows, run_script
 from conftest import SMOKE
 
@@ -10,9 +13,9 @@ def comparable(run_dir):
 
 
 def test_same_seed_same_metrics(smoke_script, tmp_path):
-    for name in ("a", "b"):
-        out = run_script(smoke_script, SMOKE[smoke_script] + ["--seed", "7"], tmp_path / name)
+    for name, fork in (("a", False), ("b", True)):
+        out = run_script(smoke_script, SMOKE[smoke_script] + ["--seed", "7"], tmp_path / name, fork=fork)
         assert out.returncode == 0, out.stderr[-2000:]
     assert comparable(tmp_path / "a") == comparable(tmp_path / "b")
-    other = run_script(smoke_script, SMOKE[smoke_script] + ["--seed", "8"], tmp_path / "c")
+    other = run_script(smoke_script, SMOKE[smoke_script] + ["--seed", "8"], tmp_path / "c", fork=True)
     assert other.returncode == 0 and comparable(tmp_path / "c") != comparable(tmp_path / "a")

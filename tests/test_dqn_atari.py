@@ -1,6 +1,8 @@
 """dqn_atari.py without training: the replay buffer rebuilds exactly the frame stacks the env returned, the Nature CNN's
 shapes, the logged return is the unclipped score of a whole game, MinAtar's frames, --compile computes the same loss,
 and a non-Atari env id is refused."""
+import inspect
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -19,7 +21,8 @@ def test_rebuilt_stacks_equal_the_env_stacks(env_id, limit, tmp_path):
     holds the last transition stored there, and its rebuilt obs and next_obs are the stacks the env returned: the first
     steps of an episode (padded with the first frame), the true final observation of an episode that ended (life lost,
     game over) or was truncated, across the ring's end."""
-    make = m.make_env(env_id, 0, False, None)
+    def make():
+        return m.make_env(env_id)
     envs = gym.vector.SyncVectorEnv([make, lambda: gym.wrappers.TimeLimit(make(), limit)], autoreset_mode=SAME_STEP)
     envs.action_space.seed(0)
     rb = m.ReplayBuffer(80, 2, envs.single_observation_space.shape, np.random.default_rng(0))
@@ -92,7 +95,7 @@ def test_minatar_games_are_drawn_as_84x84_frames_for_the_same_pipeline():
     assert frame.shape == (84, 84) and frame.dtype == np.uint8
     assert (frame[2:10, 2:10] == 63).all() and (frame[74:82, 74:82] == 252).all() and (frame[42:50, 42:50] == 189).all()
     assert frame.sum() == 64 * (63 + 252 + 189) and not frame[:2].any() and not frame[:, 82:].any()
-    env = m.make_env("MinAtar/Breakout-v1", 0, False, None)()
+    env = m.make_env("MinAtar/Breakout-v1")
     assert env.observation_space.shape == (4, 84, 84) and env.spec.max_episode_steps == 10_000
     stack, _ = env.reset(seed=3)
     for _ in range(5):
@@ -122,10 +125,11 @@ def test_compiled_loss_is_the_eager_loss():
 def test_minatar_run_trains_with_compile_and_refuses_video(tmp_path):
     out = run_script("dqn_atari.py", ["--env-id", "MinAtar/Breakout-v1", "--total-timesteps", "400", "--learning-starts",
                                       "100", "--buffer-size", "1000", "--eval-episodes", "2", "--compile"],
-                     tmp_path / "run")
+                     tmp_path / "run", fork=True)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "eval/episodic_return" in (tmp_path / "run" / "metrics.csv").read_text()
-    out = run_script("dqn_atari.py", ["--env-id", "MinAtar/Breakout-v1", "--capture-video"], tmp_path / "video")
+    out = run_script("dqn_atari.py", ["--env-id", "MinAtar/Breakout-v1", "--capture-video"], tmp_path / "video",
+                     fork=True)
     assert out.returncode == 2 and out.stderr.strip().splitlines() == ["error: MinAtar games record no video: drop "
                                                                        "--capture-video"]
     assert not (tmp_path / "video").exists()
@@ -155,7 +159,11 @@ def test_logged_return_is_the_unclipped_score_of_a_whole_game(script):
     """SpaceInvaders: 3 lives, 5 to 30 points an invader. The vector env as in each script that wraps the ALE itself;
     the raw env's rewards are summed beneath every wrapper, and the game's score in final_info must be that sum (the
     learner sees -1/0/1)."""
-    make = load_script(script).make_env("ALE/SpaceInvaders-v5", 0, False, None)
+    make_env = load_script(script).make_env
+    if "video_dir" in inspect.signature(make_env).parameters:  # the template's make_env(env_id, video_dir=None)
+        make = lambda: make_env("ALE/SpaceInvaders-v5")  # noqa: E731
+    else:  # ppo_atari.py until it takes the template's make_env
+        make = make_env("ALE/SpaceInvaders-v5", 0, False, None)
     envs = gym.vector.SyncVectorEnv([make], autoreset_mode=SAME_STEP)
     raw, raw_sum, clipped_sum, lives_lost = envs.envs[0].unwrapped, [0.0], 0.0, 0
     raw_step = raw.step
@@ -194,7 +202,7 @@ def test_evaluation_plays_whole_games_reproducibly():
                                              ("sac_atari.py", "dqn.py")])
 def test_non_atari_env_id_is_refused(script, sibling, tmp_path):
     """A classic-control id (discrete actions, vector observations): one line naming the script to use instead."""
-    out = run_script(script, ["--env-id", "CartPole-v1"], tmp_path / "run")
+    out = run_script(script, ["--env-id", "CartPole-v1"], tmp_path / "run", fork=True)
     lines = out.stderr.strip().splitlines()
     assert out.returncode == 2 and len(lines) == 1 and lines[0].startswith("error:"), out.stderr
     assert "CartPole-v1" in lines[0] and "Atari" in lines[0] and sibling in lines[0]

@@ -49,7 +49,9 @@ def test_dead_agents_carry_no_loss(m):
     active[3:, 1] = 0.0  # agent 1 died at step 3
 
     def loss_of(adv, tgt, old):
-        loss, _ = m.ppo_loss(agent.policy(hidden, avail), value, actions, old, adv, tgt, active, 0.2, 0.01, 1.0)
+        dist = agent.policy(hidden, avail)
+        loss, _ = m.ppo_loss(dist.log_prob(actions), dist.entropy(), value, old, None, adv, tgt, 0.2, 0.01, 1.0,
+                             mask=active)
         return loss
 
     base = loss_of(advantages, targets, old_logprobs)
@@ -147,7 +149,7 @@ def test_maddpg_actions_stay_inside_the_box():
                                   "simple_world_comm_v3", "simple_speaker_listener_v4"])
 def test_maddpg_evaluates_every_kind_of_task_with_team_metrics(task):
     m = load_script("maddpg_mpe.py")
-    env = m.MPEEnvs(task, 1, "cpu")
+    env = m.MPEEnvs(task, 1, "cpu", continuous_actions=True)
     actors = torch.nn.ModuleList(m.Actor(o, a, 8) for o, a in zip(env.obs_dims, env.action_dims))
     results = m.evaluate(actors, task, 2, 0)
     competitive = env.adversary.any()

@@ -39,14 +39,11 @@ def test_agent_maps_uint8_stacks_to_actions_log_probs_entropies_and_values():
 
 
 def test_value_loss_is_clipped_around_the_rollout_values():
-    class Fixed(torch.nn.Module):  # an agent whose value is given, with a uniform policy over 2 actions
-        def get_action_and_value(self, obs, actions):
-            return actions, torch.full((len(obs),), np.log(0.5)), torch.full((len(obs),), np.log(2.0)), obs
     value, old, returns = torch.tensor([1.0, 0.0, 0.0]), torch.tensor([0.0, 0.0, 0.0]), torch.tensor([2.0, 0.5, -1.0])
-    common = (Fixed(), value, torch.zeros(3, dtype=torch.long), torch.full((3,), np.log(0.5)), torch.zeros(3), returns,
-              old, 0.1, 0.0, 1.0)
-    _, plain = m.ppo_loss(*common, False)
-    _, clipped = m.ppo_loss(*common, True)
+    logprob = torch.full((3,), np.log(0.5))  # a uniform policy over 2 actions, at the old policy
+    common = (logprob, torch.full((3,), np.log(2.0)), value, logprob, old, torch.zeros(3), returns, 0.1, 0.0, 1.0)
+    _, plain = m.ppo_loss(*common)
+    _, clipped = m.ppo_loss(*common, clip_vloss=0.1)
     assert plain["value_loss"] == pytest.approx(0.5 * (1.0 + 0.25 + 1.0) / 3)
     # clipped to old +- 0.1 = 0.1 for the first: (0.1 - 2)^2 = 3.61 > 1; others unchanged (value == old)
     assert clipped["value_loss"] == pytest.approx(0.5 * (3.61 + 0.25 + 1.0) / 3)
@@ -55,7 +52,7 @@ def test_value_loss_is_clipped_around_the_rollout_values():
 def test_observations_are_those_of_dqn_atari():
     """Same make_env as dqn_atari.py: the same seeds and actions give the same (4, 84, 84) uint8 stacks."""
     dqn = load_script("dqn_atari.py")
-    ours, theirs = m.make_env("ALE/Breakout-v5", 0, False, None)(), dqn.make_env("ALE/Breakout-v5", 0, False, None)()
+    ours, theirs = m.make_env("ALE/Breakout-v5"), dqn.make_env("ALE/Breakout-v5")
     assert ours.observation_space == theirs.observation_space and ours.observation_space.shape == (4, 84, 84)
     a, _ = ours.reset(seed=3)
     b, _ = theirs.reset(seed=3)
@@ -77,7 +74,8 @@ def test_training_logs_whole_games(tmp_path):
     life) and its score is a non-negative whole number; the greedy evaluation is logged too."""
     run = tmp_path / "run"
     out = run_script("ppo_atari.py", ["--total-timesteps", "1024", "--num-envs", "2", "--num-steps", "64",
-                                      "--num-minibatches", "2", "--update-epochs", "1", "--eval-episodes", "1"], run)
+                                      "--num-minibatches", "2", "--update-epochs", "1", "--eval-episodes", "1"], run,
+                     fork=True)
     assert out.returncode == 0, out.stderr[-2000:]
     from benchmark.runs import read_metrics
     metrics = read_metrics(run)
@@ -91,14 +89,14 @@ def test_training_logs_whole_games(tmp_path):
 
 
 def test_compiled_loss_is_the_eager_loss(tmp_path):
-    """--compile: torch.compile(ppo_loss) gives the eager loss and gradients (to float rounding), and a run with the
+    """--compile: torch.compile(minibatch_loss) gives the eager loss and gradients (to float rounding), and a run with the
     flag trains (the clip coefficient annealed, so a changing float argument does not break it)."""
     torch.manual_seed(0)
     agent, n = m.Agent(4), 64
     batch = (torch.randint(0, 256, (n, 4, 84, 84), dtype=torch.uint8), torch.randint(0, 4, (n,)),
-             torch.full((n,), -1.3), torch.randn(n), torch.randn(n), torch.randn(n), 0.1, 0.01, 0.5, True)
+             torch.full((n,), -1.3), torch.randn(n), torch.randn(n), torch.randn(n), 0.1, 0.01, 0.5, 0.1)
     results = []
-    for fn in (m.ppo_loss, torch.compile(m.ppo_loss)):
+    for fn in (m.minibatch_loss, torch.compile(m.minibatch_loss)):
         agent.zero_grad()
         loss, stats = fn(agent, *batch)
         loss.backward()
@@ -108,7 +106,8 @@ def test_compiled_loss_is_the_eager_loss(tmp_path):
     assert all(torch.allclose(eager_stats[k], comp_stats[k], rtol=1e-4, atol=1e-6) for k in eager_stats)
     assert all(torch.allclose(a, b, rtol=1e-3, atol=1e-6) for a, b in zip(eager_grads, comp_grads))
     out = run_script("ppo_atari.py", ["--total-timesteps", "256", "--num-envs", "2", "--num-steps", "32",
-                                      "--anneal-clip", "--compile", "--eval-episodes", "1"], tmp_path / "run")
+                                      "--anneal-clip", "--compile", "--eval-episodes", "1"], tmp_path / "run",
+                     fork=True)
     assert out.returncode == 0, out.stderr[-2000:]
 
 
@@ -131,7 +130,7 @@ def test_defaults_are_cleanrl_ppo_atari():
 @pytest.mark.parametrize("env_id, words", [("CartPole-v1", ("Atari", "ppo.py")),
                                            ("Hopper-v5", ("discrete", "ppo_continuous.py"))])
 def test_non_atari_env_id_is_refused(env_id, words, tmp_path):
-    out = run_script("ppo_atari.py", ["--env-id", env_id], tmp_path / "run")
+    out = run_script("ppo_atari.py", ["--env-id", env_id], tmp_path / "run", fork=True)
     lines = out.stderr.strip().splitlines()
     assert out.returncode == 2 and len(lines) == 1 and lines[0].startswith("error:"), out.stderr
     assert env_id in lines[0] and all(w in lines[0] for w in words) and not (tmp_path / "run").exists()

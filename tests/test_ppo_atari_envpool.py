@@ -35,7 +35,7 @@ def test_training_logs_whole_games_and_evaluation_is_reproducible(tmp_path):
     run = tmp_path / "run"
     out = run_script("ppo_atari_envpool.py", ["--total-timesteps", "1024", "--num-envs", "2", "--num-steps", "64",
                                               "--num-minibatches", "2", "--update-epochs", "1", "--eval-episodes", "1"],
-                     run)
+                     run, fork=True)
     assert out.returncode == 0, out.stderr[-2000:]
     _, returns = read_metrics(run)["train/episodic_return"]
     _, lengths = read_metrics(run)["train/episodic_length"]
@@ -49,7 +49,7 @@ def test_training_logs_whole_games_and_evaluation_is_reproducible(tmp_path):
 @pytest.mark.parametrize("flags, words", [(["--capture-video"], ("--capture-video", "ppo_atari.py")),
                                           (["--env-id", "CartPole-v1"], ("Atari", "CartPole-v1"))])
 def test_bad_input_is_one_line(flags, words, tmp_path):
-    out = run_script("ppo_atari_envpool.py", flags, tmp_path / "run")
+    out = run_script("ppo_atari_envpool.py", flags, tmp_path / "run", fork=True)
     lines = out.stderr.strip().splitlines()
     assert out.returncode == 2 and len(lines) == 1 and lines[0].startswith("error:"), out.stderr
     assert all(w in lines[0] for w in words) and not (tmp_path / "run").exists()

@@ -48,9 +48,16 @@ def test_the_blocks_hold_the_shared_flags():
         assert f"    {field}:" in args_block
 
 
-def test_the_templates_stay_short():
-    """ppo.py and dqn.py are the templates every other script is copied from: at most 400 lines each, docstring and
-    comments included, so that they read top to bottom. A shared block that grows counts against both."""
-    for name in ("ppo.py", "dqn.py"):
-        lines = len((ALGOS / name).read_text().splitlines())
-        assert lines <= 400, f"{name} has {lines} lines (at most 400)"
+def test_every_script_reads_algorithm_first():
+    """The order a reader meets: Args, the env, networks, losses and buffer, main(); the run plumbing (check_args and
+    the shared helpers) below main(). The first network class sits within the first third of the file."""
+    import re
+    for p in scripts():
+        lines = p.read_text().splitlines()
+        where = {name: next((i for i, line in enumerate(lines) if re.match(pattern, line)), None) for name, pattern in {
+            "args": r"class Args:", "net": r"class \w+\(nn\.Module\)", "main": r"def main\(",
+            "check": r"def check_args\(", "helpers": r"# ---- shared: helpers ----", "run": r"if __name__ =="}.items()}
+        assert None not in where.values(), f"{p.name}: {where}"
+        assert where["args"] < where["net"] < where["main"] < where["check"] < where["helpers"] < where["run"], (
+            f"{p.name}: the order is Args, networks, main(), check_args(), the shared helpers ({where})")
+        assert where["net"] < len(lines) / 3, f"{p.name}: the first network is at line {where['net'] + 1} of {len(lines)}"

@@ -2,7 +2,6 @@
 survives Ctrl-C and resumes."""
 import json
 import signal
-import subprocess
 import time
 
 import numpy as np
@@ -10,7 +9,7 @@ import pytest
 import torch
 
 from benchmark.references import load_references, score
-from benchmark.runs import load_script, read_metrics, read_rows, run_env, run_script, script_command
+from benchmark.runs import load_script, read_metrics, read_rows, run_script, start_script
 from conftest import DISCRETE, LONG, MPE, MULTI_AGENT, SMAC_LITE, SMOKE, smoke_env
 
 
@@ -18,7 +17,7 @@ def rms(saved_stats: dict):
     """A gymnasium RunningMeanStd holding saved statistics (mean, var, count)."""
     from gymnasium.wrappers.utils import RunningMeanStd
     stats = RunningMeanStd(shape=np.shape(saved_stats["mean"]))
-    vars(stats).update(saved_stats)
+    vars(stats).update({k: v.numpy() if torch.is_tensor(v) else v for k, v in saved_stats.items()})  # model.pt: tensors
     return stats
 
 
@@ -75,7 +74,7 @@ RELOAD = {
 
 def test_run_contract_and_saved_model(smoke_script, tmp_path):
     run_dir = tmp_path / "run"
-    out = run_script(smoke_script, SMOKE[smoke_script] + ["--save-model", "--seed", "3"], run_dir)
+    out = run_script(smoke_script, SMOKE[smoke_script] + ["--save-model", "--seed", "3"], run_dir, fork=True)
     assert out.returncode == 0, out.stderr[-2000:]
     assert f"run saved in {run_dir}" in out.stdout, "the last lines say where the run is"
     env_id = smoke_env(smoke_script)
@@ -116,7 +115,7 @@ def test_continuous_scripts_run_on_halfcheetah(script, tmp_path):
     training episode ends within the smoke budget), so the scripts must not rely on one ending."""
     flags = list(SMOKE[script])
     flags[flags.index("--env-id") + 1] = "HalfCheetah-v5"
-    out = run_script(script, flags + ["--save-model"], tmp_path / "run")
+    out = run_script(script, flags + ["--save-model"], tmp_path / "run", fork=True)
     assert out.returncode == 0, out.stderr[-2000:]
     steps, returns = read_metrics(tmp_path / "run")["eval/episodic_return"]
     assert len(returns) == 2 and np.isfinite(returns).all()
@@ -125,7 +124,7 @@ def test_continuous_scripts_run_on_halfcheetah(script, tmp_path):
 
 
 def test_track_offline_wandb(tmp_path):
-    out = run_script("ppo.py", SMOKE["ppo.py"] + ["--track"], tmp_path / "run", WANDB_MODE="offline")
+    out = run_script("ppo.py", SMOKE["ppo.py"] + ["--track"], tmp_path / "run", WANDB_MODE="offline", fork=True)
     assert out.returncode == 0, out.stderr[-2000:]
     assert list((tmp_path / "run" / "wandb").glob("offline-run-*")), "no offline wandb run written"
 
@@ -134,7 +133,7 @@ def test_track_offline_wandb(tmp_path):
 def test_multi_agent_capture_video_saves_the_first_evaluation_episode(script, tmp_path):
     """--capture-video: a GIF of evaluation battle (episode) 0, frame by frame until it ends, in <run_dir>/videos."""
     import imageio.v2 as imageio
-    out = run_script(script, SMOKE[script] + ["--capture-video"], tmp_path / "run")
+    out = run_script(script, SMOKE[script] + ["--capture-video"], tmp_path / "run", fork=True)
     assert out.returncode == 0, out.stderr[-2000:]
     gifs = list((tmp_path / "run" / "videos").glob("*.gif"))
     assert len(gifs) == 1, gifs
@@ -146,9 +145,7 @@ def test_multi_agent_capture_video_saves_the_first_evaluation_episode(script, tm
 def test_ctrl_c_keeps_metrics_and_resume_continues(smoke_script, tmp_path):
     run_dir = tmp_path / "run"
     flags = SMOKE[smoke_script] + ["--total-timesteps", str(LONG[smoke_script]), "--checkpoint-every", "1000000"]
-    # SIG_DFL: a shell that starts CI in the background leaves SIGINT ignored, and Python would keep ignoring it
-    proc = subprocess.Popen(script_command(smoke_script, flags, run_dir), env=run_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = start_script(smoke_script, flags, run_dir, fork=True)  # SIGINT raises KeyboardInterrupt in the run
     deadline = time.time() + 60
     while time.time() < deadline:  # wait until training has logged losses, then press Ctrl-C
         if (run_dir / "metrics.csv").exists() and "losses/" in (run_dir / "metrics.csv").read_text():
@@ -167,7 +164,7 @@ def test_ctrl_c_keeps_metrics_and_resume_continues(smoke_script, tmp_path):
         stored = int(rb["valid"].sum()) if "valid" in rb else rb["pos"]  # dqn_atari: frames, one per step + episode ends
         assert stored == ckpt_step, "a transition stored twice (or lost) across Ctrl-C and resume"
 
-    out = run_script(smoke_script, ["--resume", str(run_dir)])
+    out = run_script(smoke_script, ["--resume", str(run_dir)], fork=True)
     assert out.returncode == 0, out.stderr[-2000:]
     after = read_rows(run_dir)
     kept = [r for r in before if r["global_step"] <= ckpt_step]
@@ -182,10 +179,11 @@ def test_ctrl_c_keeps_metrics_and_resume_continues(smoke_script, tmp_path):
 
 def test_resume_extends_the_budget_and_keeps_the_other_flags(smoke_script, tmp_path):
     run_dir = tmp_path / "run"
-    assert run_script(smoke_script, SMOKE[smoke_script], run_dir).returncode == 0
+    assert run_script(smoke_script, SMOKE[smoke_script], run_dir, fork=True).returncode == 0
     first_end = max(r["global_step"] for r in read_rows(run_dir))
     budget = 2 * int(SMOKE[smoke_script][SMOKE[smoke_script].index("--total-timesteps") + 1])  # twice the first
-    out = run_script(smoke_script, ["--resume", str(run_dir), "--total-timesteps", str(budget), "--gamma", "0.5"])
+    out = run_script(smoke_script, ["--resume", str(run_dir), "--total-timesteps", str(budget), "--gamma", "0.5"],
+                     fork=True)
     assert out.returncode == 0, out.stderr[-2000:]
     assert f"--total-timesteps {budget} (was" in out.stderr and "ignored: --gamma" in out.stderr
     rows = read_rows(run_dir)
