@@ -48,6 +48,12 @@ def _auc_win_rate(metrics):
     return float(np.mean([m for _, m in _eval_means(metrics, "eval/win_rate")]))
 
 
+def eval_curve(metrics, method: str) -> list[tuple[int, float]]:
+    """(step, score) of every evaluation of a run scored by `method` (final_eval, final_win_rate): the values whose
+    last is the run's final score and whose mean is its curve score (AUC_OF[method])."""
+    return _eval_means(metrics, "eval/win_rate" if method == "final_win_rate" else "eval/episodic_return")
+
+
 SCORERS = {"last100_train": _last100_train, "final_eval": _final_eval, "max_eval": _max_eval, "auc_eval": _auc_eval,
            "final_win_rate": _final_win_rate, "auc_win_rate": _auc_win_rate}
 AUC_OF = {"final_eval": "auc_eval", "final_win_rate": "auc_win_rate"}  # a gate's curve score, by its final score
@@ -80,14 +86,17 @@ class Reference:
     auc_values: list[float] | None = None  # per-seed curve scores (AUC_OF[score]) of the runs of `values` (evidence)
     auc_margin: float | None = None  # gates: fail below the lowest auc_values of the evidence minus this margin
     auc_threshold: float | None = None  # derived by load_references: min(evidence.auc_values) - auc_margin
+    eval_steps: list[int] | None = None  # evidence: the steps of its evaluations (every --eval-every and the end)
+    eval_curves: list[list[float]] | None = None  # evidence: each seed's score at each of eval_steps
+    stop_at: int | None = None  # gates: run only to this evaluation of the evidence (see load_references)
 
     @property
     def is_gate(self) -> bool:
         return self.threshold is not None
 
     def command_flags(self, seed: int) -> list[str]:
-        return ["--env-id", self.env_id, "--total-timesteps", str(self.total_timesteps), "--seed", str(seed),
-                *self.flags]
+        return ["--env-id", self.env_id, "--total-timesteps", str(self.stop_at or self.total_timesteps), "--seed",
+                str(seed), *self.flags]
 
 
 def load_references(path: Path = REFERENCES) -> list[Reference]:
@@ -108,6 +117,8 @@ def load_references(path: Path = REFERENCES) -> list[Reference]:
             raise ValueError(f"{e.id}: mean {e.mean} is not the mean of its values ({np.mean(e.values):.2f})")
         if e.auc_values and len(e.auc_values) != n_seeds:
             raise ValueError(f"{e.id}: {len(e.auc_values)} auc_values for {n_seeds} seeds; give one value per seed")
+        if e.eval_curves is not None:
+            _check_curves(e, n_seeds)
     by_id = {e.id: e for e in entries}
     for e in entries:
         if e.auc_margin is None:
@@ -118,8 +129,40 @@ def load_references(path: Path = REFERENCES) -> list[Reference]:
         if list(ev.flags) != list(e.flags) or ev.total_timesteps != e.total_timesteps:
             raise ValueError(f"{e.id}: the gate must run as its evidence ran (same flags and budget) for the curves to "
                              f"compare; evidence {ev.id} has {ev.flags} at {ev.total_timesteps}")
-        e.auc_threshold = min(ev.auc_values) - e.auc_margin
+        if e.stop_at is None:
+            e.auc_threshold = min(ev.auc_values) - e.auc_margin
+        else:
+            e.auc_threshold = _cut_short(e, ev)
     return entries
+
+
+def _check_curves(e: Reference, n_seeds: int):
+    """An evidence entry's curves: one per seed, one value per evaluation step, ending at its values (the final
+    evaluation) with their means at its auc_values."""
+    steps = e.eval_steps or []
+    if len(e.eval_curves) != n_seeds or any(len(c) != len(steps) for c in e.eval_curves) or not steps:
+        raise ValueError(f"{e.id}: eval_curves needs eval_steps and one curve per seed, one value per step")
+    if steps[-1] != e.total_timesteps or steps != sorted(set(steps)):
+        raise ValueError(f"{e.id}: eval_steps must rise and end at the budget ({e.total_timesteps})")
+    if e.values and not np.allclose([c[-1] for c in e.eval_curves], e.values, atol=1e-4):
+        raise ValueError(f"{e.id}: the curves do not end at the per-seed values")
+    if e.auc_values and not np.allclose([np.mean(c) for c in e.eval_curves], e.auc_values, atol=1e-4):
+        raise ValueError(f"{e.id}: the means of the curves are not the auc_values")
+
+
+def _cut_short(gate: Reference, ev: Reference) -> float:
+    """A gate that stops at an evaluation of its evidence (stop_at): valid only for a script whose schedules do not
+    read the budget, so that the first stop_at steps of the evidence runs are what a run of stop_at steps does (the
+    gate's source must say so; tests/test_learning.py checks it on a short run). Every evidence seed must already be
+    at or above the final threshold at stop_at; the curve threshold is the lowest evidence curve score over the
+    evaluations up to stop_at, minus auc_margin."""
+    if not ev.eval_curves or gate.stop_at not in ev.eval_steps:
+        raise ValueError(f"{gate.id}: stop_at {gate.stop_at} must be one of the eval_steps of evidence {ev.id}")
+    upto = ev.eval_steps.index(gate.stop_at) + 1
+    if (lowest := min(c[upto - 1] for c in ev.eval_curves)) < gate.threshold:
+        raise ValueError(f"{gate.id}: at stop_at {gate.stop_at} an evidence seed of {ev.id} is at {lowest}, below the "
+                         f"threshold {gate.threshold}: stop later")
+    return min(float(np.mean(c[:upto])) for c in ev.eval_curves) - gate.auc_margin
 
 
 def get_reference(ref_id: str, path: Path = REFERENCES) -> Reference:

@@ -16,7 +16,7 @@ import numpy as np  # noqa: E402
 
 from benchmark import stats  # noqa: E402
 from benchmark.random_policy import load_random_scores  # noqa: E402
-from benchmark.references import Reference, find_reference, reference_stats, score  # noqa: E402
+from benchmark.references import AUC_OF, Reference, eval_curve, find_reference, reference_stats, score  # noqa: E402
 from benchmark.report_path import new_report_path  # noqa: E402
 from benchmark.runs import file_stem, git_commit, read_metrics  # noqa: E402
 
@@ -96,7 +96,7 @@ def cells(outcomes, refs: list[Reference], random_scores: dict | None = None):
         groups[key].append(o)
     result = []
     for (script, env_id, budget, method, flags, ref_id, self_ref), group in groups.items():
-        scores, finals = {}, {}  # finals: the final greedy evaluation, shown beside a peer's metric
+        scores, finals, curves = {}, {}, {}  # finals: the final greedy evaluation, shown beside a peer's metric
         for o in group:
             if not o.finished:
                 continue
@@ -108,6 +108,8 @@ def cells(outcomes, refs: list[Reference], random_scores: dict | None = None):
                 continue
             if method != "final_eval" and "eval/episodic_return" in metrics:
                 finals[o.spec.seed] = score(metrics, "final_eval")
+            if method in AUC_OF:  # each evaluation's score: a gate's evidence keeps them (a gate may stop early)
+                curves[o.spec.seed] = eval_curve(metrics, method)
         if ref_id:
             ref = next((r for r in refs if r.id == ref_id), None)
         else:
@@ -116,7 +118,7 @@ def cells(outcomes, refs: list[Reference], random_scores: dict | None = None):
         x = list(scores.values())
         result.append({"script": script, "env_id": env_id, "total_timesteps": budget, "score": method,
                        "flags": list(flags), "scores": scores, "summary": stats.summarize(x) if x else None,
-                       "final_evals": finals,
+                       "final_evals": finals, "eval_curves": curves,
                        "reference": ref, "ref_mean": rm, "ref_std": rs, "runs": group,
                        "verdict": judge(x, env_id, ref, random_scores, self_ref) if x else
                        stats.Verdict("no verdict", "no run scored")})
@@ -242,6 +244,8 @@ def write_report(suite, outcomes, missing: list[str], device: str, report_dir: P
 
     results = [{"script": c["script"], "env_id": c["env_id"], "total_timesteps": c["total_timesteps"],
                 "score": c["score"], "flags": c["flags"], "scores": c["scores"], "final_evals": c["final_evals"],
+                "eval_curves": {seed: [[int(step), v] for step, v in curve]
+                                for seed, curve in c["eval_curves"].items()},
                 "summary": vars(c["summary"]) if c["summary"] else None,
                 "reference": c["reference"].id if c["reference"] else None, "verdict": vars(c["verdict"])}
                for c in table]

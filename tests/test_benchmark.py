@@ -103,6 +103,7 @@ def test_suite_runs_scores_and_reports(suite_run):
     for seed in (1, 2):
         evals = [r for r in read_rows(runs / f"dqn__CartPole-v1__{seed}") if r["name"] == "eval/episodic_return"]
         assert cell["scores"][str(seed)] == pytest.approx(np.mean([r["value"] for r in evals]))
+        assert cell["eval_curves"][str(seed)] == [[600, pytest.approx(cell["scores"][str(seed)])]]  # one evaluation
     x = np.array(list(cell["scores"].values()))
     assert cell["summary"]["mean"] == pytest.approx(x.mean()) and cell["summary"]["std"] == pytest.approx(x.std())
     for script in ("ppo", "dqn"):
@@ -285,6 +286,26 @@ def test_references_file_rejects_values_that_do_not_fit_the_seeds(tmp_path):
         (tmp_path / "r.toml").write_text(entry + bad)
         with pytest.raises(ValueError, match=why):
             load_references(tmp_path / "r.toml")
+
+
+def test_a_gate_that_stops_early_takes_its_thresholds_from_the_evidence_curves(tmp_path):
+    evidence = ('[[reference]]\nid = "ev"\nscript = "vdn_smac_lite.py"\nenv_id = "3m"\ntotal_timesteps = 300\n'
+                'score = "final_win_rate"\nsource = "test"\nseeds = [1, 2]\nvalues = [0.9, 1.0]\n'
+                'auc_values = [0.5, 0.6]\neval_steps = [100, 200, 300]\neval_curves = [[0.2, 0.4, 0.9], [0.1, 0.7, 1.0]]\n')
+    gate = ('[[reference]]\nid = "gate"\nscript = "vdn_smac_lite.py"\nenv_id = "3m"\ntotal_timesteps = 300\n'
+            'score = "final_win_rate"\nsource = "test"\nseeds = [1]\nevidence = "ev"\nauc_margin = 0.1\n')
+    (tmp_path / "r.toml").write_text(evidence + gate + "threshold = 0.3\nstop_at = 200\n")
+    g = next(r for r in load_references(tmp_path / "r.toml") if r.id == "gate")
+    assert g.auc_threshold == pytest.approx(min((0.2 + 0.4) / 2, (0.1 + 0.7) / 2) - 0.1)
+    assert g.command_flags(1)[:4] == ["--env-id", "3m", "--total-timesteps", "200"]
+    for bad, why in (("threshold = 0.5\nstop_at = 200\n", "below the threshold"),  # seed 1 is at 0.4 at 200
+                     ("threshold = 0.3\nstop_at = 250\n", "must be one of the eval_steps")):
+        (tmp_path / "r.toml").write_text(evidence + gate + bad)
+        with pytest.raises(ValueError, match=why):
+            load_references(tmp_path / "r.toml")
+    (tmp_path / "r.toml").write_text(evidence.replace("[0.1, 0.7, 1.0]", "[0.1, 0.7, 0.8]"))
+    with pytest.raises(ValueError, match="do not end at the per-seed values"):
+        load_references(tmp_path / "r.toml")
 
 
 def test_run_finished_tells_final_from_intermediate_eval(tmp_path):

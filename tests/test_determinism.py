@@ -3,7 +3,7 @@ a fresh process and the other is forked from the fork server, whose children all
 state: two forked runs would agree even where a script forgets to seed something, a fresh one and a forked one do not
 (and they show that forking changes nothing a run logs)."""
 from benchmark.runs import read_rows, run_script
-from conftest import SMOKE
+from conftest import SMOKE, SMOKE_RUN
 
 CLOCK = {"charts/sps", "charts/train_seconds"}  # values measured with the clock
 
@@ -12,10 +12,10 @@ def comparable(run_dir):
     return [(r["global_step"], r["name"], None if r["name"] in CLOCK else r["value"]) for r in read_rows(run_dir)]
 
 
-def test_same_seed_same_metrics(smoke_script, tmp_path):
-    for name, fork in (("a", False), ("b", True)):
-        out = run_script(smoke_script, SMOKE[smoke_script] + ["--seed", "7"], tmp_path / name, fork=fork)
-        assert out.returncode == 0, out.stderr[-2000:]
+def test_same_seed_same_metrics(smoke_script, smoke_runs, tmp_path):
+    smoke_runs(smoke_script, tmp_path / "b")  # the shared smoke run (forked, seed 7)
+    out = run_script(smoke_script, SMOKE[smoke_script] + SMOKE_RUN, tmp_path / "a", fork=False)
+    assert out.returncode == 0, out.stderr[-2000:]
     assert comparable(tmp_path / "a") == comparable(tmp_path / "b")
     other = run_script(smoke_script, SMOKE[smoke_script] + ["--seed", "8"], tmp_path / "c", fork=True)
     assert other.returncode == 0 and comparable(tmp_path / "c") != comparable(tmp_path / "a")

@@ -1,11 +1,13 @@
 """learning tier: each CI gate of benchmark/references.toml, one subprocess per (gate, seed). A run must end at or above
 the gate's threshold AND learn as fast as the recorded evidence: the mean of its evaluations along the way (area
 under the evaluation curve, score auc_eval) must not fall below the lowest recorded seed's by more than the gate's
-auc_margin. Thresholds, margins and seeds live in references.toml with the runs that justify them."""
+auc_margin. Thresholds, margins and seeds live in references.toml with the runs that justify them. A gate with
+`stop_at` runs only to that evaluation of its evidence runs (where every evidence seed already passed)."""
 import pytest
 
 from benchmark.references import AUC_OF, load_references, score
-from benchmark.runs import read_metrics, run_script
+from benchmark.runs import read_metrics, read_rows, run_script
+from conftest import SMOKE
 
 GATES = [(g, seed) for g in load_references() if g.is_gate for seed in g.seeds]
 TIMEOUT_FACTOR = 10  # a gate run may take this many times its recorded cpu_seconds (busy or slower machines)
@@ -32,3 +34,26 @@ def test_gate(gate, seed, tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     failures = gate_failures(gate, read_metrics(tmp_path))
     assert not failures, f"{gate.id} seed {seed}: " + "; ".join(failures) + f" (evidence: {gate.evidence})"
+
+
+CUT_SHORT = sorted({g.script for g in load_references() if g.is_gate and g.stop_at})
+
+
+@pytest.mark.parametrize("script", CUT_SHORT)
+def test_a_gate_cut_short_runs_as_the_first_steps_of_its_evidence(script, tmp_path):
+    """A gate with stop_at compares a run of stop_at steps with the first stop_at steps of longer evidence runs: right
+    only where no schedule reads the budget. Here, on a small budget: a run of half of it logs, up to its end, the
+    same evaluations and losses as the whole run."""
+    flags = list(SMOKE[script])
+    at = flags.index("--total-timesteps") + 1
+    budget, rows = 2 * int(flags[at]), {}
+    for name, steps in (("whole", budget), ("half", budget // 2)):
+        flags[at] = str(steps)
+        assert run_script(script, flags + ["--eval-every", str(budget // 4)], tmp_path / name, fork=True).returncode == 0
+        rows[name] = {(r["global_step"], r["name"]): r["value"] for r in read_rows(tmp_path / name)
+                      if r["name"].startswith(("eval/", "losses/"))}
+    end = max(step for step, _ in rows["half"])
+    assert any(name.startswith("eval/") and step == end for step, name in rows["whole"]), "an evaluation at the cut"
+    common = {k for k in rows["half"] if k in rows["whole"]}
+    assert {k for k in rows["whole"] if k[0] <= end and k[1].startswith("eval/")} <= common
+    assert all(rows["half"][k] == rows["whole"][k] for k in common), f"{script}: a schedule reads the budget"
