@@ -62,8 +62,8 @@ LONG = {"ppo.py": 30_000, "dqn.py": 10_000, "c51.py": 10_000, "dqn_atari.py": 80
         "c51_atari.py": 800, "iqn_atari.py": 800, "ppo_atari.py": 1536,
         "ppo_atari_envpool.py": 1536, "sac_atari.py": 800, "ppo_continuous.py": 4096,
         "ddpg_continuous.py": 2000, "sac_continuous.py": 2000, "td3_continuous.py": 2000,
-        "mappo_smac_lite.py": 8192, "ippo_smac_lite.py": 8192, "qmix_smac_lite.py": 8000, "vdn_smac_lite.py": 8000,
-        "mappo_mpe.py": 8000, "ippo_mpe.py": 8000, "maddpg_mpe.py": 8000}
+        "mappo_smac_lite.py": 2048, "ippo_smac_lite.py": 2048, "qmix_smac_lite.py": 2000, "vdn_smac_lite.py": 2000,
+        "mappo_mpe.py": 2048, "ippo_mpe.py": 2048, "maddpg_mpe.py": 2000}
 
 
 # Families of scripts by the env code they share (the env check and its errors; the shared blocks are byte-identical in
