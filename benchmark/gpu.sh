@@ -1,19 +1,32 @@
 #!/usr/bin/env bash
-# GPU tier: every suite at full budget on CUDA, one command on a GPU machine:
-#   bash benchmark/gpu.sh                       # all suites, 5 seeds (the verdict's minimum), one run per CPU core
-#   SUITES="classic" SEEDS=10 JOBS=8 BACKEND=ray bash benchmark/gpu.sh    # RAY_ADDRESS=host:port: a cluster
-# Writes benchmark/reports/<suite>-cuda-<date>-<HHMM>-<commit>.md (+ curves) per suite; runs go to runs/benchmark/<suite>-cuda/
-# and a second invocation resumes them (finished runs are kept). Suites whose scripts are not written yet say so
-# and are skipped. Exit status 1 if any run crashed (every suite is still run and reported).
+# The GPU check, one command on a fresh clone on a GPU machine (installs what is missing first):
+#   bash benchmark/gpu.sh              # about 9 minutes on one H100: steps/s per family with and without --compile,
+#                                      # smac_lite at 1024-8192 battles, MAPPO's time to 0.9 on 3m, a short Pong curve;
+#                                      # writes benchmark/reports/gpu-check-cuda-<date>-<HHMM>-<commit>.md naming the GPU
+#   bash benchmark/gpu.sh --dry-run    # the same steps on the CPU with tiny budgets (a test runs it); report in runs/
+#   bash benchmark/gpu.sh --suites     # every suite at full budget on CUDA (hours): SUITES="classic" SEEDS=10 JOBS=8
+#                                      # BACKEND=ray (RAY_ADDRESS=host:port: a cluster); reruns resume finished runs
 set -uo pipefail
 cd "$(dirname "$0")/.."
+export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 WANDB_MODE=offline
+mode=${1:-check}
+case "$mode" in check|--dry-run|--suites) ;; *) echo "usage: bash benchmark/gpu.sh [--dry-run | --suites]" >&2; exit 2;; esac
+if ! python -c "import gymnasium, tyro, ale_py, mujoco, pettingzoo, mpe2, envpool, minatar, smac_lite" 2>/dev/null; then
+    echo "gpu.sh: installing the project (pip install -e \".[dev]\"; torch==2.13.0 from PyPI is its CUDA build)"
+    python -m pip install --quiet -e ".[dev]" || { echo "gpu.sh: the install failed" >&2; exit 2; }
+fi
+if [ "$mode" = "--dry-run" ]; then
+    exec python benchmark/gpu_check.py --dry-run --report-dir "${REPORT_DIR:-runs/gpu-check}"
+fi
+python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'gpu.sh: no CUDA device visible to torch')" || exit 2
+python -c "import torch; print('device:', torch.cuda.get_device_name(0), '| torch', torch.__version__)"
+if [ "$mode" = "check" ]; then
+    exec python benchmark/gpu_check.py
+fi
 SUITES=${SUITES:-"classic continuous atari marl"}
 SEEDS=${SEEDS:-5}
 JOBS=${JOBS:-$(nproc)}
 BACKEND=${BACKEND:-local}
-export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 WANDB_MODE=offline
-python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'gpu.sh: no CUDA device visible to torch')" || exit 2
-python -c "import torch; print('device:', torch.cuda.get_device_name(0), '| torch', torch.__version__)"
 status=0
 for suite in $SUITES; do
     echo "=== suite $suite ($SEEDS seeds, $JOBS jobs, backend $BACKEND) ==="
