@@ -217,7 +217,7 @@ class ValueNorm(nn.Module):
         return x * self.var.sqrt().clamp(min=1e-5) + self.mean
 
 
-# ---- shared: ppo/compute_gae ----
+# ---- shared: gae/compute_gae ----
 def compute_gae(rewards, values, dones, next_value, gamma, gae_lambda):
     """GAE (Schulman et al. 2016, eq. 16) on tensors of shape (T, N). dones[t]: the episode ended at step t
     (terminated or truncated; a truncation was already bootstrapped into rewards[t]). Returns (advantages, returns)."""
@@ -227,7 +227,7 @@ def compute_gae(rewards, values, dones, next_value, gamma, gae_lambda):
         delta = rewards[t] + gamma * next_values * nonterminal - values[t]
         advantages[t] = last = delta + gamma * gae_lambda * nonterminal * last
     return advantages, advantages + values
-# ---- end shared: ppo/compute_gae ----
+# ---- end shared: gae/compute_gae ----
 
 
 # ---- shared: ppo/ppo_loss ----

@@ -26,11 +26,13 @@ from tqdm import tqdm
 @dataclass
 class Args:
     learning_rate: float = 2e-3  # Adam learning rate (rl-zoo: 1e-3; 2e-3 reaches 475 about 2x sooner)
+    rmsprop: bool = False  # RMSprop (alpha 0.99, eps 1e-5) in place of Adam: a2c.py's optimiser
     anneal_lr: bool = True  # anneal the learning rate linearly to 0
     anneal_clip: bool = True  # anneal the clip coefficient linearly to 0
     num_steps: int = 32  # steps per env per rollout
     gamma: float = 0.98  # discount factor
     gae_lambda: float = 0.8  # lambda of GAE
+    norm_adv: bool = True  # normalise the advantages of each minibatch
     num_minibatches: int = 1  # minibatches per epoch (must divide num_envs * num_steps)
     update_epochs: int = 20  # epochs over each rollout
     clip_coef: float = 0.2  # surrogate clipping coefficient
@@ -99,7 +101,7 @@ class Agent(nn.Module):
         return action, dist.log_prob(action), dist.entropy(), self.get_value(x)
 
 
-# ---- shared: ppo/compute_gae ----
+# ---- shared: gae/compute_gae ----
 def compute_gae(rewards, values, dones, next_value, gamma, gae_lambda):
     """GAE (Schulman et al. 2016, eq. 16) on tensors of shape (T, N). dones[t]: the episode ended at step t
     (terminated or truncated; a truncation was already bootstrapped into rewards[t]). Returns (advantages, returns)."""
@@ -109,7 +111,7 @@ def compute_gae(rewards, values, dones, next_value, gamma, gae_lambda):
         delta = rewards[t] + gamma * next_values * nonterminal - values[t]
         advantages[t] = last = delta + gamma * gae_lambda * nonterminal * last
     return advantages, advantages + values
-# ---- end shared: ppo/compute_gae ----
+# ---- end shared: gae/compute_gae ----
 
 
 def bootstrap_time_limits(reward, terminated, truncated, infos, value_fn, gamma):
@@ -167,7 +169,8 @@ def main(args: Args):
         autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     obs_dim, n_actions = envs.single_observation_space.shape[0], int(envs.single_action_space.n)
     agent = Agent(obs_dim, n_actions).to(device)
-    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)  # fused: 4x faster
+    optimizer = (torch.optim.RMSprop(agent.parameters(), lr=args.learning_rate, alpha=0.99, eps=1e-5) if args.rmsprop
+                 else torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True))
     batch_size = args.num_envs * args.num_steps
     minibatch_size, num_iterations = batch_size // args.num_minibatches, args.total_timesteps // batch_size
     iteration = 0
@@ -218,7 +221,9 @@ def main(args: Args):
             perm = torch.randperm(batch_size, device=device)
             for start in range(0, batch_size, minibatch_size):
                 mb = perm[start:start + minibatch_size]
-                mb_advantages = (b_advantages[mb] - b_advantages[mb].mean()) / (b_advantages[mb].std() + 1e-8)
+                mb_advantages = b_advantages[mb]
+                if args.norm_adv:
+                    mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
                 _, logprob, entropy, value = agent.get_action_and_value(b_obs[mb], b_actions[mb])
                 loss, stats = ppo_loss(logprob, entropy, value, b_logprobs[mb], b_values[mb], mb_advantages,
                                        b_returns[mb], clip_coef, args.ent_coef, args.vf_coef)

@@ -113,7 +113,7 @@ class Agent(nn.Module):
         return action, dist.log_prob(action), dist.entropy(), self.critic(hidden).squeeze(-1)
 
 
-# ---- shared: ppo/compute_gae ----
+# ---- shared: gae/compute_gae ----
 def compute_gae(rewards, values, dones, next_value, gamma, gae_lambda):
     """GAE (Schulman et al. 2016, eq. 16) on tensors of shape (T, N). dones[t]: the episode ended at step t
     (terminated or truncated; a truncation was already bootstrapped into rewards[t]). Returns (advantages, returns)."""
@@ -123,7 +123,7 @@ def compute_gae(rewards, values, dones, next_value, gamma, gae_lambda):
         delta = rewards[t] + gamma * next_values * nonterminal - values[t]
         advantages[t] = last = delta + gamma * gae_lambda * nonterminal * last
     return advantages, advantages + values
-# ---- end shared: ppo/compute_gae ----
+# ---- end shared: gae/compute_gae ----
 
 
 def bootstrap_time_limits(reward, terminated, truncated, infos, value_fn, gamma):

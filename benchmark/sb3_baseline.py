@@ -41,6 +41,17 @@ def ppo_same(a) -> tuple[int, dict]:
         learning_rate={"linear": a.learning_rate} if a.anneal_lr else a.learning_rate,
         clip_range={"linear": a.clip_coef} if a.anneal_clip else a.clip_coef, gamma=a.gamma, gae_lambda=a.gae_lambda,
         ent_coef=a.ent_coef, vf_coef=a.vf_coef, max_grad_norm=a.max_grad_norm, target_kl=a.target_kl,
+        normalize_advantage=a.norm_adv, policy_kwargs={"net_arch": {"pi": [64, 64], "vf": [64, 64]},
+                                                       "activation_fn": "Tanh"})
+
+
+def a2c_same(a) -> tuple[int, dict]:
+    """a2c.py's Args -> (n_envs, SB3 A2C kwargs) with the same hyperparameters; SB3's value loss is the plain MSE,
+    ours half of it, so SB3's vf_coef is half of ours."""
+    return a.num_envs, dict(
+        n_steps=a.num_steps, learning_rate={"linear": a.learning_rate} if a.anneal_lr else a.learning_rate,
+        gamma=a.gamma, gae_lambda=a.gae_lambda, ent_coef=a.ent_coef, vf_coef=a.vf_coef / 2,
+        max_grad_norm=a.max_grad_norm, use_rms_prop=a.rmsprop, rms_prop_eps=1e-5, normalize_advantage=a.norm_adv,
         policy_kwargs={"net_arch": {"pi": [64, 64], "vf": [64, 64]}, "activation_fn": "Tanh"})
 
 
@@ -115,7 +126,7 @@ def ddpg_same(a) -> tuple[int, dict]:
     return a.num_envs, dict(**_off_policy_same(a), action_noise=a.exploration_noise)
 
 
-SAME = {"ppo.py": ("PPO", ppo_same), "dqn.py": ("DQN", dqn_same), "ppo_continuous.py": ("PPO", ppo_continuous_same),
+SAME = {"ppo.py": ("PPO", ppo_same), "a2c.py": ("A2C", a2c_same), "dqn.py": ("DQN", dqn_same), "ppo_continuous.py": ("PPO", ppo_continuous_same),
         "sac_continuous.py": ("SAC", sac_same), "td3_continuous.py": ("TD3", td3_same),
         "ddpg_continuous.py": ("DDPG", ddpg_same), "ppo_atari.py": ("PPO", ppo_atari_same),
         "dqn_atari.py": ("DQN", dqn_atari_same)}
@@ -124,6 +135,8 @@ DIFFERENCES = {
     "ppo.py": "none of substance (same network, orthogonal init, Adam eps 1e-5, advantage normalisation per "
               "minibatch, clipping, GAE); ours bootstraps time-limit truncation inside GAE's reward, SB3 does the "
               "same in its rollout",
+    "a2c.py": "none of substance (same network, orthogonal init, RMSprop alpha 0.99 eps 1e-5 (SB3: PyTorch's "
+              "RMSprop, as ours), GAE with lambda 1, one step per rollout)",
     "dqn.py": "SB3 uses the Huber loss and clips gradients at norm 10, ours uses MSE without clipping (same cost "
               "per update)",
     "ppo_continuous.py": "SB3 clips the value prediction and takes the squared error of the clipped one only, ours "

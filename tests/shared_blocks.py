@@ -1,7 +1,7 @@
 """The blocks the scripts of algos/ share, kept byte-identical.
 
 A block starts with a line `# ---- shared: <name> ----` and ends with `# ---- end shared: <name> ----` (either may be
-indented, as inside `class Args`). A block named `<family>/<name>` (e.g. `ppo/compute_gae`) is a family block: every
+indented, as inside `class Args`). A block named `<family>/<name>` (e.g. `gae/compute_gae`) is a family block: every
 script of that family (FAMILIES below) holds it. Every other block is held by every script. Each block is the same
 text in every script that holds it.
 
@@ -18,6 +18,8 @@ ALGOS = Path(__file__).resolve().parents[1] / "algos"
 # The families of scripts that share family blocks: a script of a family must hold every block of that family.
 FAMILIES = {
     "ppo": {"ppo.py", "ppo_continuous.py", "ppo_atari.py", "ppo_atari_envpool.py", "mappo_smac_lite.py",
+            "ippo_smac_lite.py", "mappo_mpe.py", "ippo_mpe.py"},
+    "gae": {"a2c.py", "ppo.py", "ppo_continuous.py", "ppo_atari.py", "ppo_atari_envpool.py", "mappo_smac_lite.py",
             "ippo_smac_lite.py", "mappo_mpe.py", "ippo_mpe.py"},
     "atari": {"dqn_atari.py", "ddqn_atari.py", "c51_atari.py", "iqn_atari.py", "sac_atari.py"},
     "classic": {"dqn.py", "c51.py"},

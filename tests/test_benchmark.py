@@ -639,3 +639,18 @@ def test_compile_speed_updates_run_eagerly():
         losses, step = make(importlib.import_module(name))
         step(*losses)
         step(*losses)  # TD3's actor moves every second update
+
+
+def test_a2c_defaults_are_sb3s_a2c_defaults():
+    """a2c.py's defaults, mapped for SB3, are SB3's A2C defaults (rl-zoo's CartPole-v1 adds only 8 envs)."""
+    import inspect
+
+    from stable_baselines3 import A2C
+
+    from benchmark.runs import load_script
+    n_envs, kw = sb3_baseline.SAME["a2c.py"][1](load_script("a2c.py").Args())
+    defaults = {k: p.default for k, p in inspect.signature(A2C.__init__).parameters.items()}
+    for name in ("n_steps", "learning_rate", "gamma", "gae_lambda", "ent_coef", "vf_coef", "max_grad_norm",
+                 "use_rms_prop", "rms_prop_eps", "normalize_advantage"):
+        assert kw[name] == defaults[name], name
+    assert n_envs == 8

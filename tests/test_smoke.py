@@ -39,7 +39,8 @@ def actor_states(state: dict) -> list[dict]:
 # Rebuild each script's policy from model.pt alone and evaluate it as the script does at the end of training:
 # script -> (module, saved, env_id, episodes, seed) -> returns
 RELOAD = {
-    "ppo.py": lambda m, s, *a: m.evaluate(loaded(m, "Agent", s, "agent", "obs_dim", "n_actions"), *a),
+    **{script: lambda m, s, *a: m.evaluate(loaded(m, "Agent", s, "agent", "obs_dim", "n_actions"), *a)
+       for script in ("ppo.py", "a2c.py")},
     "dqn.py": lambda m, s, *a: m.evaluate(loaded(m, "QNetwork", s, "q_network", "obs_dim", "n_actions"), *a),
     "c51.py": lambda m, s, *a: m.evaluate(loaded(m, "QNetwork", s, "q_network", "obs_dim", "n_actions", "n_atoms",
                                                 "v_min", "v_max"), *a),
