@@ -41,8 +41,8 @@ def ppo_same(a) -> tuple[int, dict]:
         learning_rate={"linear": a.learning_rate} if a.anneal_lr else a.learning_rate,
         clip_range={"linear": a.clip_coef} if a.anneal_clip else a.clip_coef, gamma=a.gamma, gae_lambda=a.gae_lambda,
         ent_coef=a.ent_coef, vf_coef=a.vf_coef, max_grad_norm=a.max_grad_norm, target_kl=a.target_kl,
-        normalize_advantage=a.norm_adv, policy_kwargs={"net_arch": {"pi": [64, 64], "vf": [64, 64]},
-                                                       "activation_fn": "Tanh"})
+        normalize_advantage=getattr(a, "norm_adv", True),  # ppo_continuous/ppo_atari always normalise
+        policy_kwargs={"net_arch": {"pi": [64, 64], "vf": [64, 64]}, "activation_fn": "Tanh"})
 
 
 def a2c_same(a) -> tuple[int, dict]:
