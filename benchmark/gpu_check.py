@@ -19,7 +19,6 @@ budget; a step that fails or runs out of time says so in the report, and the oth
 """
 import argparse
 import datetime
-import os
 import subprocess
 import sys
 import tempfile

@@ -126,7 +126,8 @@ def ddpg_same(a) -> tuple[int, dict]:
     return a.num_envs, dict(**_off_policy_same(a), action_noise=a.exploration_noise)
 
 
-SAME = {"ppo.py": ("PPO", ppo_same), "a2c.py": ("A2C", a2c_same), "dqn.py": ("DQN", dqn_same), "ppo_continuous.py": ("PPO", ppo_continuous_same),
+SAME = {"ppo.py": ("PPO", ppo_same), "a2c.py": ("A2C", a2c_same), "dqn.py": ("DQN", dqn_same),
+        "ppo_continuous.py": ("PPO", ppo_continuous_same),
         "sac_continuous.py": ("SAC", sac_same), "td3_continuous.py": ("TD3", td3_same),
         "ddpg_continuous.py": ("DDPG", ddpg_same), "ppo_atari.py": ("PPO", ppo_atari_same),
         "dqn_atari.py": ("DQN", dqn_atari_same)}

@@ -59,8 +59,8 @@ WRONG_ENV = {s: ("Hopper-v4", "discrete") if s in DISCRETE else ("CartPole-v1", 
              ("CartPole-v1", "task") if s in MPE else ("CartPole-v1", "continuous") for s in SMOKE}
 # The budget of the Ctrl-C test: long enough that the run is still training when Ctrl-C comes (after its first
 # update), short enough that the resumed run finishes in seconds.
-LONG = {"ppo.py": 30_000, "a2c.py": 10_000, "dqn.py": 10_000, "c51.py": 10_000, "dqn_atari.py": 800, "ddqn_atari.py": 800,
-        "c51_atari.py": 800, "iqn_atari.py": 800, "ppo_atari.py": 1536,
+LONG = {"ppo.py": 30_000, "a2c.py": 10_000, "dqn.py": 10_000, "c51.py": 10_000, "dqn_atari.py": 800,
+        "ddqn_atari.py": 800, "c51_atari.py": 800, "iqn_atari.py": 800, "ppo_atari.py": 1536,
         "ppo_atari_envpool.py": 1536, "sac_atari.py": 800, "ppo_continuous.py": 4096,
         "ddpg_continuous.py": 2000, "sac_continuous.py": 2000, "td3_continuous.py": 2000,
         "mappo_smac_lite.py": 2048, "ippo_smac_lite.py": 2048, "qmix_smac_lite.py": 2000, "vdn_smac_lite.py": 2000,

@@ -291,7 +291,8 @@ def test_references_file_rejects_values_that_do_not_fit_the_seeds(tmp_path):
 def test_a_gate_that_stops_early_takes_its_thresholds_from_the_evidence_curves(tmp_path):
     evidence = ('[[reference]]\nid = "ev"\nscript = "vdn_smac_lite.py"\nenv_id = "3m"\ntotal_timesteps = 300\n'
                 'score = "final_win_rate"\nsource = "test"\nseeds = [1, 2]\nvalues = [0.9, 1.0]\n'
-                'auc_values = [0.5, 0.6]\neval_steps = [100, 200, 300]\neval_curves = [[0.2, 0.4, 0.9], [0.1, 0.7, 1.0]]\n')
+                'auc_values = [0.5, 0.6]\neval_steps = [100, 200, 300]\n'
+                'eval_curves = [[0.2, 0.4, 0.9], [0.1, 0.7, 1.0]]\n')
     gate = ('[[reference]]\nid = "gate"\nscript = "vdn_smac_lite.py"\nenv_id = "3m"\ntotal_timesteps = 300\n'
             'score = "final_win_rate"\nsource = "test"\nseeds = [1]\nevidence = "ev"\nauc_margin = 0.1\n')
     (tmp_path / "r.toml").write_text(evidence + gate + "threshold = 0.3\nstop_at = 200\n")

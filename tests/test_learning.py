@@ -49,7 +49,8 @@ def test_a_gate_cut_short_runs_as_the_first_steps_of_its_evidence(script, tmp_pa
     budget, rows = 2 * int(flags[at]), {}
     for name, steps in (("whole", budget), ("half", budget // 2)):
         flags[at] = str(steps)
-        assert run_script(script, flags + ["--eval-every", str(budget // 4)], tmp_path / name, fork=True).returncode == 0
+        out = run_script(script, flags + ["--eval-every", str(budget // 4)], tmp_path / name, fork=True)
+        assert out.returncode == 0, out.stderr[-2000:]
         rows[name] = {(r["global_step"], r["name"]): r["value"] for r in read_rows(tmp_path / name)
                       if r["name"].startswith(("eval/", "losses/"))}
     end = max(step for step, _ in rows["half"])

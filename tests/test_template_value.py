@@ -58,7 +58,7 @@ def test_the_rollout_exploits_through_get_greedy_action(script):
     assert "q_network.get_greedy_action(" in source and ".argmax(" not in source
 
 
-@pytest.mark.parametrize("script", ["c51_atari.py", "iqn_atari.py"])
+@pytest.mark.parametrize("script", ["dqn_atari.py", "ddqn_atari.py", "c51_atari.py", "iqn_atari.py"])
 def test_compiled_loss_is_the_eager_loss(script):
     """--compile: torch.compile(q_loss) gives the eager loss, Q-values and gradients (to float rounding)."""
     m = load_script(script)
