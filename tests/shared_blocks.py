@@ -17,10 +17,10 @@ from pathlib import Path
 ALGOS = Path(__file__).resolve().parents[1] / "algos"
 # The families of scripts that share family blocks: a script of a family must hold every block of that family.
 FAMILIES = {
-    "ppo": {"ppo.py", "ppo_continuous.py", "ppo_atari.py", "ppo_atari_envpool.py", "mappo_smac_lite.py",
-            "ippo_smac_lite.py", "mappo_mpe.py", "ippo_mpe.py"},
-    "gae": {"a2c.py", "ppo.py", "ppo_continuous.py", "ppo_atari.py", "ppo_atari_envpool.py", "mappo_smac_lite.py",
-            "ippo_smac_lite.py", "mappo_mpe.py", "ippo_mpe.py"},
+    "ppo": {"ppo.py", "ppo_continuous.py", "ppo_atari.py", "ppo_atari_envpool.py", "ppo_atari_multigpu.py",
+            "mappo_smac_lite.py", "ippo_smac_lite.py", "mappo_mpe.py", "ippo_mpe.py"},
+    "gae": {"a2c.py", "ppo.py", "ppo_continuous.py", "ppo_atari.py", "ppo_atari_envpool.py", "ppo_atari_multigpu.py",
+            "mappo_smac_lite.py", "ippo_smac_lite.py", "mappo_mpe.py", "ippo_mpe.py"},
     "atari": {"dqn_atari.py", "ddqn_atari.py", "c51_atari.py", "iqn_atari.py", "sac_atari.py"},
     "classic": {"dqn.py", "c51.py"},
     "continuous": {"ddpg_continuous.py", "sac_continuous.py", "td3_continuous.py"},

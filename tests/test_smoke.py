@@ -52,7 +52,7 @@ RELOAD = {
     "c51_atari.py": lambda m, s, *a: m.evaluate(loaded(m, "QNetwork", s, "q_network", "n_actions", "n_atoms", "v_min",
                                                       "v_max"), *a),
     **{script: lambda m, s, *a: m.evaluate(loaded(m, "Agent", s, "agent", "n_actions"), *a)
-       for script in ("ppo_atari.py", "ppo_atari_envpool.py")},
+       for script in ("ppo_atari.py", "ppo_atari_envpool.py", "ppo_atari_multigpu.py")},
     **{script: lambda m, s, *a: m.evaluate(loaded(m, "Agent", s, "agent", "obs_dim", "state_dim", "n_agents",
                                                  "n_actions", "hidden"), *a) for script in ("mappo_smac_lite.py",
                                                                                           "ippo_smac_lite.py")},

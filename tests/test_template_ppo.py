@@ -8,8 +8,8 @@ import torch.nn as nn
 
 from benchmark.runs import load_script, read_rows, run_script
 
-PPO_FAMILY = ["ppo.py", "ppo_continuous.py", "ppo_atari.py", "ppo_atari_envpool.py", "mappo_smac_lite.py",
-              "ippo_smac_lite.py", "mappo_mpe.py", "ippo_mpe.py"]
+PPO_FAMILY = ["ppo.py", "ppo_continuous.py", "ppo_atari.py", "ppo_atari_envpool.py", "ppo_atari_multigpu.py",
+              "mappo_smac_lite.py", "ippo_smac_lite.py", "mappo_mpe.py", "ippo_mpe.py"]
 
 
 def flip_greedy(monkeypatch, cls, flip):
@@ -44,7 +44,7 @@ def test_running_statistics_round_trip_through_a_weights_only_checkpoint(tmp_pat
     assert np.array_equal(other.var, stats.var) and other.count == stats.count
 
 
-@pytest.mark.parametrize("script", ["ppo_atari.py", "ppo_atari_envpool.py"])
+@pytest.mark.parametrize("script", ["ppo_atari.py", "ppo_atari_envpool.py", "ppo_atari_multigpu.py"])
 def test_atari_evaluation_goes_through_the_greedy_action(script, monkeypatch):
     m = load_script(script)
     torch.manual_seed(0)
@@ -95,8 +95,8 @@ def test_anneal_flags_mean_one_thing_each(script):
     m = load_script(script)
     args = m.Args()
     assert (args.anneal_lr, args.anneal_clip) == {"ppo.py": (True, True), "ppo_continuous.py": (True, False),
-                                                  "ppo_atari.py": (True, False), "ppo_atari_envpool.py": (True, False)
-                                                  }.get(script, (False, False))
+                                                  "ppo_atari.py": (True, False), "ppo_atari_envpool.py": (True, False),
+                                                  "ppo_atari_multigpu.py": (True, False)}.get(script, (False, False))
     text = open(m.__file__).read()
     assert 'frac * args.learning_rate if args.anneal_lr else args.learning_rate' in text
     assert 'clip_coef = frac * args.clip_coef if args.anneal_clip else args.clip_coef' in text
