@@ -204,6 +204,9 @@ def main(args: Args):
     rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
     world_size = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun's environment; without torchrun: one process
     device = torch.device("cuda", local_rank) if torch.cuda.is_available() and args.cuda else torch.device("cpu")
+    if ckpt is not None and ckpt["global_step"] != ckpt["iteration"] * world_size * args.num_envs * args.num_steps:
+        fail(f"{run_dir} ran {ckpt['global_step'] // (ckpt['iteration'] * args.num_envs * args.num_steps)} process(es),"
+             f" not {world_size}; resume it with as many (torchrun --nproc_per_node)")
     if world_size > 1:
         join_process_group(device)
     envs = gym.vector.SyncVectorEnv(  # same-step autoreset: a finished episode's last observation is in infos
