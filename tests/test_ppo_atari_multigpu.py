@@ -156,3 +156,10 @@ def read_metrics_safe(run_dir):
         return read_metrics(run_dir)
     except (FileNotFoundError, ValueError, KeyError):
         return {}
+
+
+def test_a_checkpoint_resumes_only_with_its_number_of_processes(two_rank_run, tmp_path):
+    tmp, _, _ = two_rank_run
+    shutil.copytree(tmp / "run", tmp_path / "run")
+    out = run_script(SCRIPT, ["--resume", str(tmp_path / "run"), "--total-timesteps", "1024"], fork=True)
+    assert out.returncode == 2 and "ran 2 process(es), not 1" in out.stderr.strip().splitlines()[-1], out.stderr
