@@ -290,18 +290,17 @@ def main(args: Args):
                 break  # on every rank at once: they take the same number of steps
         stats["explained_variance"] = 1 - (b_returns - b_values).var() / b_returns.var()  # nan: constant returns
         stats = dict(zip(stats, mean_over_ranks(torch.stack(list(stats.values())), world_size)))  # rank 0 logs them
-        # a Ctrl-C that reached any rank stops every rank after this iteration
-        logger.stop_requested = bool(mean_over_ranks(torch.tensor(float(logger.stop_requested), device=device),
-                                                      world_size) > 0)
+        # a Ctrl-C that reached any rank (before this all-reduce; a later one: next iteration) stops every rank now
+        stop = bool(mean_over_ranks(torch.tensor(float(logger.stop_requested), device=device), world_size) > 0)
         logger.log(global_step, {"charts/learning_rate": optimizer.param_groups[0]["lr"],
                                  **{f"losses/{k}": v for k, v in stats.items()}})
         logger.progress(global_step)
         if args.eval_every and iteration < num_iterations and global_step % args.eval_every < global_batch:
             logger.evaluate(global_step, run_eval)
-        if iteration % max(1, args.checkpoint_every // global_batch) == 0 or logger.stop_requested:
+        if iteration % max(1, args.checkpoint_every // global_batch) == 0 or stop:
             check_same_weights(agent, world_size, device)
             logger.save_checkpoint(stateful, iteration, global_step)
-        if logger.stop_requested:  # Ctrl-C: the iteration it came in is finished and saved
+        if stop:  # Ctrl-C: the iteration it came in is finished and saved
             logger.exit_interrupted()
     envs.close()
     if world_size > 1:  # no collective after this: the other ranks end while rank 0 evaluates and saves
