@@ -16,6 +16,9 @@ SMOKE = {
     "ppo.py": ["--env-id", "CartPole-v1", "--total-timesteps", "512", "--num-envs", "4", "--num-steps", "32",
                "--update-epochs", "2", "--eval-episodes", "2"],
     "a2c.py": ["--env-id", "CartPole-v1", "--total-timesteps", "600", "--eval-episodes", "2"],
+    # one actor in this process (no Ray: deterministic); tests/test_impala.py runs the Ray actors
+    "impala.py": ["--env-id", "CartPole-v1", "--total-timesteps", "640", "--num-actors", "0", "--num-envs", "4",
+                  "--eval-episodes", "2"],
     **{script: ["--env-id", "CartPole-v1", "--total-timesteps", "600", "--learning-starts", "200", "--batch-size", "32",
                 "--eval-episodes", "2"] for script in ("dqn.py", "c51.py")},
     "ppo_continuous.py": ["--env-id", "Hopper-v5", "--total-timesteps", "512", "--num-steps", "128",
@@ -53,15 +56,14 @@ MPE = {"mappo_mpe.py", "ippo_mpe.py", "maddpg_mpe.py"}
 MULTI_AGENT = SMAC_LITE | MPE
 ENV_TYPO = {**{s: ("3mm", "3m") for s in SMAC_LITE}, **{s: ("simple_spred_v3", "simple_spread_v3") for s in MPE}}
 # An env of the action space the script does not handle, and a word its error line must contain.
-DISCRETE = {"ppo.py", "a2c.py", "dqn.py", "c51.py", "dqn_atari.py", "ddqn_atari.py", "c51_atari.py", "iqn_atari.py",
-            "ppo_atari.py", "ppo_atari_envpool.py", "ppo_atari_multigpu.py",
-            "sac_atari.py"}
+DISCRETE = {"ppo.py", "a2c.py", "impala.py", "dqn.py", "c51.py", "dqn_atari.py", "ddqn_atari.py", "c51_atari.py",
+            "iqn_atari.py", "ppo_atari.py", "ppo_atari_envpool.py", "ppo_atari_multigpu.py", "sac_atari.py"}
 WRONG_ENV = {s: ("Hopper-v4", "discrete") if s in DISCRETE else ("CartPole-v1", "map") if s in SMAC_LITE else
              ("CartPole-v1", "task") if s in MPE else ("CartPole-v1", "continuous") for s in SMOKE}
 # The budget of the Ctrl-C test: long enough that the run is still training when Ctrl-C comes (after its first
 # update), short enough that the resumed run finishes in seconds.
-LONG = {"ppo.py": 30_000, "a2c.py": 10_000, "dqn.py": 10_000, "c51.py": 10_000, "dqn_atari.py": 800,
-        "ddqn_atari.py": 800, "c51_atari.py": 800, "iqn_atari.py": 800, "ppo_atari.py": 1536,
+LONG = {"ppo.py": 30_000, "a2c.py": 10_000, "impala.py": 10_000, "dqn.py": 10_000, "c51.py": 10_000,
+        "dqn_atari.py": 800, "ddqn_atari.py": 800, "c51_atari.py": 800, "iqn_atari.py": 800, "ppo_atari.py": 1536,
         "ppo_atari_envpool.py": 1536, "ppo_atari_multigpu.py": 1536, "sac_atari.py": 800, "ppo_continuous.py": 4096,
         "ddpg_continuous.py": 2000, "sac_continuous.py": 2000, "td3_continuous.py": 2000,
         "mappo_smac_lite.py": 2048, "ippo_smac_lite.py": 2048, "qmix_smac_lite.py": 2000, "vdn_smac_lite.py": 2000,
@@ -71,7 +73,7 @@ LONG = {"ppo.py": 30_000, "a2c.py": 10_000, "dqn.py": 10_000, "c51.py": 10_000, 
 # Families of scripts by the env code they share (the env check and its errors; the shared blocks are byte-identical in
 # every script): behaviour of the shared blocks is tested on one representative per family (tests/test_cli.py), and
 # every script holds the blocks and calls them (tests/test_shared_blocks.py).
-FAMILY = {**{s: "classic" for s in ("ppo.py", "a2c.py", "dqn.py", "c51.py")},
+FAMILY = {**{s: "classic" for s in ("ppo.py", "a2c.py", "impala.py", "dqn.py", "c51.py")},
           **{s: "atari" for s in ("dqn_atari.py", "ddqn_atari.py", "c51_atari.py", "iqn_atari.py", "sac_atari.py",
                                   "ppo_atari.py", "ppo_atari_envpool.py", "ppo_atari_multigpu.py")},
           **{s: "continuous" for s in ("ppo_continuous.py", "ddpg_continuous.py", "sac_continuous.py",

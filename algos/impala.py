@@ -1,0 +1,652 @@
+"""IMPALA for discrete actions on classic control (CartPole-v1 by default): actors roll out, one learner corrects.
+
+Espeholt et al. 2018, "IMPALA: Scalable Distributed Deep-RL with Importance Weighted Actor-Learner Architectures".
+--num-actors Ray actors, each a process stepping its own vector env (--num-envs copies) with its own copy of the
+policy, send the learner rollouts of --num-steps steps (numpy arrays, the log-probabilities mu(a|s) of the actions
+they took, the policy version they acted with, their finished episodes). The learner takes whichever rollout is
+ready first (ray.wait), takes one optimiser step on it and sends that actor its new weights with the request for its
+next rollout. The actors' policy lags the learner's by about num_actors - 1 updates (logged as charts/policy_lag):
+V-trace (eq. 1 of the paper, vtrace() below) corrects the value targets and the policy gradient for it with truncated
+importance weights min(rho_bar, pi/mu) and min(c_bar, pi/mu). --num-actors 0 runs one actor in this process (the same
+class, without Ray): no lag, deterministic for a given seed. An actor that dies is reported and replaced (new env
+seeds); if its replacement dies too, the run saves its checkpoint and stops. --ray-address joins an existing cluster;
+without it a local Ray of num_actors CPUs is started here.
+Steps (--total-timesteps, charts/sps) are the env steps of the rollouts the learner consumed, summed over actors.
+Defaults: the paper's loss (baseline cost 0.5, entropy cost 0.01, rho_bar = c_bar = 1, gradient norm clip 40, rollouts
+of 20 steps) with Adam, on CartPole-v1.
+
+Run:    python algos/impala.py --env-id CartPole-v1 --seed 1 --num-actors 2
+Result: benchmark/references.toml
+"""
+import csv, difflib, hashlib, importlib.util, json, os, random, re, signal, socket, subprocess, sys, tempfile, time
+import tomllib
+import warnings
+from dataclasses import asdict, dataclass
+from importlib.metadata import version
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn as nn
+import tyro
+from torch.utils.tensorboard import SummaryWriter
+from tqdm import tqdm
+
+
+@dataclass
+class Args:
+    learning_rate: float = 1e-3  # learning rate
+    rmsprop: bool = False  # RMSprop (alpha 0.99, eps 0.01: the paper's); False: Adam (eps 1e-5)
+    anneal_lr: bool = False  # anneal the learning rate linearly to 0
+    num_actors: int = 2  # Ray actors, one process each (0: one actor in this process, without Ray: deterministic)
+    num_envs: int = 8  # environments per actor (one synchronous vector env each)
+    num_steps: int = 20  # steps per env per rollout
+    gamma: float = 0.99  # discount factor
+    rho_bar: float = 1.0  # V-trace: truncation of the importance weights of the TD errors and the policy gradient
+    c_bar: float = 1.0  # V-trace: truncation of the importance weights of the trace (how far a TD error reaches back)
+    ent_coef: float = 0.01  # entropy bonus coefficient (the paper's entropy cost)
+    vf_coef: float = 0.5  # value loss coefficient (the paper's baseline cost)
+    max_grad_norm: float = 40.0  # global gradient norm clip
+    ray_address: str | None = None  # host:port of a Ray cluster's head (`ray start --head`); default RAY_ADDRESS
+    env_id: str = "CartPole-v1"  # Gymnasium id of a discrete-action env with a flat observation vector
+    total_timesteps: int = 300_000  # environment steps over all actors
+    # ---- shared: args ----
+    seed: int = 1  # seed of torch, numpy, random and the envs
+    cuda: bool = False  # run on CUDA when available (the CNN scripts gain from it; small MLPs are fastest on a CPU)
+    torch_deterministic: bool = True  # torch.backends.cudnn.deterministic and one CPU thread
+    track: bool = False  # log to Weights & Biases (works offline with WANDB_MODE=offline)
+    wandb_project_name: str = "canonrl"  # wandb project
+    wandb_entity: str | None = None  # wandb entity (team)
+    capture_video: bool = False  # record episode 0 of the final evaluation to <run_dir>/videos
+    save_model: bool = False  # save <run_dir>/model.pt at the end
+    eval_episodes: int = 10  # evaluation episodes (the policy evaluate() runs) at the end and each --eval-every
+    eval_every: int = 0  # also evaluate every this many steps (0: only at the end); logs charts/train_seconds too
+    run_dir: str | None = None  # where the run is written (default runs/<env>__<script>__<seed>__<time>); must be new
+    resume: str | None = None  # continue the run in this directory (its flags; --total-timesteps may extend it)
+    checkpoint_every: int = 50_000  # save <run_dir>/checkpoint.pt every this many steps (and at the end and on Ctrl-C)
+    # ---- end shared: args ----
+
+
+def make_env(env_id, video_dir=None):
+    """env_id; with video_dir, episode 0 is recorded there as eval-episode-0.mp4 (--capture-video)."""
+    if video_dir is None:
+        return gym.make(env_id)
+    return gym.wrappers.RecordVideo(gym.make(env_id, render_mode="rgb_array"), str(video_dir), lambda ep: ep == 0,
+                                    name_prefix="eval", disable_logger=True)
+
+
+def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
+    nn.init.orthogonal_(layer.weight, std)
+    nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+class Agent(nn.Module):
+    """Separate actor and critic MLPs, obs -> 64 -> 64 (tanh) -> logits / value, as in a2c.py and ppo.py."""
+
+    def __init__(self, obs_dim: int, n_actions: int):
+        super().__init__()
+        self.critic = nn.Sequential(
+            layer_init(nn.Linear(obs_dim, 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)), nn.Tanh(),
+            layer_init(nn.Linear(64, 1), std=1.0))
+        self.actor = nn.Sequential(
+            layer_init(nn.Linear(obs_dim, 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)), nn.Tanh(),
+            layer_init(nn.Linear(64, n_actions), std=0.01))  # std 0.01: a near-uniform first policy
+
+    def get_value(self, x):
+        return self.critic(x).squeeze(-1)
+
+    def get_action(self, x, greedy=False, generator=None):
+        """The action the policy takes at x: sampled from pi(.|x) with `generator` (the actors), or the most probable
+        one (greedy: evaluate()). Returns it with its log-probability."""
+        logits = self.actor(x)
+        if greedy:
+            action = logits.argmax(dim=-1)
+        else:
+            action = torch.multinomial(logits.softmax(dim=-1), 1, generator=generator).squeeze(-1)
+        return action, logits.log_softmax(dim=-1).gather(-1, action.unsqueeze(-1)).squeeze(-1)
+
+    def get_logprob_entropy_value(self, x, action):
+        """The learner's view of actions already taken: log pi(a|x), the entropy of pi(.|x) and V(x)."""
+        dist = torch.distributions.Categorical(logits=self.actor(x), validate_args=False)
+        return dist.log_prob(action), dist.entropy(), self.get_value(x)
+
+
+def vtrace(log_rhos, discounts, rewards, values, bootstrap_value, rho_bar=1.0, c_bar=1.0):
+    """V-trace targets (Espeholt et al. 2018, section 4) on tensors of shape (T, B); bootstrap_value is V(x_T), (B,).
+    log_rhos[t] = log pi(a_t|x_t) - log mu(a_t|x_t) (pi: the learner's policy, mu: the actor's); discounts[t] is
+    gamma, or 0 where the episode ended at step t (which cuts the trace there). With rho_t = min(rho_bar, pi/mu) and
+    c_t = min(c_bar, pi/mu):
+        v_s = V(x_s) + sum_{t>=s} gamma^(t-s) (c_s ... c_{t-1}) rho_t (r_t + gamma V(x_{t+1}) - V(x_t))
+    computed backwards as v_s - V(x_s) = rho_s delta_s + gamma c_s (v_{s+1} - V(x_{s+1})), and the policy gradient's
+    advantages rho_s (r_s + gamma v_{s+1} - V(x_s)). On-policy (pi = mu) with rho_bar, c_bar >= 1, v_s is the n-step
+    bootstrapped return. Returns (vs, pg_advantages), both without gradient."""
+    with torch.no_grad():
+        rhos = log_rhos.exp()
+        clipped_rhos, cs = rhos.clamp(max=rho_bar), rhos.clamp(max=c_bar)
+        next_values = torch.cat([values[1:], bootstrap_value.unsqueeze(0)])
+        deltas = clipped_rhos * (rewards + discounts * next_values - values)
+        vs_minus_values, acc = torch.zeros_like(values), torch.zeros_like(bootstrap_value)
+        for t in reversed(range(len(values))):
+            acc = deltas[t] + discounts[t] * cs[t] * acc
+            vs_minus_values[t] = acc
+        vs = values + vs_minus_values
+        next_vs = torch.cat([vs[1:], bootstrap_value.unsqueeze(0)])
+        return vs, clipped_rhos * (rewards + discounts * next_vs - values)
+
+
+def impala_loss(logprob, entropy, value, vs, pg_advantages, ent_coef, vf_coef):
+    """Policy gradient -A log pi(a|s) with the V-trace advantages, value MSE to the V-trace targets, minus the
+    entropy bonus, averaged over the rollout; returns (loss, statistics)."""
+    pg_loss = -(pg_advantages * logprob).mean()
+    v_loss, entropy = 0.5 * ((value - vs) ** 2).mean(), entropy.mean()
+    loss = pg_loss + vf_coef * v_loss - ent_coef * entropy
+    stats = {"policy_loss": pg_loss, "value_loss": v_loss, "entropy": entropy}
+    return loss, {k: v.detach() for k, v in stats.items()}
+
+
+def bootstrap_time_limits(reward, terminated, truncated, infos, value_fn, gamma):
+    """A time limit is not part of the task (Pardo et al. 2018): where an episode was truncated, add gamma * V(s_final)
+    to its last reward, one value_fn call for all (same-step autoreset keeps s_final in infos["final_obs"])."""
+    idx = np.flatnonzero(truncated & ~terminated)
+    if len(idx) == 0:
+        return reward
+    return reward + np.bincount(idx, gamma * value_fn(np.stack(infos["final_obs"][idx])), len(reward))
+
+
+class RolloutActor:
+    """An actor: a vector env of num_envs copies (seeded from `seed`) and a copy of the policy, which samples with
+    the actor's own generator (seeded alike). Used as a plain object (--num-actors 0) or as a Ray actor (a process)."""
+
+    def __init__(self, env_id: str, num_envs: int, num_steps: int, gamma: float, seed: int):
+        torch.set_num_threads(1)
+        self.envs = gym.vector.SyncVectorEnv(  # same-step autoreset: a finished episode's last observation is in infos
+            [lambda: make_env(env_id)] * num_envs, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+        self.agent = Agent(self.envs.single_observation_space.shape[0], int(self.envs.single_action_space.n))
+        self.num_steps, self.gamma, self.generator = num_steps, gamma, torch.Generator().manual_seed(seed)
+        self.next_obs, _ = self.envs.reset(seed=seed)
+        self.episode_return, self.episode_length = np.zeros(num_envs), np.zeros(num_envs, dtype=np.int64)
+
+    def value(self, obs):  # V(obs) of a numpy batch of final observations, by the actor's copy of the critic
+        return self.agent.get_value(torch.as_tensor(obs, dtype=torch.float32)).numpy()
+
+    @torch.no_grad()
+    def rollout(self, weights: dict, version: int) -> dict:
+        """Load the policy's weights (`version`: the learner's update count when it sent them), step every env
+        num_steps times. Returns numpy arrays: obs (T+1, N, obs_dim): the T observations acted on and the next one;
+        actions, logprobs (log mu(a|s) of the actor's policy), rewards (truncations bootstrapped with the actor's
+        critic), dones (T, N); with the version and episodes: (return, length) of every episode that ended."""
+        self.agent.load_state_dict(weights)
+        steps, n = self.num_steps, self.envs.num_envs
+        obs = np.zeros((steps + 1, n, *self.envs.single_observation_space.shape), dtype=np.float32)
+        actions = np.zeros((steps, n), dtype=np.int64)
+        logprobs, rewards, dones = (np.zeros((steps, n), dtype=np.float32) for _ in range(3))
+        episodes = []
+        for t in range(steps):
+            obs[t] = self.next_obs
+            action, logprob = self.agent.get_action(torch.as_tensor(obs[t]), generator=self.generator)
+            actions[t], logprobs[t] = action.numpy(), logprob.numpy()
+            self.next_obs, reward, terminated, truncated, infos = self.envs.step(actions[t])
+            self.episode_return, self.episode_length = self.episode_return + reward, self.episode_length + 1
+            rewards[t] = bootstrap_time_limits(reward, terminated, truncated, infos, self.value, self.gamma)
+            dones[t] = terminated | truncated
+            for i in np.flatnonzero(terminated | truncated):  # every finished episode of every sub-env
+                episodes.append((float(self.episode_return[i]), int(self.episode_length[i])))
+                self.episode_return[i], self.episode_length[i] = 0.0, 0
+        obs[steps] = self.next_obs
+        return {"obs": obs, "actions": actions, "logprobs": logprobs, "rewards": rewards, "dones": dones,
+                "version": version, "episodes": episodes}
+
+    def close(self):
+        self.envs.close()
+
+
+ROLLOUT_TIMEOUT = 300.0  # seconds without any rollout after which the actors are deemed stuck (the run stops)
+
+
+class ActorsFailed(Exception):
+    """The actors cannot go on: an actor's replacement died before its first rollout, or no rollout came."""
+
+
+class Actors:
+    """The learner's side of the actors. request(i, weights, version) asks actor i for its next rollout with these
+    weights; ready() returns (i, rollout) of the first rollout to arrive. With `ray` (the module, Ray started): one
+    Ray actor per --num-actors, each in its own process. Without: one RolloutActor in this process, which rolls out
+    when ready() asks. The k-th actor this object starts gets the env seeds seed + 1000 k on. An actor that dies is
+    reported on stderr and replaced; ready() raises ActorsFailed if the replacement dies before its first rollout."""
+
+    def __init__(self, args: Args, seed: int, ray=None):
+        self.args, self.seed, self.ray, self.started, self.pending = args, seed, ray, 0, {}
+        self.remote_class = ray.remote(num_cpus=1)(RolloutActor) if ray is not None else None
+        self.actors = [self.new_actor() for _ in range(max(args.num_actors, 1))]
+        self.replaced = [False] * len(self.actors)
+
+    def new_actor(self):
+        a, seed = self.args, self.seed + 1000 * self.started
+        self.started += 1
+        if self.ray is None:
+            return RolloutActor(a.env_id, a.num_envs, a.num_steps, a.gamma, seed)
+        return self.remote_class.remote(a.env_id, a.num_envs, a.num_steps, a.gamma, seed)
+
+    def request(self, i: int, weights, version: int):
+        if self.ray is None:
+            self.pending[i] = (i, weights, version)  # rolled out in ready()
+            return
+        weights = weights if isinstance(weights, self.ray.ObjectRef) else self.ray.put(weights)
+        self.pending[self.actors[i].rollout.remote(weights, version)] = (i, weights, version)
+
+    def ready(self) -> tuple[int, dict]:
+        if self.ray is None:
+            i, weights, version = self.pending.pop(0)
+            return i, self.actors[i].rollout(weights, version)
+        while True:
+            done, _ = self.ray.wait(list(self.pending), num_returns=1, timeout=ROLLOUT_TIMEOUT)
+            if not done:
+                raise ActorsFailed(f"no rollout came in {ROLLOUT_TIMEOUT:.0f} seconds")
+            i, weights, version = self.pending.pop(done[0])
+            try:
+                rollout = self.ray.get(done[0])
+            except self.ray.exceptions.RayActorError as e:
+                if self.replaced[i]:
+                    raise ActorsFailed(f"actor {i} died again before its first rollout ({type(e).__name__})") from None
+                print(f"actor {i} died ({type(e).__name__}); replaced by a new actor (new env seeds)", file=sys.stderr)
+                self.actors[i], self.replaced[i] = self.new_actor(), True
+                self.request(i, weights, version)
+                continue
+            self.replaced[i] = False
+            return i, rollout
+
+    def close(self):
+        """Close the in-process actor's envs, or end the Ray actors and this driver's Ray session."""
+        if self.ray is None:
+            self.actors[0].close()
+        else:
+            self.ray.shutdown()
+
+
+@torch.no_grad()
+def evaluate(agent, env_id, episodes, seed, device="cpu", video_dir=None):
+    """Greedy (argmax) episodes on a fresh env; returns the list of episodic returns."""
+    env, returns = make_env(env_id, video_dir), []
+    for ep in range(episodes):
+        (obs, _), done, total = env.reset(seed=seed + ep), False, 0.0
+        while not done:
+            action, _ = agent.get_action(torch.as_tensor(obs, dtype=torch.float32, device=device), greedy=True)
+            obs, reward, terminated, truncated, _ = env.step(int(action))
+            total, done = total + float(reward), terminated or truncated
+        returns.append(total)
+    env.close()
+    return returns
+
+
+def main(args: Args):
+    args, ckpt, run_dir = start_run(args, check_args)
+    ray = start_ray(args) if args.num_actors else None  # before anything is written: an address that fails is bad input
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    obs_space, act_space = env_spaces(args.env_id)
+    obs_dim, n_actions = obs_space.shape[0], int(act_space.n)
+    agent = Agent(obs_dim, n_actions).to(device)
+    optimizer = (torch.optim.RMSprop(agent.parameters(), lr=args.learning_rate, alpha=0.99, eps=0.01) if args.rmsprop
+                 else torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5))
+    batch_size = args.num_envs * args.num_steps  # the steps of one rollout: one update
+    num_iterations = args.total_timesteps // batch_size
+    iteration = 0
+
+    def run_eval(video_dir=None):  # evaluation episodes are seeded apart from training
+        return evaluate(agent, args.env_id, args.eval_episodes, args.seed + 100_000, device, video_dir)
+
+    stateful = {"agent": agent, "optimizer": optimizer}  # what a checkpoint holds, saved and resumed
+    if ckpt is not None:
+        load_states(stateful, ckpt, run_dir)  # the actors are not saved: new ones start with new env seeds
+        iteration = ckpt["iteration"]
+    global_step = iteration * batch_size
+    logger = RunLogger(args, run_dir, num_iterations * batch_size, global_step, resuming=ckpt is not None)
+
+    def weights():  # the learner's weights as the actors load them (on the CPU)
+        return {k: v.cpu() for k, v in agent.state_dict().items()}
+
+    actors = Actors(args, args.seed + global_step, ray)
+    for i in range(len(actors.actors)):
+        actors.request(i, weights(), iteration)  # version: the learner's update count when it sent the weights
+    for iteration in range(iteration + 1, num_iterations + 1):
+        frac = 1.0 - (iteration - 1.0) / num_iterations
+        optimizer.param_groups[0]["lr"] = frac * args.learning_rate if args.anneal_lr else args.learning_rate
+        try:
+            i, rollout = actors.ready()
+        except ActorsFailed as e:  # save what was learnt, and stop
+            logger.save_checkpoint(stateful, iteration - 1, global_step)
+            actors.close(), logger.close_files()
+            print(f"error: {e}; stopped at step {global_step}: resume with --resume {run_dir}", file=sys.stderr)
+            sys.exit(1)
+        global_step += batch_size
+        for episode_return, episode_length in rollout["episodes"]:
+            logger.last_return = episode_return
+            logger.log(global_step, {"train/episodic_return": episode_return, "train/episodic_length": episode_length})
+        obs = torch.tensor(rollout["obs"], device=device)  # (T+1, N, obs_dim); a copy (Ray's arrays are read-only)
+        actions, behaviour_logprob, rewards, dones = (torch.tensor(rollout[k], device=device) for k in (
+            "actions", "logprobs", "rewards", "dones"))
+        logprob, entropy, value = agent.get_logprob_entropy_value(obs[:-1], actions)  # under the learner's policy
+        bootstrap_value = agent.get_value(obs[-1]).detach()
+        log_rhos = logprob.detach() - behaviour_logprob
+        vs, pg_advantages = vtrace(log_rhos, args.gamma * (1.0 - dones), rewards, value.detach(), bootstrap_value,
+                                   args.rho_bar, args.c_bar)
+        loss, stats = impala_loss(logprob, entropy, value, vs, pg_advantages, args.ent_coef, args.vf_coef)
+        optimizer.zero_grad()
+        loss.backward()
+        nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+        optimizer.step()
+        actors.request(i, weights(), iteration)  # this actor's next rollout, with the new weights
+        stats["clipfrac"] = (log_rhos.exp() > args.rho_bar).float().mean()  # importance weights truncated
+        logger.log(global_step, {"charts/learning_rate": optimizer.param_groups[0]["lr"],
+                                 "charts/policy_lag": iteration - 1 - rollout["version"],
+                                 **{f"losses/{k}": v for k, v in stats.items()}})
+        logger.progress(global_step)
+        if args.eval_every and iteration < num_iterations and global_step % args.eval_every < batch_size:
+            logger.evaluate(global_step, run_eval)
+        if iteration % max(1, args.checkpoint_every // batch_size) == 0 or logger.stop_requested:
+            logger.save_checkpoint(stateful, iteration, global_step)
+        if logger.stop_requested:  # Ctrl-C: the update it came in is finished and saved
+            actors.close()
+            logger.exit_interrupted()
+    actors.close()
+    video_dir = run_dir / "videos" if args.capture_video else None
+    eval_returns = logger.evaluate(global_step, lambda: run_eval(video_dir))
+    logger.save_checkpoint(stateful, num_iterations, global_step, finished=True)
+    if args.save_model:
+        torch.save({"agent": agent.state_dict(), "args": asdict(args), "eval_returns": eval_returns,
+                    "obs_dim": obs_dim, "n_actions": n_actions}, run_dir / "model.pt")
+    logger.close(eval_returns)
+
+
+def check_args(args: Args):
+    obs_space, act_space = env_spaces(args.env_id)
+    if not isinstance(act_space, gym.spaces.Discrete):
+        fail(f"{SCRIPT} needs discrete actions but {args.env_id} has {act_space}", "ppo_continuous.py")
+    if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) != 1:
+        fail(f"{SCRIPT} needs flat vector observations but {args.env_id} has {obs_space}", "ppo_atari.py")
+    check_ranges(args, {"num_actors": "x >= 0", "num_envs": "x >= 1", "num_steps": "x >= 1", "learning_rate": "x > 0",
+                        "gamma": "0 <= x <= 1", "rho_bar": "x > 0", "c_bar": "x > 0", "ent_coef": "x >= 0",
+                        "vf_coef": "x >= 0", "max_grad_norm": "x > 0"})
+    batch = args.num_envs * args.num_steps
+    if args.total_timesteps < batch:
+        fail(f"--total-timesteps {args.total_timesteps} is less than one rollout (num_envs*num_steps = {batch})")
+    if address := ray_address(args):
+        if not args.num_actors:
+            fail(f"--ray-address (or RAY_ADDRESS) {address} needs --num-actors 1 or more (0 runs without Ray)")
+        host, _, port = address.removeprefix("ray://").rpartition(":")
+        if not host or not port.isdigit():
+            fail(f"--ray-address {address!r} is not host:port")
+        try:  # ray.init itself retries for a minute or more before giving up on an address
+            socket.create_connection((host, int(port)), 5.0).close()
+        except OSError as e:
+            fail(f"cannot reach a Ray cluster at {address}: {e.strerror or e}")
+
+
+def ray_address(args: Args) -> str | None:
+    """--ray-address, else RAY_ADDRESS, else None (a local Ray)."""
+    return args.ray_address or os.environ.get("RAY_ADDRESS") or None
+
+
+def start_ray(args: Args):
+    """Join the Ray cluster at ray_address(args), or start a local Ray of num_actors CPUs (the actors' processes;
+    the learner is this process). Returns the ray module; a cluster that refuses this driver is a one-line error."""
+    address = ray_address(args)
+    token = os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token"
+    if address and "RAY_AUTH_MODE" not in os.environ and (os.environ.get("RAY_AUTH_TOKEN") or Path(token).is_file()):
+        os.environ["RAY_AUTH_MODE"] = "token"  # what `ray start` turned on where it found the token (read at import)
+    import ray
+    quiet = dict(log_to_driver=False, configure_logging=False)
+    if address is None:  # "local": a new Ray here, even where an earlier `ray start` runs one
+        ray.init(address="local", num_cpus=args.num_actors, include_dashboard=False, **quiet)
+        return ray
+    try:  # an existing cluster brings its own resources
+        ray.init(address=address, **quiet)
+    except (ConnectionError, RuntimeError, ValueError) as e:
+        fail(f"cannot join the Ray cluster at {address}: {str(e).strip().splitlines()[0]}")
+    return ray
+
+
+# ---- shared: helpers ----
+SCRIPT, ALGOS = Path(__file__).name, Path(__file__).resolve().parent
+
+
+def fail(msg: str, *scripts: str):
+    """Bad input: one line on stderr, exit status 2. It suggests those of `scripts` that exist beside this one."""
+    found = [s for s in scripts if s != SCRIPT and (ALGOS / s).is_file()]
+    print(f"error: {msg}" + (f"; use {' or '.join(found)}" if found else ""), file=sys.stderr)
+    sys.exit(2)
+
+
+def other_family(env_id: str) -> tuple[str, ...]:
+    """The scripts that take env_id, an id of another family of envs (Atari, MinAtar, mpe2, smac_lite)."""
+    if env_id.startswith("ALE/") or env_id.endswith("NoFrameskip-v4"):
+        return "ppo_atari.py", "dqn_atari.py"
+    if env_id.startswith("MinAtar/"):
+        return "dqn_atari.py", "ddqn_atari.py"
+    if re.fullmatch(r"(simple\w*|collect_treasure)_v\d+", env_id):
+        return "mappo_mpe.py", "maddpg_mpe.py"
+    if importlib.util.find_spec("smac_lite") and env_id in importlib.import_module("smac_lite.maps").MAPS:
+        return "mappo_smac_lite.py", "qmix_smac_lite.py"
+    return ()
+
+
+def env_spaces(env_id: str):
+    """(observation space, action space) of env_id, or a one-line error. The env is made in a temporary directory
+    with stderr muted: MuJoCo prints warnings and leaves MUJOCO_LOG.TXT behind, which must not precede an error."""
+    if env_id not in gym.registry:
+        if scripts := other_family(env_id):
+            fail(f"{env_id} is not an env of {SCRIPT}", *scripts)
+        close = difflib.get_close_matches(env_id, list(gym.registry), n=1)
+        fail(f"unknown env id '{env_id}'" + (f"; did you mean '{close[0]}'?" if close else ""))
+    cwd, stderr_fd = os.getcwd(), os.dup(2)
+    with tempfile.TemporaryDirectory() as tmp, open(os.devnull, "w") as null, warnings.catch_warnings(action="ignore"):
+        os.chdir(tmp), os.dup2(null.fileno(), 2)
+        try:
+            with gym.make(env_id) as env:
+                return env.observation_space, env.action_space
+        except Exception as e:
+            error = f"cannot make env '{env_id}': {type(e).__name__}: {(str(e).strip() or ' ').splitlines()[0]}"
+        finally:
+            os.dup2(stderr_fd, 2), os.close(stderr_fd), os.chdir(cwd)
+    fail(error)
+
+
+def check_ranges(args, rules: dict):
+    """Fail on the first flag outside its range; a rule is a condition on x, the flag's value (e.g. "0 <= x <= 1")."""
+    rules = {"total_timesteps": "x >= 1", "eval_episodes": "x >= 0", "eval_every": "x >= 0",
+             "checkpoint_every": "x >= 1", **rules}
+    for name, rule in rules.items():
+        if (x := getattr(args, name)) is not None and not eval(rule, {"x": x}):  # the rules are literals of this file
+            fail(f"--{name.replace('_', '-')} {x} is out of range: it must satisfy {rule}")
+
+
+def sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def start_run(args, check_args):
+    """Resume (--resume DIR: the run's saved flags; --total-timesteps may extend it), check the flags, choose the run
+    directory (a new run never writes into one that holds files), seed everything. Returns (args, checkpoint, dir).
+    A checkpoint is data: its SHA-256 must match checkpoint.sha256, and it is read with weights_only=True."""
+    ckpt = None
+    if args.resume:
+        path = Path(args.resume) / "checkpoint.pt"
+        if not path.is_file():
+            fail(f"no checkpoint at {path}; pass the run directory of an earlier {SCRIPT} run")
+        try:
+            if sha256(path) != (path.parent / "checkpoint.sha256").read_text().strip():
+                raise ValueError("its SHA-256 differs from checkpoint.sha256")
+            ckpt = torch.load(path, weights_only=True)
+            saved = Args(**ckpt["args"])
+        except Exception as e:
+            fail(f"{path} is corrupt or not a {SCRIPT} checkpoint ({type(e).__name__}); delete it or start anew")
+        given = [k for k, v in asdict(args).items() if v != getattr(Args(), k) and k not in ("resume", "run_dir")]
+        if "total_timesteps" in given:
+            if args.total_timesteps < ckpt["global_step"]:
+                fail(f"--total-timesteps {args.total_timesteps} is below the {ckpt['global_step']} steps already done")
+            print(f"resume: --total-timesteps {args.total_timesteps} (was {saved.total_timesteps})", file=sys.stderr)
+            saved.total_timesteps = args.total_timesteps
+        elif ckpt["finished"]:
+            print(f"the run in {path.parent} is finished; give a larger --total-timesteps to extend it")
+            sys.exit(0)
+        if ignored := [f"--{k.replace('_', '-')}" for k in given if k != "total_timesteps"]:
+            print(f"resume: the run's saved flags are kept; ignored: {' '.join(ignored)}", file=sys.stderr)
+        args = saved
+        args.resume = args.run_dir = str(path.parent)
+    check_args(args)
+    name = f"{args.env_id.replace('/', '-')}__{SCRIPT[:-3]}__{args.seed}__{time.time():.0f}"
+    run_dir = Path(args.run_dir or f"runs/{name}")
+    if run_dir.exists() and not run_dir.is_dir():
+        fail(f"--run-dir {run_dir} is a file; pass a directory")
+    if ckpt is None and run_dir.is_dir() and any(run_dir.iterdir()):
+        if (run_dir / "metrics.csv").is_file():
+            fail(f"--run-dir {run_dir} holds a run; continue it with --resume {run_dir} or choose a new --run-dir")
+        fail(f"--run-dir {run_dir} is not empty and holds no run; choose a new --run-dir")
+    random.seed(args.seed), np.random.seed(args.seed), torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    torch.set_num_threads(1 if args.torch_deterministic else torch.get_num_threads())  # 1: fastest for small nets
+    return args, ckpt, run_dir
+
+
+def load_states(stateful: dict, ckpt: dict, run_dir: Path):
+    """Resume every object of `stateful` ({name: object with load_state_dict}) from the checkpoint."""
+    for name, obj in stateful.items():
+        try:
+            obj.load_state_dict(ckpt[name])
+        except Exception as e:
+            fail(f"{run_dir / 'checkpoint.pt'} does not fit this run's {name} ({type(e).__name__}); start anew")
+
+
+def plain(obj):
+    """obj with numpy arrays as tensors and numpy scalars as numbers: what torch.load(weights_only=True) reads."""
+    if isinstance(obj, dict):
+        return {k: plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(plain(v) for v in obj)
+    return torch.from_numpy(obj) if isinstance(obj, np.ndarray) else obj.item() if isinstance(obj, np.generic) else obj
+
+
+class RNGs:
+    """torch's global generator and the given numpy Generators, checkpointed as one object."""
+
+    def __init__(self, *np_rngs: np.random.Generator):
+        self.np_rngs = np_rngs
+
+    def state_dict(self):
+        return {"torch": torch.get_rng_state(), "numpy": [rng.bit_generator.state for rng in self.np_rngs]}
+
+    def load_state_dict(self, state):
+        torch.set_rng_state(state["torch"])
+        for rng, rng_state in zip(self.np_rngs, state["numpy"], strict=True):
+            rng.bit_generator.state = rng_state
+
+
+class RunLogger:
+    """What a run shows and leaves behind: config.json, metrics.csv (global_step, wall_time, name, value; append-only),
+    TensorBoard events, a wandb run with --track, the progress bar, checkpoint.pt. Resuming drops the rows logged after
+    the checkpoint (those steps are redone): no step is logged twice. The training clock stops during evaluations.
+    Ctrl-C sets stop_requested: the script finishes its iteration, saves it and calls exit_interrupted()."""
+
+    def __init__(self, args, run_dir: Path, total: int, step: int, resuming: bool):
+        run_dir.mkdir(parents=True, exist_ok=True)
+        metrics, header = run_dir / "metrics.csv", "global_step,wall_time,name,value\n"
+        if resuming:
+            lines = metrics.read_text().splitlines(keepends=True)[1:] if metrics.is_file() else []
+            (run_dir / "metrics.tmp").write_text(header + "".join(ln for ln in lines if int(ln.split(",")[0]) <= step))
+            os.replace(run_dir / "metrics.tmp", metrics)
+        else:
+            git = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ALGOS)
+            config = {"script": SCRIPT, "args": asdict(args), "git_commit": git.stdout.strip() or None,
+                      "versions": {p: version(p) for p in ("torch", "gymnasium", "numpy")}}
+            (run_dir / "config.json").write_text(json.dumps(config, indent=2))
+            metrics.write_text(header)
+        if total != args.total_timesteps:
+            print(f"{total:,} steps will run: whole iterations up to --total-timesteps {args.total_timesteps:,}")
+        self.args, self.run_dir, self.wandb = args, run_dir, None
+        if args.track:  # before the SummaryWriter: wandb syncs only the writers created after wandb.init
+            import wandb
+            self.wandb = wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=asdict(args),
+                                    name=run_dir.name, dir=str(run_dir), sync_tensorboard=True, id=run_dir.name,
+                                    resume="allow")
+        self.file = open(metrics, "a", newline="")
+        self.csv, self.tb = csv.writer(self.file, lineterminator="\n"), SummaryWriter(str(run_dir))
+        self.bar = tqdm(total=total, initial=step, unit="step", mininterval=1.0)
+        self.first_step, self.start, self.eval_seconds, self.last_return = step, time.time(), 0.0, float("nan")
+        self.stop_requested = False
+        signal.signal(signal.SIGINT, self.request_stop)
+
+    def request_stop(self, *_):
+        self.stop_requested = True
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C stops at once, unsaved
+        print("\nCtrl-C: stopping after this iteration (again: at once, without saving it)", file=sys.stderr)
+
+    def log(self, step: int, metrics: dict):
+        for name, value in metrics.items():
+            value = float(value.detach() if torch.is_tensor(value) else value)  # a loss may still require grad
+            self.csv.writerow([step, f"{time.time():.3f}", name, repr(value)])
+            self.tb.add_scalar(name, value, step)
+        self.file.flush()
+
+    def progress(self, step: int):
+        """Log charts/sps (environment steps per training second) and update the progress bar."""
+        sps = int((step - self.first_step) / max(time.time() - self.start - self.eval_seconds, 1e-9))
+        self.log(step, {"charts/sps": sps})
+        self.bar.update(step - self.bar.n)
+        self.bar.set_postfix(sps=sps, ret=f"{self.last_return:.1f}", refresh=False)
+
+    def evaluate(self, step: int, run_episodes):
+        """Log charts/train_seconds, then one row per episode of run_episodes(): a list of episodic returns (logged as
+        eval/episodic_return) or a dict {metric name: one value per episode} (multi-agent: team return, win)."""
+        self.log(step, {"charts/train_seconds": time.time() - self.start - self.eval_seconds})
+        start, results = time.time(), run_episodes()
+        self.eval_seconds += time.time() - start
+        for name, values in (results if isinstance(results, dict) else {"eval/episodic_return": results}).items():
+            for value in values:
+                self.log(step, {name: value})
+        return results
+
+    def save_checkpoint(self, stateful: dict, iteration: int, global_step: int, finished: bool = False):
+        """checkpoint.pt: the flags, the counters and the state_dict() of every object of `stateful`, written then
+        renamed (a crash never leaves half a checkpoint), and its SHA-256 in checkpoint.sha256."""
+        state = {"args": asdict(self.args), "iteration": iteration, "global_step": global_step, "finished": finished,
+                 **{name: obj.state_dict() for name, obj in stateful.items()}}
+        torch.save(plain(state), self.run_dir / "checkpoint.tmp")
+        digest = sha256(self.run_dir / "checkpoint.tmp")
+        os.replace(self.run_dir / "checkpoint.tmp", self.run_dir / "checkpoint.pt")
+        (self.run_dir / "checkpoint.sha256").write_text(digest + "\n")
+
+    def close_files(self):
+        self.bar.close(), self.file.close(), self.tb.close()
+        if self.wandb is not None:
+            self.wandb.finish()
+
+    def exit_interrupted(self):
+        self.close_files()
+        print(f"interrupted: metrics kept, resume with --resume {self.run_dir}", file=sys.stderr)
+        sys.exit(130)
+
+    def close(self, results):
+        """Close the files; the last lines say the evaluation, where the run is and the script's reference."""
+        self.bar.update(self.bar.total - self.bar.n)
+        self.close_files()
+        for name, values in (results if isinstance(results, dict) else {"eval/episodic_return": results}).items():
+            if len(values):
+                print(f"{name}: {np.mean(values):.2f} +- {np.std(values):.2f} over {len(values)} episodes")
+        print(f"run saved in {self.run_dir}" + (" (model.pt, checkpoint.pt)" if self.args.save_model else
+                                                " (checkpoint.pt)"))
+        path = ALGOS.parent / "benchmark" / "references.toml"  # our multi-seed runs of each script, if present
+        refs = [r for r in (tomllib.loads(path.read_text())["reference"] if path.is_file() else []) if "values" in r and
+                (r["script"], r["env_id"]) == (SCRIPT, self.args.env_id) and r["score"] in ("final_eval",
+                                                                                           "final_win_rate")]
+        for r in sorted(refs, key=lambda r: abs(r["total_timesteps"] - self.args.total_timesteps))[:1]:
+            print(f"reference {r['id']} ({r['total_timesteps']:,} steps, {r['score']}, {len(r['values'])} seeds): "
+                  f"{np.mean(r['values']):.2f} +- {np.std(r['values']):.2f}, lowest seed {min(r['values']):.2f}")
+        if not refs:
+            print(f"no reference for {SCRIPT} on {self.args.env_id} to compare with")
+# ---- end shared: helpers ----
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Args))
