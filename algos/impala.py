@@ -13,7 +13,7 @@ seeds); if its replacement dies too, the run saves its checkpoint and stops. --r
 without it a local Ray of num_actors CPUs is started here.
 Steps (--total-timesteps, charts/sps) are the env steps of the rollouts the learner consumed, summed over actors.
 Defaults: the paper's loss (baseline cost 0.5, entropy cost 0.01, rho_bar = c_bar = 1, gradient norm clip 40, rollouts
-of 20 steps) with Adam, on CartPole-v1.
+of 20 steps) and its learning rate annealed linearly to 0, with Adam (5e-4), on CartPole-v1.
 
 Run:    python algos/impala.py --env-id CartPole-v1 --seed 1 --num-actors 2
 Result: benchmark/references.toml
@@ -36,9 +36,9 @@ from tqdm import tqdm
 
 @dataclass
 class Args:
-    learning_rate: float = 1e-3  # learning rate
+    learning_rate: float = 5e-4  # learning rate
     rmsprop: bool = False  # RMSprop (alpha 0.99, eps 0.01: the paper's); False: Adam (eps 1e-5)
-    anneal_lr: bool = False  # anneal the learning rate linearly to 0
+    anneal_lr: bool = True  # anneal the learning rate linearly to 0 over the updates (as the paper)
     num_actors: int = 2  # Ray actors, one process each (0: one actor in this process, without Ray: deterministic)
     num_envs: int = 8  # environments per actor (one synchronous vector env each)
     num_steps: int = 20  # steps per env per rollout
@@ -316,7 +316,8 @@ def main(args: Args):
             i, rollout = actors.ready()
         except ActorsFailed as e:  # save what was learnt, and stop
             logger.save_checkpoint(stateful, iteration - 1, global_step)
-            actors.close(), logger.close_files()
+            actors.close()
+            logger.close_files()
             print(f"error: {e}; stopped at step {global_step}: resume with --resume {run_dir}", file=sys.stderr)
             sys.exit(1)
         global_step += batch_size
