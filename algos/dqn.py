@@ -30,8 +30,9 @@ from tqdm import tqdm
 
 @dataclass
 class Args:
-    learning_rate: float = 2.3e-3  # Adam learning rate
+    learning_rate: float = 2.3e-3  # AdamW learning rate
     anneal_lr: bool = True  # anneal the learning rate linearly to 0
+    weight_decay: float = 0.01  # AdamW's decoupled weight decay (PyTorch's default): keeps the weights from growing
     buffer_size: int = 100_000  # replay buffer capacity (transitions)
     gamma: float = 0.99  # discount factor
     tau: float = 0.005  # target network update rate (1.0: a hard copy)
@@ -157,7 +158,8 @@ def main(args: Args):
     q_network = QNetwork(obs_dim, n_actions).to(device)
     target_network = QNetwork(obs_dim, n_actions).to(device)
     target_network.load_state_dict(q_network.state_dict())
-    optimizer = torch.optim.Adam(q_network.parameters(), lr=args.learning_rate, fused=True)  # fused: 4x faster step
+    optimizer = torch.optim.AdamW(q_network.parameters(), lr=args.learning_rate, weight_decay=args.weight_decay,
+                                  fused=True)  # fused: 4x faster step
     rng = np.random.default_rng(args.seed)  # exploration and replay sampling
     rb = ReplayBuffer(args.buffer_size, obs_dim, rng)
     num_iterations = args.total_timesteps // args.num_envs  # one iteration = one step of every env
@@ -245,8 +247,9 @@ def check_args(args: Args):
         fail(f"{SCRIPT} needs flat vector observations but {args.env_id} has {obs_space}", "dqn_atari.py")
     check_ranges(args, {"num_envs": "x >= 1", "batch_size": "x >= 1", "train_frequency": "x >= 1",
                         "gradient_steps": "x >= 1", "target_network_frequency": "x >= 1", "learning_rate": "x > 0",
-                        "gamma": "0 <= x <= 1", "tau": "0 < x <= 1", "start_e": "0 <= x <= 1", "end_e": "0 <= x <= 1",
-                        "exploration_fraction": "0 < x <= 1", "learning_starts": "x >= 0", "buffer_size": "x >= 1"})
+                        "weight_decay": "x >= 0", "gamma": "0 <= x <= 1", "tau": "0 < x <= 1", "start_e": "0 <= x <= 1",
+                        "end_e": "0 <= x <= 1", "exploration_fraction": "0 < x <= 1", "learning_starts": "x >= 0",
+                        "buffer_size": "x >= 1"})
     if args.end_e > args.start_e:
         fail(f"--end-e {args.end_e} is above --start-e {args.start_e}: epsilon is annealed down")
     if args.batch_size > min(args.buffer_size, max(args.learning_starts, 1)):
