@@ -88,7 +88,9 @@ def dqn_same(a) -> tuple[int, dict]:
         learning_starts=a.learning_starts, batch_size=a.batch_size, tau=a.tau, gamma=a.gamma,
         train_freq=a.train_frequency, gradient_steps=a.gradient_steps, target_update_interval=a.target_network_frequency,
         exploration_fraction=a.exploration_fraction, exploration_initial_eps=a.start_e,
-        exploration_final_eps=a.end_e, policy_kwargs={"net_arch": sizes, "activation_fn": activation})
+        exploration_final_eps=a.end_e, policy_kwargs={"net_arch": sizes, "activation_fn": activation,
+                                                      "optimizer_class": "AdamW",
+                                                      "optimizer_kwargs": {"weight_decay": a.weight_decay}})
 
 
 def dqn_atari_same(a) -> tuple[int, dict]:
@@ -161,6 +163,7 @@ def sb3_kwargs(kwargs: dict, action_dim: int | None = None) -> dict:
     """The JSON kwargs of SAME as SB3 objects (schedules, activation classes, action noise); "normalize" and
     "atari" removed."""
     import numpy as np
+    import torch
     import torch.nn as nn
     out = {k: functools.partial(operator.mul, v["linear"]) if isinstance(v, dict) and "linear" in v else v
            for k, v in kwargs.items() if k not in ("normalize", "atari")}
@@ -168,6 +171,8 @@ def sb3_kwargs(kwargs: dict, action_dim: int | None = None) -> dict:
         pk = dict(out["policy_kwargs"])
         if "activation_fn" in pk:
             pk["activation_fn"] = getattr(nn, pk["activation_fn"])
+        if "optimizer_class" in pk:
+            pk["optimizer_class"] = getattr(torch.optim, pk["optimizer_class"])
         out["policy_kwargs"] = pk
     if "action_noise" in out:
         from stable_baselines3.common.noise import NormalActionNoise

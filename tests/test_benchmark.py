@@ -510,6 +510,9 @@ def test_speed_maps_our_defaults_onto_sb3():
     assert (n_envs, kw["batch_size"], kw["train_freq"], kw["gradient_steps"]) == (d.num_envs, d.batch_size,
                                                                                  d.train_frequency, d.gradient_steps)
     assert kw["target_update_interval"] == d.target_network_frequency and kw["buffer_size"] == d.buffer_size
+    optimizer = sb3_baseline.sb3_kwargs(kw)["policy_kwargs"]
+    assert optimizer["optimizer_class"] is torch.optim.AdamW and optimizer["optimizer_kwargs"] == {"weight_decay":
+                                                                                                 d.weight_decay}
     # the network SB3 is given computes what dqn.py's does: SB3 builds Linear layers of net_arch with activation_fn
     net = load_script("dqn.py").QNetwork(4, 2)
     ours = [m for m in net.network if isinstance(m, torch.nn.Linear)]
