@@ -32,8 +32,8 @@ if mode == "raise":
         raise ValueError("boom")
     inner()
 if mode in ("ctrl-c", "ctrl-c-caught"):
-    open(sys.argv[2], "w").close()  # the test sends SIGINT once this file exists
     try:
+        open(sys.argv[2], "w").close()  # the test sends SIGINT once this file exists
         time.sleep(60)
     except KeyboardInterrupt:
         if mode == "ctrl-c-caught":
@@ -81,8 +81,11 @@ def test_sigint_is_a_keyboard_interrupt(probe, mode, code):
     for fork in (False, True):
         ready.unlink(missing_ok=True)
         cmd, cwd, env = [sys.executable, str(probe), mode, str(ready)], probe.parent / "cwd", run_env()
+        # SIGINT restored to its default: a shell that starts pytest in the background (`pytest &`) ignores it,
+        # and the probe would then inherit the ignored signal and sleep through it
         proc = (fork_server().start(cmd, cwd, env) if fork else
-                subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+                subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                 preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)))
         deadline = time.time() + 60
         while not ready.exists() and time.time() < deadline:
             time.sleep(0.01)
