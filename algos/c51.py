@@ -5,7 +5,8 @@ action, a categorical distribution over n_atoms fixed returns z_i (linspace(v_mi
 picks the action. The target network's distribution at its greedy next action, moved to r + gamma * z_i, is projected
 back onto the support (eq. 7) and the loss is its cross-entropy with the predicted distribution of the action taken (in
 place of dqn.py's squared TD error). Atoms and Adam's eps = 0.01 / batch_size as CleanRL's c51.py (101 atoms in
-[-100, 100]); the rest is dqn.py's schedule (CleanRL's lr 2.5e-4 and hard copy every 500 steps need 500k steps).
+[-100, 100]); the rest is dqn.py's schedule for budgets of about 100k steps (rl-zoo's learning rate 2.3e-3; CleanRL's
+2.5e-4 and hard copy every 500 steps need 500k steps).
 
 Run:    python algos/c51.py --env-id CartPole-v1 --seed 1
 Results: benchmark/references.toml
