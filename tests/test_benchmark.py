@@ -570,6 +570,13 @@ def test_sb3_baseline_runs_in_a_suite(tmp_path):
     assert bad.status == "failed" and "no flag --no-such-flag" in bad.error
 
 
+def test_speed_sps_run_measures_its_own_budget(tmp_path):
+    """ours_flags may set a longer --total-timesteps for the time-to-threshold runs; the SPS run keeps sps_steps."""
+    entry = speed.Entry("t", "ppo.py", "CartPole-v1", sps_steps=512,
+                        ours_flags=["--total-timesteps", "400000", "--num-envs", "4", "--update-epochs", "1"])
+    assert speed.ours_sps(entry, 1, tmp_path)["steps"] == 512
+
+
 def test_speed_time_to_threshold_plumbing(tmp_path):
     """Both sides stop at the first evaluation reaching the threshold and report its training seconds."""
     entry = speed.Entry("t", "ppo.py", "CartPole-v1", sps_steps=512, best_sb3=(4, {
