@@ -86,16 +86,17 @@ def _fmt(x, digits=1):
 
 def cells(outcomes, refs: list[Reference], random_scores: dict | None = None):
     """Group finished runs by (script, env, budget, score method, flags, reference), score each run, match the
-    reference, judge (stats.verdict; random_scores: benchmark/random_scores.toml by default).
+    reference, judge (stats.verdict; random_scores: benchmark/random_scores.toml by default). A suite entry with
+    compare_with gets a second cell under its own: the same runs judged against that script's runs in `outcomes`.
     Returns a list of dicts (one per cell) and the outcomes whose scoring failed as (outcome, error)."""
     random_scores = load_random_scores() if random_scores is None else random_scores
     groups, unscorable = defaultdict(list), []
     for o in outcomes:
         key = (o.spec.script, o.spec.env_id, o.spec.total_timesteps, o.spec.score, o.spec.flags, o.spec.reference,
-               o.spec.self_reference)
+               o.spec.self_reference, o.spec.compare_with)
         groups[key].append(o)
-    result = []
-    for (script, env_id, budget, method, flags, ref_id, self_ref), group in groups.items():
+    result, compared = [], []
+    for (script, env_id, budget, method, flags, ref_id, self_ref, other), group in groups.items():
         scores, finals, curves = {}, {}, {}  # finals: the final greedy evaluation, shown beside a peer's metric
         for o in group:
             if not o.finished:
@@ -122,7 +123,23 @@ def cells(outcomes, refs: list[Reference], random_scores: dict | None = None):
                        "reference": ref, "ref_mean": rm, "ref_std": rs, "runs": group,
                        "verdict": judge(x, env_id, ref, random_scores, self_ref) if x else
                        stats.Verdict("no verdict", "no run scored")})
-    return result, unscorable
+        if other:
+            compared.append((result[-1], other))
+    extra = {}
+    for c, other in compared:  # a second row, under the first: its runs against another script's runs of this report
+        theirs = next((d["scores"] for d in result if d["scores"] and (d["script"], d["env_id"], d["total_timesteps"],
+                       d["score"]) == (other, c["env_id"], c["total_timesteps"], c["score"])), {})
+        seeds = sorted(theirs)
+        ref = Reference(f"this report's {other}", other, c["env_id"], c["total_timesteps"], c["score"],
+                        f"the runs of {other} in this report (same machine, same flags), seeds {seeds}", seeds,
+                        values=[theirs[k] for k in seeds]) if theirs else None
+        rm, rs = reference_stats(ref) if ref else (None, None)
+        x = list(c["scores"].values())
+        extra[id(c)] = {**c, "final_evals": {}, "eval_curves": {}, "reference": ref, "ref_mean": rm, "ref_std": rs,
+                        "compared": other,
+                        "verdict": judge(x, c["env_id"], ref, random_scores) if x and ref else
+                        stats.Verdict("no verdict", f"no finished run of {other} in this report")}
+    return [row for c in result for row in ([c, extra[id(c)]] if id(c) in extra else [c])], unscorable
 
 
 def judge(scores: list[float], env_id: str, ref: Reference | None, random_scores: dict,
@@ -172,6 +189,8 @@ def write_report(suite, outcomes, missing: list[str], device: str, report_dir: P
         f = list(c["final_evals"].values())
         final = f"{np.mean(f):.1f} ± {np.std(f):.1f} ({len(f)})" if f else "–"
         notes = [c["verdict"].why] if c["verdict"].why else []
+        if c.get("compared"):
+            notes.insert(0, f"the runs of the row above, against this report's {c['compared']}")
         if c["flags"]:
             notes.append("flags `" + " ".join(c["flags"]) + "`")
         if ref is None:
@@ -213,7 +232,7 @@ def write_report(suite, outcomes, missing: list[str], device: str, report_dir: P
                          f"[`{r.id}`: {r.source}; {r.note}]")
         lines.append("")
     lines += ["### Per-seed scores", ""]
-    for c in table:
+    for c in [c for c in table if not c.get("compared")]:
         per_seed = ", ".join(f"seed {k}: {v:.2f}" for k, v in sorted(c["scores"].items())) or "none"
         if c["final_evals"]:
             per_seed += "; final eval: " + ", ".join(f"seed {k}: {v:.2f}" for k, v in sorted(c["final_evals"].items()))
@@ -235,7 +254,7 @@ def write_report(suite, outcomes, missing: list[str], device: str, report_dir: P
               f"seed smoothed over its last {SMOOTH_EPISODES} episodes, "
               f"interpolated on a common grid; line = mean over seeds, band = ± std. The reference is drawn as "
               "mean ± std (a horizontal band at its own budget, whatever its metric).", ""]
-    for c in table:
+    for c in [c for c in table if not c.get("compared")]:
         dirs = [o.run_dir for o in c["runs"] if o.finished]
         name = f"{file_stem(c['script'])}__{c['env_id'].replace('/', '-')}__{c['total_timesteps']}.png"
         if dirs and plot_curve(dirs, fig_dir / name, f"{c['script']} {c['env_id']} ({suite.name}, {device})",
@@ -247,7 +266,8 @@ def write_report(suite, outcomes, missing: list[str], device: str, report_dir: P
                 "eval_curves": {seed: [[int(step), v] for step, v in curve]
                                 for seed, curve in c["eval_curves"].items()},
                 "summary": vars(c["summary"]) if c["summary"] else None,
-                "reference": c["reference"].id if c["reference"] else None, "verdict": vars(c["verdict"])}
+                "reference": c["reference"].id if c["reference"] else None, "verdict": vars(c["verdict"]),
+                "compared_with": c.get("compared")}
                for c in table]
     (fig_dir / "results.json").write_text(json.dumps({"suite": suite.name, "device": device,
                                                       "time": now.isoformat(timespec="minutes"), "cells": results},

@@ -51,6 +51,7 @@ class RunSpec:
     flags: tuple[str, ...] = ()
     reference: str | None = None  # a reference id, or None: the matching one (benchmark.references.find_reference)
     self_reference: bool = False  # the reference is made from this entry's runs: reported, not judged
+    compare_with: str | None = None  # also judged against this suite's runs of that script (e.g. "sb3:sac_continuous.py")
 
     @property
     def name(self) -> str:
@@ -98,24 +99,30 @@ def load_suites(path: Path = SUITES) -> dict[str, Suite]:
                 raise ValueError(f"{path}: a run of suite {name!r} lacks {sorted(missing)}")
             if r.get("self_reference") and not r.get("reference"):
                 raise ValueError(f"{path}: a run of suite {name!r} has self_reference but no reference")
+            other = r.get("compare_with")
+            if other and not any((o["script"], o["env_id"], o["total_timesteps"], o["score"]) ==
+                                 (other, r["env_id"], r["total_timesteps"], r["score"]) for o in runs):
+                raise ValueError(f"{path}: a run of suite {name!r} compares with {other!r}, which the suite does not "
+                                 f"run on {r['env_id']} at {r['total_timesteps']} steps with score {r['score']!r}")
         suites[name] = Suite(name, s.get("description", ""), int(s.get("seeds", 1)), runs)
     return suites
 
 
 def plan(suite: Suite, seeds: int | None = None, scripts: list[str] | None = None,
-         first_seed: int = 1) -> tuple[list[RunSpec], list[str]]:
-    """The runs of a suite (N seeds from first_seed on; only `scripts` if given) whose script exists, and the scripts
-    that do not exist yet."""
+         first_seed: int = 1, envs: list[str] | None = None) -> tuple[list[RunSpec], list[str]]:
+    """The runs of a suite (N seeds from first_seed on; only `scripts` and `envs` if given) whose script exists, and
+    the scripts that do not exist yet."""
     specs, missing = [], []
     for r in suite.runs:
-        if scripts and r["script"] not in scripts:
+        if (scripts and r["script"] not in scripts) or (envs and r["env_id"] not in envs):
             continue
         if not (ALGOS / r["script"].removeprefix("sb3:")).is_file():
             missing += [r["script"]] if r["script"] not in missing else []
             continue
         for seed in range(first_seed, first_seed + (seeds or suite.seeds)):
             specs.append(RunSpec(r["script"], r["env_id"], seed, int(r["total_timesteps"]), r["score"],
-                                 tuple(r.get("flags", ())), r.get("reference"), bool(r.get("self_reference"))))
+                                 tuple(r.get("flags", ())), r.get("reference"), bool(r.get("self_reference")),
+                                 r.get("compare_with")))
     return specs, missing
 
 
@@ -196,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--first-seed", type=int, default=1, help="seeds first-seed .. first-seed + seeds - 1 (e.g. "
                    "--first-seed 2 --seeds 2 adds seeds 2 and 3 to a suite run whose seed 1 is reported already)")
     p.add_argument("--scripts", nargs="+", default=None, help="run only these scripts of the suite (e.g. ppo.py)")
+    p.add_argument("--envs", nargs="+", default=None, help="run only on these envs of the suite (e.g. Pendulum-v1)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--jobs", type=int, default=1, help="runs at a time (each uses one CPU thread); with "
                    "--ray-address the cluster's free CPUs decide, and --jobs is only the runs per GPU on cuda")
@@ -231,9 +239,12 @@ def _main(p: argparse.ArgumentParser, args: argparse.Namespace, command: str) ->
     unknown = set(args.scripts or []) - {r["script"] for r in suite.runs}
     if unknown:
         p.error(f"suite {args.suite!r} has no runs of {sorted(unknown)}")
+    unknown = set(args.envs or []) - {r["env_id"] for r in suite.runs}
+    if unknown:
+        p.error(f"suite {args.suite!r} has no runs on {sorted(unknown)}")
     if args.first_seed < 0 or (args.seeds is not None and args.seeds < 1):
         p.error("--first-seed must be >= 0 and --seeds >= 1")
-    specs, missing = plan(suite, args.seeds, args.scripts, args.first_seed)
+    specs, missing = plan(suite, args.seeds, args.scripts, args.first_seed, args.envs)
     if missing:
         print(f"missing scripts (planned, not in algos/ yet; their runs are skipped): {', '.join(missing)}",
               file=sys.stderr)

@@ -23,7 +23,7 @@ from benchmark import run as bench
 from benchmark import sb3_baseline, speed, stats
 from benchmark.random_policy import load_random_scores, random_returns
 from benchmark.references import Reference, find_reference, load_references, score
-from benchmark.report import judge, write_report
+from benchmark.report import cells, judge, write_report
 from benchmark.report_path import new_report_path
 from benchmark.runs import git_head, read_metrics, read_rows, run_finished
 from conftest import SMOKE
@@ -247,15 +247,20 @@ def test_missing_scripts_are_reported_not_run(tmp_path, capsys):
 
 
 def test_first_seed_plans_the_later_seeds_only(tmp_path, capsys):
-    """--first-seed 2 --seeds 2 plans seeds 2 and 3 of every run (seed 1 of a suite reported earlier is not rerun)."""
+    """--first-seed 2 --seeds 2 plans seeds 2 and 3 of every run (seed 1 of a suite reported earlier is not rerun);
+    --envs plans the runs on those envs only."""
     suite = bench.load_suites()["hopper-cpu"]
     specs, _ = bench.plan(suite, 2, None, first_seed=2)
     assert sorted({s.seed for s in specs}) == [2, 3] and len(specs) == 2 * len(suite.runs)
-    assert {s.seed for s in bench.plan(suite)[0]} == {1, 2, 3}  # the default is still seeds 1..N
-    for bad in (["--first-seed", "-1"], ["--seeds", "0"]):
+    assert {s.seed for s in bench.plan(suite)[0]} == {1, 2, 3, 4, 5}  # the default is still seeds 1..N
+    pendulum, _ = bench.plan(bench.load_suites()["continuous-cpu"], envs=["Pendulum-v1"])
+    assert {s.env_id for s in pendulum} == {"Pendulum-v1"} and len(pendulum) == 6 * 5
+    for bad in (["--first-seed", "-1"], ["--seeds", "0"], ["--envs", "Pendulum-v0"]):
         with pytest.raises(SystemExit):
             bench.main(["--suite", "hopper-cpu", "--out", str(tmp_path), *bad])
-    assert "--first-seed must be >= 0" in capsys.readouterr().err and not list(tmp_path.iterdir())
+    err = capsys.readouterr().err
+    assert "--first-seed must be >= 0" in err and "has no runs on ['Pendulum-v0']" in err
+    assert not list(tmp_path.iterdir())
 
 
 def test_every_suite_entry_is_well_formed():
@@ -477,6 +482,41 @@ def test_report_verdicts_and_names(tmp_path):
     second = write_report(suite, outcomes[:5], [], "cpu", tmp_path / "reports", load_references(), now=now)
     assert second.name == first.stem + "-2.md" and second.with_suffix("").is_dir()
     assert first.read_text() == text, "the first report was overwritten"
+
+
+def test_report_judges_a_script_against_sb3_of_the_same_report(tmp_path):
+    """compare_with: a second row under ours judges the same runs against the SB3 runs of the same report (PASS
+    when level, FAIL when far below them); without those runs it says so; a suite naming a row it lacks is refused."""
+    sb3 = [-150.0, -160, -155, -170, -145]
+    groups = {("sac_continuous.py", "rlzoo-sac-Pendulum-v1", "sb3:sac_continuous.py"): [-152.0, -158, -149, -165, -160],
+              ("sb3:sac_continuous.py", "rlzoo-sac-Pendulum-v1", None): sb3,
+              ("td3_continuous.py", "rlzoo-td3-Pendulum-v1", "sb3:td3_continuous.py"): [-900.0, -950, -1000, -870, -990],
+              ("sb3:td3_continuous.py", "rlzoo-td3-Pendulum-v1", None): sb3,
+              ("ddpg_continuous.py", "rlzoo-ddpg-Pendulum-v1", "sb3:ddpg_continuous.py"): [-150.0] * 5}
+    outcomes = []
+    for (script, ref, other), scores in groups.items():
+        for seed, value in enumerate(scores, 1):
+            spec = bench.RunSpec(script, "Pendulum-v1", seed, 20000, "final_eval", (), ref, False, other)
+            _fake_run(tmp_path / spec.name, "eval/episodic_return", value)
+            outcomes.append(bench.Outcome(spec, tmp_path / spec.name, "ok"))
+    table, _ = cells(outcomes, load_references())
+    rows = [(c["script"], c.get("compared"), c["verdict"].label) for c in table]
+    assert rows == [("sac_continuous.py", None, "PASS"), ("sac_continuous.py", "sb3:sac_continuous.py", "PASS"),
+                    ("sb3:sac_continuous.py", None, "PASS"),
+                    ("td3_continuous.py", None, "FAIL"), ("td3_continuous.py", "sb3:td3_continuous.py", "FAIL"),
+                    ("sb3:td3_continuous.py", None, "PASS"),
+                    ("ddpg_continuous.py", None, "PASS"), ("ddpg_continuous.py", "sb3:ddpg_continuous.py",
+                                                           "no verdict")], rows
+    assert table[1]["reference"].values == sb3 and table[1]["reference"].seeds == [1, 2, 3, 4, 5]
+    assert "no finished run of sb3:ddpg_continuous.py" in table[-1]["verdict"].why
+    text = write_report(bench.Suite("t", "test", 5), outcomes, [], "cpu", tmp_path / "reports",
+                        load_references()).read_text()
+    assert "the runs of the row above, against this report's sb3:sac_continuous.py" in text
+    bad = ('[t]\nseeds = 1\n[[t.run]]\nscript = "sac_continuous.py"\nenv_id = "Pendulum-v1"\ntotal_timesteps = 10\n'
+           'score = "final_eval"\ncompare_with = "sb3:sac_continuous.py"\n')
+    (tmp_path / "s.toml").write_text(bad)
+    with pytest.raises(ValueError, match="compares with 'sb3:sac_continuous.py', which the suite does not run"):
+        bench.load_suites(tmp_path / "s.toml")
 
 
 def test_report_path_never_reuses_a_name(tmp_path):
