@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU check, one command on a fresh clone on a GPU machine (installs what is missing first):
-#   bash benchmark/gpu.sh              # about 8.5 minutes on one H200: steps/s per family with and without --compile,
+#   bash benchmark/gpu.sh              # about 9 minutes on one H100: steps/s per family with and without --compile,
 #                                      # smac_lite at 1024-8192 battles, MAPPO's time to 0.9 on 3m, a short Pong curve;
 #                                      # writes benchmark/reports/gpu-check-cuda-<date>-<HHMM>-<commit>.md naming the GPU
 #   bash benchmark/gpu.sh --dry-run    # the same steps on the CPU with tiny budgets (a test runs it); report in runs/
