@@ -244,6 +244,9 @@ class BatchedSMAC:
         # Start formation (before jitter): allies on the left facing east, enemies mirrored on the right.
         self._x0, self._y0 = self._formation(spec)
 
+        # Enemies that pursue (a map entry with pursue=True) keep a target that left their weapon range while it is
+        # within ACQUIRE_RANGE; by default they drop it and acquire the closest ally instead.
+        self.pursue = bool(spec.get("pursue", False))
         # Ground collisions (maps with collide=True): pairs closer than the sum of their radii are pushed apart.
         self.collide = bool(spec.get("collide", False))
         if self.collide:
@@ -423,10 +426,10 @@ class BatchedSMAC:
         too costly to run every loop).
 
         Agents without a live order (stop, or their target died) fire at the closest enemy they can hit in range.
-        Enemies follow SC2's auto-targeting under their one attack-move order: keep the current target while it
-        lives and is within weapon range; otherwise acquire the closest ally within ACQUIRE_RANGE that they can
-        hit, preferring allies that can shoot back; with none, walk on to the attack-move point (the allies'
-        start). Enemy medivacs heal their most damaged teammate. Updates self.enemy_target; returns the closest
+        Enemies follow SC2-like auto-targeting under their one attack-move order: keep the current target while it
+        lives and is within weapon range (or, on a map with pursue, within ACQUIRE_RANGE); otherwise acquire the
+        closest ally within ACQUIRE_RANGE that they can hit, preferring allies that can shoot back; with none, walk on
+        to the attack-move point (the allies' start). Enemy medivacs heal their most damaged teammate. Updates self.enemy_target; returns the closest
         enemy of every agent (N, A) and whether each enemy may fire (N, E): not while heading for the point."""
         A = self.n_agents
         x, y, alive = self.x, self.y, self.alive
@@ -444,7 +447,11 @@ class BatchedSMAC:
         acquired = torch.where(best < _OUT_OF_SIGHT, closest_a, self._rally_col)  # (N, E)
         cur = self.enemy_target  # (N, E)
         # In range in the last game loop (set by _subtick) and still alive: keep it.
-        keep = self._enemy_in_range & (cur < A) & (self.point_alive.gather(1, cur) > 0)
+        keep = self._enemy_in_range
+        if self.pursue:  # or within ACQUIRE_RANGE of it
+            d2_cur = dist2.transpose(1, 2).gather(2, cur.clamp(max=A - 1).unsqueeze(2)).squeeze(2)  # (N, E)
+            keep = keep | (d2_cur <= ACQUIRE_RANGE**2)
+        keep = keep & (cur < A) & (self.point_alive.gather(1, cur) > 0)
         target = torch.where(keep, cur, acquired)
         if heal_tgt_e is not None:
             target = torch.where(self.is_healer[A:], heal_tgt_e, target)

@@ -117,6 +117,8 @@ def unit_stats(name):
 # collide: ground units push each other apart (SC2 unit collision; colossi and air units are exempt). On for the
 # swarm and area-damage maps, where stacking would decide the battle (64 zerglings in one spot die to one colossus
 # volley); off elsewhere, where it changes little and would cost speed.
+# pursue: an enemy keeps chasing its target when the target steps out of its weapon range (while it is within sight
+# range 9) instead of turning to the closest ally. Off on every SMAC map here (see smac_lite/README.md, Rules).
 _T, _P, _Z = "T", "P", "Z"
 
 

@@ -39,7 +39,18 @@ def focus_fire_policy(env, avail):
     return torch.where(env.alive[:, :A] > 0, act, 0)
 
 
-POLICIES = {"random": random_policy, "focus_fire": focus_fire_policy}
+def pull_back_policy(env, avail, below=0.5):
+    """focus_fire_policy, except that an agent below `below` of its hp that an enemy is aiming at steps back west
+    (toward its own side), out of that enemy's weapon range unless the enemy follows. It reads the enemies' targets from the simulator:
+    a probe of the rules, not a policy an agent could observe its way to."""
+    A = env.n_agents
+    act = focus_fire_policy(env, avail)
+    aimed = (env.enemy_target[:, :, None] == torch.arange(A, device=avail.device)) & (env.alive[:, A:, None] > 0)
+    back = (aimed.sum(1) > 0) & (env.hp[:, :A] < below * env.max_hp[:A]) & (env.alive[:, :A] > 0)
+    return torch.where(back & (avail[:, :, 5] > 0), 5, act)
+
+
+POLICIES = {"random": random_policy, "focus_fire": focus_fire_policy, "pull_back": pull_back_policy}
 
 
 def play_battles(map_name, policy, num_battles, seed=0, device="cpu", **env_kwargs):

@@ -26,10 +26,11 @@ def _dummy_units(monkeypatch):
     monkeypatch.setitem(UNIT_TYPES, "mine", {**UNIT_TYPES["baneling"], "speed": 0.0})  # a baneling that stays put
 
 
-def duel(agents, enemies, dist, limit=50, a_race="T", b_race="T"):
-    """A custom map (maps are data): agents on the left, enemies `dist` to the right, no jitter."""
+def duel(agents, enemies, dist, limit=50, a_race="T", b_race="T", **rules):
+    """A custom map (maps are data): agents on the left, enemies `dist` to the right, no jitter; `rules`: map
+    entries such as pursue=True."""
     spec = dict(agents=agents, enemies=enemies, limit=limit, a_race=a_race, b_race=b_race, type_order=[],
-                size=(32.0, 32.0), gap=dist)
+                size=(32.0, 32.0), gap=dist, **rules)
     env = smac_lite.BatchedSMAC(spec, num_envs=1, seed=0, jitter=0.0, auto_reset=False)
     env.reset()
     A = env.n_agents
@@ -280,6 +281,24 @@ def test_enemy_keeps_its_target_while_in_range():
     assert env.hp[0, 1].item() == 45 and env.hp[0, 0].item() < hp0
 
 
+@pytest.mark.parametrize("pursue", [False, True])
+def test_enemy_drops_a_target_that_leaves_weapon_range_unless_the_map_pursues(pursue):
+    """The engaged ally steps out of the enemy's weapon range (still within sight) while another ally is in range:
+    by default the enemy turns to the ally in range; on a map with pursue=True it follows the one it engaged."""
+    env = duel([("marine", 2)], [("marine", 1)], 5.0, pursue=pursue)
+    env.x[0, 1] = 5.0  # the second ally starts far away
+    env.step(act(env, 1, 1))
+    assert env.hp[0, 0].item() < 45 and env.hp[0, 1].item() == 45
+    hp0, x_enemy = env.hp[0, 0].item(), env.x[0, 2].item()
+    env.x[0, 0] = x_enemy - 7.5  # out of weapon range (5 + both radii), within sight (9)
+    env.x[0, 1] = x_enemy - 5.0  # in range
+    env.step(act(env, 1, 1))
+    if pursue:  # one step (1.125 map units) is not enough to close 7.5 to 5.75: nobody is hit, the enemy walks
+        assert env.hp[0, 1].item() == 45 and env.hp[0, 0].item() == hp0 and env.x[0, 2].item() < x_enemy - 1
+    else:  # it follows the engaged ally until its next re-evaluation (4 loops), then shoots the one in range
+        assert env.hp[0, 1].item() < 45 and env.hp[0, 0].item() == hp0 and env.x[0, 2].item() > x_enemy - 0.6
+
+
 def test_enemy_prefers_a_threat_and_attack_moves_to_the_allies_start():
     # A medivac (cannot shoot) is closer to the enemy than the marine; the enemy shoots the marine.
     env = duel([("marine", 1), ("medivac", 1)], [("marine", 1), ("dummy", 1)], 5.5)
@@ -424,6 +443,14 @@ def test_perfect_win_returns_20_and_focus_fire_beats_random():
     assert torch.allclose(ret_ff[won_ff], torch.full_like(ret_ff[won_ff], 20.0), atol=1e-4)
     assert ret_ff.max() <= 20.0 + 1e-4
     assert won_ff.float().mean() >= won_rand.float().mean() + 0.3
+
+
+def test_pulling_back_wins_5m_vs_6m_only_against_enemies_that_pursue():
+    """The rule that decides 5m_vs_6m (benchmark/smac_lite_rules.py): a damaged marine that steps back drags its
+    attackers out of the fight only if they follow it. Seeds 0-3 of 200-500 battles gave 0.00 and 0.93-0.96."""
+    won, _, _, _ = play_battles("5m_vs_6m", "pull_back", 100, seed=5)
+    won_pursue, _, _, _ = play_battles(dict(MAPS["5m_vs_6m"], pursue=True), "pull_back", 100, seed=5)
+    assert won.float().mean() <= 0.05 and won_pursue.float().mean() >= 0.8
 
 
 # ---------------------------------------------------------------------------------------------- PettingZoo, render
