@@ -2,15 +2,9 @@
 plumbing of the speed comparison; all on runs of a few hundred steps."""
 import datetime
 import json
-import os
 import re
-import shutil
-import socket
 import subprocess
 import sys
-import tempfile
-import time
-import uuid
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +20,7 @@ from benchmark.references import Reference, find_reference, load_references, sco
 from benchmark.report import cells, judge, write_report
 from benchmark.report_path import new_report_path
 from benchmark.runs import git_head, read_metrics, read_rows, run_finished
-from conftest import SMOKE
+from conftest import SMOKE, free_port
 
 pytestmark = pytest.mark.xdist_group("benchmark")
 
@@ -149,58 +143,10 @@ def test_ray_backend(suite_run, tmp_path):
                                                                   "final_eval")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture
-def ray_cluster():
-    """A Ray cluster of its own in a separate process (`ray start --head --block`, its own temp dir and ports), as
-    a remote cluster would be. Ended by SIGTERM to that process, which stops the processes it started, then by
-    killing what is left of its session by pid. Not `ray stop`: that stops every Ray process of the user on this
-    machine, other people's clusters and local Rays included."""
-    pytest.importorskip("ray")
-    import psutil
-    tmp = Path(tempfile.mkdtemp(prefix="ray"))  # its own: Ray keeps sockets and logs there, not in the shared default
-    port = _free_port()
-    # its own token too (Ray checks one on every connection): the cluster and the driver read this file, never the
-    # user's ~/.ray/auth_token, which another Ray on the machine may write meanwhile
-    (tmp / "auth_token").write_text(uuid.uuid4().hex * 2)
-    env = {**os.environ, "RAY_AUTH_TOKEN_PATH": str(tmp / "auth_token")}
-    log = open(tmp / "start.log", "w")
-    cmd = [str(Path(sys.executable).with_name("ray")), "start", "--head", "--block", "--port", str(port),
-           "--node-ip-address", "127.0.0.1", "--num-cpus", "2", "--include-dashboard=false", "--disable-usage-stats",
-           "--temp-dir", str(tmp), "--ray-client-server-port", str(_free_port()), "--dashboard-port",
-           str(_free_port()), "--dashboard-agent-listen-port", str(_free_port())]
-    head = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
-    try:
-        deadline = time.time() + 120
-        while "Ray runtime started" not in (tmp / "start.log").read_text():
-            assert head.poll() is None and time.time() < deadline, (tmp / "start.log").read_text()[-3000:]
-            time.sleep(0.5)
-        yield f"127.0.0.1:{port}", env
-    finally:
-        head.terminate()
-        try:
-            head.wait(60)
-        except subprocess.TimeoutExpired:
-            head.kill()
-        for proc in psutil.process_iter():
-            try:
-                if os.getsid(proc.pid) == head.pid:  # the session start_new_session made: only what we started
-                    proc.kill()
-            except (OSError, psutil.Error):
-                pass
-        log.close()
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
 def test_ray_backend_on_a_separate_cluster(ray_cluster, suite_run, tmp_path):
     """The smoke suite on a cluster reached by its address: the runs are made in the workers' temporary
     directories and come back to the driver's run directories, where they score exactly as local runs."""
-    address, env = ray_cluster
+    address, env, _ = ray_cluster
     argv = ["--suite", "smoke", "--backend", "ray", "--ray-address", address, "--out", str(tmp_path / "runs"),
             "--report-dir", str(tmp_path / "reports")]
     # the driver in a process of its own, as a user runs it: no Ray state left by other tests of this process
@@ -224,7 +170,7 @@ def test_ray_backend_on_a_separate_cluster(ray_cluster, suite_run, tmp_path):
 
 def test_ray_address_that_cannot_be_reached(tmp_path, capsys):
     pytest.importorskip("ray")
-    argv = ["--suite", "smoke", "--backend", "ray", "--ray-address", f"127.0.0.1:{_free_port()}",
+    argv = ["--suite", "smoke", "--backend", "ray", "--ray-address", f"127.0.0.1:{free_port()}",
             "--out", str(tmp_path)]
     assert bench.main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()

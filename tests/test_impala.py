@@ -84,31 +84,15 @@ def test_an_episode_end_cuts_the_trace():
     torch.testing.assert_close(vs[0], values[0] + rho * (rewards[0] - values[0]))
 
 
-def descendants(pid: int) -> list[int]:
-    """The processes below pid (children, their children, ...), from /proc."""
-    children = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(int(stat.parent.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
-def rollout_actors(pid: int) -> list[int]:
-    """The Ray actor processes (`ray::RolloutActor...`) among pid's descendants."""
+def rollout_actors(session: int) -> list[int]:
+    """The Ray actor processes (`ray::RolloutActor...`) of a Ray cluster: those of the session its head started."""
     found = []
-    for p in descendants(pid):
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         try:
-            if Path(f"/proc/{p}/cmdline").read_bytes().startswith(b"ray::RolloutActor"):
-                found.append(p)
-        except OSError:
+            pid = int(cmdline.parent.name)
+            if cmdline.read_bytes().startswith(b"ray::RolloutActor") and os.getsid(pid) == session:
+                found.append(pid)
+        except (OSError, ValueError):
             pass
     return found
 
@@ -117,17 +101,20 @@ RAY = ["--env-id", "CartPole-v1", "--num-actors", "2", "--num-envs", "4", "--num
        "--save-model", "--total-timesteps", "16000"]
 
 
-def test_ray_actors_killed_mid_run_are_replaced_and_the_run_finishes(tmp_path):
-    """Two Ray actors on a local Ray; once the learner has updated, both actor processes are killed (SIGKILL): each
-    death is reported, new actors take over, and the run trains to its budget and leaves the whole run contract. The
-    rollouts of two actors lag the learner's policy (charts/policy_lag). (about 30 s: Ray's start-up, two actor
+def test_ray_actors_killed_mid_run_are_replaced_and_the_run_finishes(ray_cluster, tmp_path):
+    """Two Ray actors on a Ray cluster of its own, joined by --ray-address (the gate runs a local Ray); once the
+    learner has updated, both actor processes, which the cluster started, are killed (SIGKILL): each death is
+    reported, new actors take over, and the run trains to its budget and leaves the whole run contract. The rollouts
+    of two actors lag the learner's policy (charts/policy_lag). (about 40 s: the cluster's start-up, two actor
     start-ups, 200 updates)"""
+    address, env, session = ray_cluster
     run_dir = tmp_path / "run"
-    proc = start_script("impala.py", RAY, run_dir, fork=True)
+    proc = start_script("impala.py", RAY + ["--ray-address", address], run_dir, fork=True,
+                        RAY_AUTH_TOKEN_PATH=env["RAY_AUTH_TOKEN_PATH"])
     deadline, killed = time.time() + 120, []
     while time.time() < deadline and proc.poll() is None and not killed:
         if (run_dir / "metrics.csv").exists() and "losses/" in (run_dir / "metrics.csv").read_text():
-            found = rollout_actors(proc.pid)  # on a busy machine the second actor may still be starting
+            found = rollout_actors(session)  # on a busy machine the second actor may still be starting
             if len(found) == 2:
                 killed = found
                 for p in killed:
