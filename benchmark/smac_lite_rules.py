@@ -93,6 +93,10 @@ def main():
     torch.set_num_threads(1)
     policies = {"focus_fire": "focus_fire", "pull_back": "pull_back"}
     map_name, note = args.map, ""
+    if map_name not in MAPS:
+        p.error(f"unknown map {map_name!r}; smac_lite's maps: {', '.join(MAPS)}")
+    if args.run_dir and not any((args.run_dir / f).is_file() for f in ("checkpoint.pt", "model.pt")):
+        p.error(f"{args.run_dir} holds no checkpoint.pt or model.pt of a mappo_smac_lite.py run")
     if args.run_dir:
         map_name, steps, policies["trained MAPPO"] = trained_policy(args.run_dir)
         note = f" `trained MAPPO`: the greedy actor of `{args.run_dir.name}` after {steps:,} steps."
