@@ -46,9 +46,10 @@ SPEED = [
     ("mappo_mpe.py", ["--env-id", "simple_spread_v3"], False),
 ]
 BATTLES = [1024, 4096, 8192]
-# seconds per step on the GPU, and on the CPU with --dry-run. On one H100 (report gpu-check-cuda-2026-11-27-0203-c19cfb5)
-# the check took 529 s with MAPPO at 100 s and the curve at 60 s, about 11 s of it per script process for start-up;
-# MAPPO reached 0.9 there after about 105 training seconds: hence 125 s for MAPPO and 40 s for the curve.
+# seconds per step on the GPU, and on the CPU with --dry-run. On one H100 (report
+# gpu-check-cuda-2026-11-27-0203-c19cfb5) the check took 529 s with MAPPO at 100 s and the curve at 60 s, about 11 s
+# of it per script process for start-up; MAPPO reached 0.9 there after about 105 training seconds: hence 125 s for
+# MAPPO and 40 s for the curve.
 SECONDS = {"speed": 15, "compile": 45, "mappo": 125, "curve": 40}
 DRY_SECONDS = {"speed": 1, "compile": 2, "mappo": 4, "curve": 2}
 

@@ -83,13 +83,14 @@ def play(spec, policy, battles, seed):
     return sum(out["eval/win_rate"]) / battles, sum(out["eval/episodic_return_team"]) / battles
 
 
-def main():
+def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--map", default="5m_vs_6m", help="a smac_lite map (the run's own map when --run-dir is given)")
     p.add_argument("--run-dir", type=Path, help="a mappo_smac_lite.py run directory: also play its trained policy")
     p.add_argument("--battles", type=int, default=1000)
     p.add_argument("--seed", type=int, default=0)
-    args = p.parse_args()
+    p.add_argument("--report-dir", type=Path, default=ROOT / "benchmark" / "reports")
+    args = p.parse_args(argv)
     torch.set_num_threads(1)
     policies = {"focus_fire": "focus_fire", "pull_back": "pull_back"}
     map_name, note = args.map, ""
@@ -111,16 +112,18 @@ def main():
             win, ret = rows[name, pol_name]
             print(f"{name:32s} {pol_name:14s} win {win:.3f} +- {_ci95(win, args.battles):.3f}  return {ret:6.2f}  "
                   f"({time.perf_counter() - t0:.1f} s)", flush=True)
-    out = report_path("rules", "cpu", started)
+    out = args.report_dir / report_path("rules", "cpu", started).name
     cmd = (f"OMP_NUM_THREADS=1 python benchmark/smac_lite_rules.py --map {map_name} --battles {args.battles} "
            f"--seed {args.seed}" + (f" --run-dir {args.run_dir}" if args.run_dir else ""))
     lines = [f"# smac_lite rules on {map_name}, {started:%Y-%m-%d %H:%M}, commit {commit_id()}", "",
-             f"The first episode of {args.battles} battles (`BatchedSMAC(seed={args.seed})`) per cell, under smac_lite's "
-             "rules and with one rule changed at a time (benchmark/smac_lite_rules.py says what each change is). "
-             "`focus_fire`: every agent shoots the enemy with the least hp; `pull_back`: the same, except that an agent "
-             "below half its hp that an enemy is aiming at steps back (smac_lite.policies)."
+             f"The first episode of {args.battles} battles (`BatchedSMAC(seed={args.seed})`) per cell, under "
+             "smac_lite's rules and with one rule changed at a time (benchmark/smac_lite_rules.py says what each "
+             "change is). "
+             "`focus_fire`: every agent shoots the enemy with the least hp; `pull_back`: the same, except that an "
+             "agent below half its hp that an enemy is aiming at steps back (smac_lite.policies)."
              f"{note} Win rate with a 95% normal-approximation "
-             f"interval, and the mean scaled return (20 for a clean win). One CPU thread; {load_text(load_before, os.getloadavg())}.",
+             "interval, and the mean scaled return (20 for a clean win). One CPU thread; "
+             f"{load_text(load_before, os.getloadavg())}.",
              "", "| rules | " + " | ".join(f"{p} win | {p} return" for p in policies) + " |",
              "|---|" + "---:|---:|" * len(policies)]
     for name in VARIANTS:

@@ -429,8 +429,9 @@ class BatchedSMAC:
         Enemies follow SC2-like auto-targeting under their one attack-move order: keep the current target while it
         lives and is within weapon range (or, on a map with pursue, within ACQUIRE_RANGE); otherwise acquire the
         closest ally within ACQUIRE_RANGE that they can hit, preferring allies that can shoot back; with none, walk on
-        to the attack-move point (the allies' start). Enemy medivacs heal their most damaged teammate. Updates self.enemy_target; returns the closest
-        enemy of every agent (N, A) and whether each enemy may fire (N, E): not while heading for the point."""
+        to the attack-move point (the allies' start). Enemy medivacs heal their most damaged teammate. Updates
+        self.enemy_target; returns the closest enemy of every agent (N, A) and whether each enemy may fire (N, E): not
+        while heading for the point."""
         A = self.n_agents
         x, y, alive = self.x, self.y, self.alive
         dx = x[:, None, A:] - x[:, :A, None]

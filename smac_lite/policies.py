@@ -41,8 +41,8 @@ def focus_fire_policy(env, avail):
 
 def pull_back_policy(env, avail, below=0.5):
     """focus_fire_policy, except that an agent below `below` of its hp that an enemy is aiming at steps back west
-    (toward its own side), out of that enemy's weapon range unless the enemy follows. It reads the enemies' targets from the simulator:
-    a probe of the rules, not a policy an agent could observe its way to."""
+    (toward its own side), out of that enemy's weapon range unless the enemy follows. It reads the enemies' targets
+    from the simulator: a probe of the rules, not a policy an agent could observe its way to."""
     A = env.n_agents
     act = focus_fire_policy(env, avail)
     aimed = (env.enemy_target[:, :, None] == torch.arange(A, device=avail.device)) & (env.alive[:, A:, None] > 0)

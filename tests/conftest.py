@@ -143,9 +143,9 @@ def free_port() -> int:
 def ray_cluster():
     """A Ray cluster of its own in a separate process (`ray start --head --block`, its own temp dir and ports), as
     a remote cluster would be: yields its address, the environment a driver needs (its auth token) and the head's
-    pid, which is the session id of every process the cluster starts. Ended by SIGTERM to that process, which stops the processes it started, then by
-    killing what is left of its session by pid. Not `ray stop`: that stops every Ray process of the user on this
-    machine, other people's clusters and local Rays included."""
+    pid, which is the session id of every process the cluster starts. Ended by SIGTERM to that process, which stops
+    the processes it started, then by killing what is left of its session by pid. Not `ray stop`: that stops every
+    Ray process of the user on this machine, other people's clusters and local Rays included."""
     pytest.importorskip("ray")
     import psutil
     tmp = Path(tempfile.mkdtemp(prefix="ray"))  # its own: Ray keeps sockets and logs there, not in the shared default

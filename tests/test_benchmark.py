@@ -19,7 +19,7 @@ from benchmark.random_policy import load_random_scores, random_returns
 from benchmark.references import Reference, find_reference, load_references, score
 from benchmark.report import cells, judge, write_report
 from benchmark.report_path import new_report_path
-from benchmark.runs import git_head, read_metrics, read_rows, run_finished
+from benchmark.runs import git_head, read_metrics, read_rows, run_finished, run_script
 from conftest import SMOKE, free_port
 
 pytestmark = pytest.mark.xdist_group("benchmark")
@@ -651,3 +651,19 @@ def test_a2c_defaults_are_sb3s_a2c_defaults():
                  "use_rms_prop", "rms_prop_eps", "normalize_advantage"):
         assert kw[name] == defaults[name], name
     assert n_envs == 8
+
+
+def test_smac_lite_rules_report(tmp_path):
+    """benchmark/smac_lite_rules.py plays every rule variant with the scripted policies and a trained MAPPO actor
+    (a short run's checkpoint) and writes one table row per variant. (about 10 s)"""
+    from benchmark import smac_lite_rules
+    run_dir = tmp_path / "mappo"
+    out = run_script("mappo_smac_lite.py", ["--env-id", "3m", "--total-timesteps", "640", "--num-envs", "8",
+                                            "--num-steps", "40", "--num-minibatches", "2", "--eval-episodes", "2"],
+                     run_dir, fork=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    smac_lite_rules.main(["--battles", "16", "--run-dir", str(run_dir), "--report-dir", str(tmp_path)])
+    (report,) = tmp_path.glob("smac_lite-rules-cpu-*.md")
+    rows = [ln for ln in report.read_text().splitlines() if ln.startswith("| ") and "win |" not in ln]
+    assert [r.split(" | ")[0][2:] for r in rows] == list(smac_lite_rules.VARIANTS)
+    assert all(len(r.split(" | ")) == 7 for r in rows) and "trained MAPPO" in report.read_text()
