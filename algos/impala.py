@@ -1,4 +1,5 @@
-"""IMPALA for discrete actions on classic control (CartPole-v1 by default): actors roll out, one learner corrects.
+"""IMPALA for discrete actions on classic control (CartPole-v1 by default) and MinAtar: actors roll out, one learner
+corrects.
 
 Espeholt et al. 2018, "IMPALA: Scalable Distributed Deep-RL with Importance Weighted Actor-Learner Architectures".
 --num-actors Ray actors, each a process stepping its own vector env (--num-envs copies) with its own copy of the
@@ -13,9 +14,12 @@ seeds); if its replacement dies too, the run saves its checkpoint and stops. --r
 without it a local Ray of num_actors CPUs is started here.
 Steps (--total-timesteps, charts/sps) are the env steps of the rollouts the learner consumed, summed over actors.
 Defaults: the paper's loss (baseline cost 0.5, entropy cost 0.01, rho_bar = c_bar = 1, gradient norm clip 40, rollouts
-of 20 steps) and its learning rate annealed linearly to 0, with Adam (5e-4), on CartPole-v1.
+of 20 steps) and its learning rate annealed linearly to 0, with Adam (5e-4), on CartPole-v1. MinAtar/<Game>-v1 ids
+(Young & Tian 2019, `pip install minatar`: Atari-like games on a 10x10 grid of object channels, with MinAtar's sticky
+actions) take MinAtar's own network in place of the MLP: one 3x3 convolution of 16 channels, 128 units.
 
 Run:    python algos/impala.py --env-id CartPole-v1 --seed 1 --num-actors 2
+        python algos/impala.py --env-id MinAtar/Breakout-v1 --total-timesteps 2000000
 Result: benchmark/references.toml
 """
 import csv, difflib, hashlib, importlib.util, json, os, random, re, signal, socket, subprocess, sys, tempfile, time
@@ -49,7 +53,7 @@ class Args:
     vf_coef: float = 0.5  # value loss coefficient (the paper's baseline cost)
     max_grad_norm: float = 40.0  # global gradient norm clip
     ray_address: str | None = None  # host:port of a Ray cluster's head (`ray start --head`); default RAY_ADDRESS
-    env_id: str = "CartPole-v1"  # Gymnasium id of a discrete-action env with a flat observation vector
+    env_id: str = "CartPole-v1"  # id of a discrete-action env with flat vector observations, or MinAtar/<Game>-v1
     total_timesteps: int = 300_000  # environment steps over all actors
     # ---- shared: args ----
     seed: int = 1  # seed of torch, numpy, random and the envs
@@ -68,8 +72,30 @@ class Args:
     # ---- end shared: args ----
 
 
+MINATAR = {f"MinAtar/{game.title().replace('_', '')}-v1": game
+           for game in ("asterix", "breakout", "freeway", "seaquest", "space_invaders")}
+
+
+def register_minatar():
+    """Register the MinAtar/<Game>-v1 ids here (importing minatar takes 1 s). Called at import and by each actor: a
+    Ray actor's process does not run this file's top level."""
+    for env_id, game in MINATAR.items():
+        if env_id not in gym.registry:
+            gym.register(env_id, "minatar.gym:BaseEnv", max_episode_steps=10_000,
+                         kwargs=dict(game=game, use_minimal_action_set=True))
+
+
+register_minatar()
+
+
 def make_env(env_id, video_dir=None):
-    """env_id; with video_dir, episode 0 is recorded there as eval-episode-0.mp4 (--capture-video)."""
+    """env_id; a MinAtar game's observation (10, 10, channels) of booleans becomes (channels, 10, 10) floats for the
+    convolution. With video_dir, episode 0 is recorded there as eval-episode-0.mp4 (--capture-video)."""
+    if env_id in MINATAR:
+        env = gym.make(env_id)
+        h, w, c = env.observation_space.shape
+        return gym.wrappers.TransformObservation(env, lambda obs: np.moveaxis(obs, -1, 0).astype(np.float32),
+                                                 gym.spaces.Box(0.0, 1.0, (c, h, w), np.float32))
     if video_dir is None:
         return gym.make(env_id)
     return gym.wrappers.RecordVideo(gym.make(env_id, render_mode="rgb_array"), str(video_dir), lambda ep: ep == 0,
@@ -82,17 +108,25 @@ def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
     return layer
 
 
-class Agent(nn.Module):
-    """Separate actor and critic MLPs, obs -> 64 -> 64 (tanh) -> logits / value, as in a2c.py and ppo.py."""
+def torso(obs_shape) -> list[nn.Module]:
+    """The layers from an observation to its features: for a flat vector an MLP 64 -> 64 (tanh), as in a2c.py and
+    ppo.py; for a MinAtar grid (channels, 10, 10) MinAtar's network: 16 3x3 convolutions, 128 units (ReLU)."""
+    if len(obs_shape) == 1:
+        return [layer_init(nn.Linear(obs_shape[0], 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)), nn.Tanh()]
+    c, h, w = obs_shape
+    return [layer_init(nn.Conv2d(c, 16, 3)), nn.ReLU(), nn.Flatten(),
+            layer_init(nn.Linear(16 * (h - 2) * (w - 2), 128)), nn.ReLU()]
 
-    def __init__(self, obs_dim: int, n_actions: int):
+
+class Agent(nn.Module):
+    """Separate actor and critic networks, each a torso (above) -> logits / value."""
+
+    def __init__(self, obs_shape: tuple, n_actions: int):
         super().__init__()
-        self.critic = nn.Sequential(
-            layer_init(nn.Linear(obs_dim, 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)), nn.Tanh(),
-            layer_init(nn.Linear(64, 1), std=1.0))
-        self.actor = nn.Sequential(
-            layer_init(nn.Linear(obs_dim, 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)), nn.Tanh(),
-            layer_init(nn.Linear(64, n_actions), std=0.01))  # std 0.01: a near-uniform first policy
+        features = 64 if len(obs_shape) == 1 else 128
+        self.critic = nn.Sequential(*torso(obs_shape), layer_init(nn.Linear(features, 1), std=1.0))
+        self.actor = nn.Sequential(  # std 0.01: a near-uniform first policy
+            *torso(obs_shape), layer_init(nn.Linear(features, n_actions), std=0.01))
 
     def get_value(self, x):
         return self.critic(x).squeeze(-1)
@@ -161,9 +195,10 @@ class RolloutActor:
 
     def __init__(self, env_id: str, num_envs: int, num_steps: int, gamma: float, seed: int):
         torch.set_num_threads(1)
+        register_minatar()
         self.envs = gym.vector.SyncVectorEnv(  # same-step autoreset: a finished episode's last observation is in infos
             [lambda: make_env(env_id)] * num_envs, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
-        self.agent = Agent(self.envs.single_observation_space.shape[0], int(self.envs.single_action_space.n))
+        self.agent = Agent(self.envs.single_observation_space.shape, int(self.envs.single_action_space.n))
         self.num_steps, self.gamma, self.generator = num_steps, gamma, torch.Generator().manual_seed(seed)
         self.next_obs, _ = self.envs.reset(seed=seed)
         self.episode_return, self.episode_length = np.zeros(num_envs), np.zeros(num_envs, dtype=np.int64)
@@ -174,7 +209,7 @@ class RolloutActor:
     @torch.no_grad()
     def rollout(self, weights: dict, version: int) -> dict:
         """Load the policy's weights (`version`: the learner's update count when it sent them), step every env
-        num_steps times. Returns numpy arrays: obs (T+1, N, obs_dim): the T observations acted on and the next one;
+        num_steps times. Returns numpy arrays: obs (T+1, N, *obs_shape): the T observations acted on and the next one;
         actions, logprobs (log mu(a|s) of the actor's policy), rewards (truncations bootstrapped with the actor's
         critic), dones (T, N); with the version and episodes: (return, length) of every episode that ended."""
         self.agent.load_state_dict(weights)
@@ -272,7 +307,7 @@ def evaluate(agent, env_id, episodes, seed, device="cpu", video_dir=None):
     for ep in range(episodes):
         (obs, _), done, total = env.reset(seed=seed + ep), False, 0.0
         while not done:
-            action, _ = agent.get_action(torch.as_tensor(obs, dtype=torch.float32, device=device), greedy=True)
+            action, _ = agent.get_action(torch.as_tensor(obs[None], dtype=torch.float32, device=device), greedy=True)
             obs, reward, terminated, truncated, _ = env.step(int(action))
             total, done = total + float(reward), terminated or truncated
         returns.append(total)
@@ -284,9 +319,9 @@ def main(args: Args):
     args, ckpt, run_dir = start_run(args, check_args)
     ray = start_ray(args) if args.num_actors else None  # before anything is written: an address that fails is bad input
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    obs_space, act_space = env_spaces(args.env_id)
-    obs_dim, n_actions = obs_space.shape[0], int(act_space.n)
-    agent = Agent(obs_dim, n_actions).to(device)
+    with make_env(args.env_id) as env:
+        obs_shape, n_actions = env.observation_space.shape, int(env.action_space.n)
+    agent = Agent(obs_shape, n_actions).to(device)
     optimizer = (torch.optim.RMSprop(agent.parameters(), lr=args.learning_rate, alpha=0.99, eps=0.01) if args.rmsprop
                  else torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5))
     batch_size = args.num_envs * args.num_steps  # the steps of one rollout: one update
@@ -324,10 +359,11 @@ def main(args: Args):
         for episode_return, episode_length in rollout["episodes"]:
             logger.last_return = episode_return
             logger.log(global_step, {"train/episodic_return": episode_return, "train/episodic_length": episode_length})
-        obs = torch.tensor(rollout["obs"], device=device)  # (T+1, N, obs_dim); a copy (Ray's arrays are read-only)
+        obs = torch.tensor(rollout["obs"], device=device)  # (T+1, N, *obs_shape); a copy (Ray's arrays are read-only)
         actions, behaviour_logprob, rewards, dones = (torch.tensor(rollout[k], device=device) for k in (
             "actions", "logprobs", "rewards", "dones"))
-        logprob, entropy, value = agent.get_logprob_entropy_value(obs[:-1], actions)  # under the learner's policy
+        logprob, entropy, value = (x.view(actions.shape) for x in agent.get_logprob_entropy_value(  # the learner's
+            obs[:-1].flatten(0, 1), actions.flatten()))  # policy's view of the T x N steps, as one batch
         bootstrap_value = agent.get_value(obs[-1]).detach()
         log_rhos = logprob.detach() - behaviour_logprob
         vs, pg_advantages = vtrace(log_rhos, args.gamma * (1.0 - dones), rewards, value.detach(), bootstrap_value,
@@ -356,7 +392,7 @@ def main(args: Args):
     logger.save_checkpoint(stateful, num_iterations, global_step, finished=True)
     if args.save_model:
         torch.save({"agent": agent.state_dict(), "args": asdict(args), "eval_returns": eval_returns,
-                    "obs_dim": obs_dim, "n_actions": n_actions}, run_dir / "model.pt")
+                    "obs_shape": list(obs_shape), "n_actions": n_actions}, run_dir / "model.pt")
     logger.close(eval_returns)
 
 
@@ -364,8 +400,12 @@ def check_args(args: Args):
     obs_space, act_space = env_spaces(args.env_id)
     if not isinstance(act_space, gym.spaces.Discrete):
         fail(f"{SCRIPT} needs discrete actions but {args.env_id} has {act_space}", "ppo_continuous.py")
-    if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) != 1:
-        fail(f"{SCRIPT} needs flat vector observations but {args.env_id} has {obs_space}", "ppo_atari.py")
+    if args.env_id in MINATAR:
+        if args.capture_video:
+            fail("MinAtar games record no video: drop --capture-video")
+    elif not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) != 1:
+        fail(f"{SCRIPT} needs flat vector observations or a MinAtar game (MinAtar/<Game>-v1) but {args.env_id} has "
+             f"{obs_space}", "ppo_atari.py")
     check_ranges(args, {"num_actors": "x >= 0", "num_envs": "x >= 1", "num_steps": "x >= 1", "learning_rate": "x > 0",
                         "gamma": "0 <= x <= 1", "rho_bar": "x > 0", "c_bar": "x > 0", "ent_coef": "x >= 0",
                         "vf_coef": "x >= 0", "max_grad_norm": "x > 0"})

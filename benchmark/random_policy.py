@@ -30,10 +30,20 @@ class RandomScore:
     solved: float | None = None  # Gymnasium's reward_threshold, where the env has one
 
 
+def register(env_id: str) -> str:
+    """env_id, registered with gymnasium where it is a MinAtar id (minatar's own register_envs; the scripts that take
+    MinAtar register the same ids with a limit of 10,000 steps, far beyond a random game)."""
+    import gymnasium as gym
+    if env_id.startswith("MinAtar/") and env_id not in gym.registry:
+        import minatar.gym
+        minatar.gym.register_envs()
+    return env_id
+
+
 def random_returns(env_id: str, episodes: int = 100, seed: int = 0) -> np.ndarray:
     """Undiscounted returns of `episodes` episodes of uniform random actions (time limits as registered)."""
     import gymnasium as gym
-    env = gym.make(env_id)
+    env = gym.make(register(env_id))
     env.action_space.seed(seed)
     returns = []
     env.reset(seed=seed)  # later resets go on from this seed's stream
@@ -64,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     for env_id in a.env_ids:
         x = random_returns(env_id, a.episodes, a.seed)
-        solved = gym.spec(env_id).reward_threshold
+        solved = gym.spec(register(env_id)).reward_threshold
         print(f'["{env_id}"]\nrandom = {x.mean():.2f}\nstd = {x.std():.2f}\nepisodes = {a.episodes}\nseed = {a.seed}'
               + (f"\nsolved = {float(solved)!r}" if solved is not None else "") + "\n")
     return 0

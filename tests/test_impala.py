@@ -132,7 +132,7 @@ def test_ray_actors_killed_mid_run_are_replaced_and_the_run_finishes(ray_cluster
     ckpt = torch.load(run_dir / "checkpoint.pt", weights_only=True)
     assert ckpt["finished"] and ckpt["global_step"] == 16000
     saved = torch.load(run_dir / "model.pt", weights_only=True)
-    agent = impala.Agent(saved["obs_dim"], saved["n_actions"])
+    agent = impala.Agent(saved["obs_shape"], saved["n_actions"])
     agent.load_state_dict(saved["agent"])
     assert impala.evaluate(agent, "CartPole-v1", 2, 1 + 100_000) == saved["eval_returns"]
 
@@ -174,4 +174,38 @@ def test_a_ray_address_that_cannot_be_used_is_one_line_before_training(flags, en
     lines = out.stderr.strip().splitlines()
     assert out.returncode == 2 and len(lines) == 1 and lines[0].startswith("error:"), out.stderr
     assert expected in lines[0]
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_minatar_game_trains_with_minatars_network_and_reloads(tmp_path):
+    """MinAtar/Breakout-v1 with one in-process actor: the 10x10 grid of object channels goes to the convolution, and
+    the saved model evaluates as it did at the end of training. (about 5 s)"""
+    flags = ["--env-id", "MinAtar/Breakout-v1", "--num-actors", "0", "--num-envs", "4", "--num-steps", "20",
+             "--total-timesteps", "1600", "--eval-episodes", "2", "--save-model"]
+    out = run_script("impala.py", flags, tmp_path, fork=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    saved = torch.load(tmp_path / "model.pt", weights_only=True)
+    assert saved["obs_shape"] == [4, 10, 10]
+    agent = impala.Agent(saved["obs_shape"], saved["n_actions"])
+    agent.load_state_dict(saved["agent"])
+    assert isinstance(agent.actor[0], torch.nn.Conv2d)
+    assert impala.evaluate(agent, "MinAtar/Breakout-v1", 2, 1 + 100_000) == saved["eval_returns"]
+    assert read_metrics(tmp_path)["losses/policy_loss"][0][-1] == 1600
+
+
+def test_an_actor_registers_the_minatar_ids_itself(monkeypatch):
+    """A Ray actor's process has not run impala.py's top level, which registers the MinAtar ids: RolloutActor
+    registers them (here in a registry without them)."""
+    for env_id in impala.MINATAR:
+        monkeypatch.delitem(impala.gym.registry, env_id)  # put back after the test
+    actor = impala.RolloutActor("MinAtar/Breakout-v1", 2, 3, 0.99, seed=1)
+    rollout = actor.rollout(actor.agent.state_dict(), 0)
+    assert rollout["obs"].shape == (4, 2, 4, 10, 10)
+    actor.close()
+
+
+def test_a_minatar_game_records_no_video(tmp_path):
+    """(about 1 s)"""
+    out = run_script("impala.py", ["--env-id", "MinAtar/Breakout-v1", "--capture-video"], tmp_path / "run", fork=True)
+    assert out.returncode == 2 and out.stderr.strip() == "error: MinAtar games record no video: drop --capture-video"
     assert not (tmp_path / "run").exists()

@@ -40,7 +40,8 @@ def actor_states(state: dict) -> list[dict]:
 # script -> (module, saved, env_id, episodes, seed) -> returns
 RELOAD = {
     **{script: lambda m, s, *a: m.evaluate(loaded(m, "Agent", s, "agent", "obs_dim", "n_actions"), *a)
-       for script in ("ppo.py", "a2c.py", "impala.py")},
+       for script in ("ppo.py", "a2c.py")},
+    "impala.py": lambda m, s, *a: m.evaluate(loaded(m, "Agent", s, "agent", "obs_shape", "n_actions"), *a),
     "dqn.py": lambda m, s, *a: m.evaluate(loaded(m, "QNetwork", s, "q_network", "obs_dim", "n_actions"), *a),
     "c51.py": lambda m, s, *a: m.evaluate(loaded(m, "QNetwork", s, "q_network", "obs_dim", "n_actions", "n_atoms",
                                                 "v_min", "v_max"), *a),
