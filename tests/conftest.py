@@ -1,12 +1,5 @@
 import os
 import shutil
-import socket
-import subprocess
-import sys
-import tempfile
-import time
-import uuid
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -133,50 +126,11 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.xdist_group(f"smoke-{params.get('smoke_script') or params['script']}"))
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def ray_cluster():
-    """A Ray cluster of its own in a separate process (`ray start --head --block`, its own temp dir and ports), as
-    a remote cluster would be: yields its address, the environment a driver needs (its auth token) and the head's
-    pid, which is the session id of every process the cluster starts. Ended by SIGTERM to that process, which stops
-    the processes it started, then by killing what is left of its session by pid. Not `ray stop`: that stops every
-    Ray process of the user on this machine, other people's clusters and local Rays included."""
+    """A Ray cluster of its own in a separate process (benchmark.ray_backend.separate_cluster): yields its address,
+    the environment a driver needs and the head's pid (the session id of every process the cluster starts)."""
     pytest.importorskip("ray")
-    import psutil
-    tmp = Path(tempfile.mkdtemp(prefix="ray"))  # its own: Ray keeps sockets and logs there, not in the shared default
-    port = free_port()
-    # its own token too (Ray checks one on every connection): the cluster and the driver read this file, never the
-    # user's ~/.ray/auth_token, which another Ray on the machine may write meanwhile
-    (tmp / "auth_token").write_text(uuid.uuid4().hex * 2)
-    env = {**os.environ, "RAY_AUTH_TOKEN_PATH": str(tmp / "auth_token")}
-    log = open(tmp / "start.log", "w")
-    cmd = [str(Path(sys.executable).with_name("ray")), "start", "--head", "--block", "--port", str(port),
-           "--node-ip-address", "127.0.0.1", "--num-cpus", "2", "--include-dashboard=false", "--disable-usage-stats",
-           "--temp-dir", str(tmp), "--ray-client-server-port", str(free_port()), "--dashboard-port",
-           str(free_port()), "--dashboard-agent-listen-port", str(free_port())]
-    head = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
-    try:
-        deadline = time.time() + 120
-        while "Ray runtime started" not in (tmp / "start.log").read_text():
-            assert head.poll() is None and time.time() < deadline, (tmp / "start.log").read_text()[-3000:]
-            time.sleep(0.5)
-        yield f"127.0.0.1:{port}", env, head.pid
-    finally:
-        head.terminate()
-        try:
-            head.wait(60)
-        except subprocess.TimeoutExpired:
-            head.kill()
-        for proc in psutil.process_iter():
-            try:
-                if os.getsid(proc.pid) == head.pid:  # the session start_new_session made: only what we started
-                    proc.kill()
-            except (OSError, psutil.Error):
-                pass
-        log.close()
-        shutil.rmtree(tmp, ignore_errors=True)
+    from benchmark.ray_backend import separate_cluster
+    with separate_cluster(num_cpus=2) as cluster:
+        yield cluster

@@ -16,11 +16,12 @@ from scipy import stats as scipy_stats
 from benchmark import run as bench
 from benchmark import sb3_baseline, speed, stats
 from benchmark.random_policy import load_random_scores, random_returns, register
+from benchmark.ray_backend import free_port
 from benchmark.references import Reference, find_reference, load_references, score
 from benchmark.report import cells, judge, write_report
 from benchmark.report_path import new_report_path
 from benchmark.runs import git_head, read_metrics, read_rows, run_finished, run_script
-from conftest import SMOKE, free_port
+from conftest import SMOKE
 
 pytestmark = pytest.mark.xdist_group("benchmark")
 

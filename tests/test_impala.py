@@ -209,3 +209,15 @@ def test_a_minatar_game_records_no_video(tmp_path):
     out = run_script("impala.py", ["--env-id", "MinAtar/Breakout-v1", "--capture-video"], tmp_path / "run", fork=True)
     assert out.returncode == 2 and out.stderr.strip() == "error: MinAtar games record no video: drop --capture-video"
     assert not (tmp_path / "run").exists()
+
+
+def test_speed_benchmark_measures_every_configuration_into_a_report(tmp_path):
+    """benchmark/impala_speed.py, shortened (no separate cluster: the fixture's tests start one): a row per
+    configuration with its steps/s and wall time. (about 15 s: one local Ray)"""
+    from benchmark import impala_speed
+    assert impala_speed.main(["--steps", "640", "--actors", "1", "--no-cluster", "--report-dir", str(tmp_path)]) == 0
+    [report] = tmp_path.glob("impala-speed-cpu-*.md")
+    rows = [line.split("|")[1:4] for line in report.read_text().splitlines() if line.startswith("| ") and "s |" in line]
+    assert [r[0].strip() for r in rows] == ["impala.py, --num-actors 0 (in-process)",
+                                            "impala.py, 1 Ray actor, local Ray", "a2c.py, 8 envs x 20 steps"]
+    assert all(float(r[1].replace(",", "")) > 0 and float(r[2].strip().removesuffix(" s")) > 0 for r in rows)
