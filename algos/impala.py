@@ -19,7 +19,7 @@ of 20 steps) and its learning rate annealed linearly to 0, with Adam (5e-4), on 
 actions) take MinAtar's own network in place of the MLP: one 3x3 convolution of 16 channels, 128 units.
 
 Run:    python algos/impala.py --env-id CartPole-v1 --seed 1 --num-actors 2
-        python algos/impala.py --env-id MinAtar/Breakout-v1 --total-timesteps 2000000
+        python algos/impala.py --env-id MinAtar/Breakout-v1 --total-timesteps 1000000
 Result: benchmark/references.toml
 """
 import csv, difflib, hashlib, importlib.util, json, os, random, re, signal, socket, subprocess, sys, tempfile, time
