@@ -101,6 +101,13 @@ def cells(outcomes, refs: list[Reference], random_scores: dict | None = None):
         for o in group:
             if not o.finished:
                 continue
+            if o.reported is not None:  # a seed of an earlier report (benchmark/run.py --seeds-from)
+                scores[o.spec.seed] = o.reported["score"]
+                if o.reported.get("final_eval") is not None:
+                    finals[o.spec.seed] = o.reported["final_eval"]
+                if o.reported.get("eval_curve"):
+                    curves[o.spec.seed] = [(step, v) for step, v in o.reported["eval_curve"]]
+                continue
             try:
                 metrics = read_metrics(o.run_dir)
                 scores[o.spec.seed] = score(metrics, method)
@@ -168,13 +175,20 @@ def write_report(suite, outcomes, missing: list[str], device: str, report_dir: P
     fig_dir.mkdir()
     table, unscorable = cells(outcomes, refs)
     seeds = sorted({o.spec.seed for o in outcomes})
+    ran = [o for o in outcomes if o.reported is None]
+    earlier = defaultdict(set)  # an earlier report -> the seeds it gives (benchmark/run.py --seeds-from)
+    for o in outcomes:
+        if o.reported is not None:
+            earlier[Path(o.run_dir).stem].add(o.spec.seed)
 
     lines = [f"# Benchmark suite `{suite.name}` on {device}, {now:%Y-%m-%d %H:%M}", "",
              suite.description, "",
              f"- command: `{command}`" if command else "- command: (called from Python)",
              f"- commit: {git_commit()}",
              f"- machine: {_machine(device)}",
-             f"- seeds: {', '.join(map(str, seeds))}; runs in `{Path(outcomes[0].run_dir).parent}`" if outcomes else "",
+             f"- seeds: {', '.join(map(str, seeds))}" + (f"; runs in `{Path(ran[0].run_dir).parent}`" if ran else ""),
+             *[f"- seeds {', '.join(map(str, sorted(k)))} (their scores, not their runs): from the earlier report "
+               f"`{stem_}.md`, whose scripts are the same code as this commit's" for stem_, k in earlier.items()],
              "",
              "## Scores", "",
              "| script | env | steps | score | seeds | ours mean ± std | ours IQM [95% CI] | ours final eval mean ± std"
@@ -205,6 +219,9 @@ def write_report(suite, outcomes, missing: list[str], device: str, report_dir: P
         n_fail = sum(not o.finished for o in c["runs"])
         if n_fail:
             notes.append(f"{n_fail} run(s) crashed")
+        n_earlier = sum(o.reported is not None for o in c["runs"])
+        if n_earlier and not c.get("compared"):
+            notes.append(f"{n_earlier} seed(s) from an earlier report; the curve shows the others")
         lines.append(f"| {c['script']} | {c['env_id']} | {c['total_timesteps']:,} | {c['score']} | "
                      f"{len(c['scores'])}/{len(c['runs'])} | {ours} | {iqm} | {final} | {refcell} | {_normalised(c['verdict'])} | "
                      f"**{c['verdict'].label}** | "
@@ -233,7 +250,9 @@ def write_report(suite, outcomes, missing: list[str], device: str, report_dir: P
         lines.append("")
     lines += ["### Per-seed scores", ""]
     for c in [c for c in table if not c.get("compared")]:
-        per_seed = ", ".join(f"seed {k}: {v:.2f}" for k, v in sorted(c["scores"].items())) or "none"
+        reported = {o.spec.seed for o in c["runs"] if o.reported is not None}
+        per_seed = ", ".join(f"seed {k}: {v:.2f}" + (" (earlier report)" if k in reported else "")
+                             for k, v in sorted(c["scores"].items())) or "none"
         if c["final_evals"]:
             per_seed += "; final eval: " + ", ".join(f"seed {k}: {v:.2f}" for k, v in sorted(c["final_evals"].items()))
         lines.append(f"- {c['script']} {c['env_id']}: {per_seed}")
@@ -255,7 +274,7 @@ def write_report(suite, outcomes, missing: list[str], device: str, report_dir: P
               f"interpolated on a common grid; line = mean over seeds, band = ± std. The reference is drawn as "
               "mean ± std (a horizontal band at its own budget, whatever its metric).", ""]
     for c in [c for c in table if not c.get("compared")]:
-        dirs = [o.run_dir for o in c["runs"] if o.finished]
+        dirs = [o.run_dir for o in c["runs"] if o.finished and o.reported is None]
         name = f"{file_stem(c['script'])}__{c['env_id'].replace('/', '-')}__{c['total_timesteps']}.png"
         if dirs and plot_curve(dirs, fig_dir / name, f"{c['script']} {c['env_id']} ({suite.name}, {device})",
                                c["reference"]):

@@ -13,10 +13,16 @@ deleted and the run redone from the start. A run that crashes is reported and th
 With --backend ray the runs are Ray tasks (benchmark/ray_backend.py): on a local Ray started here, or with
 --ray-address (or RAY_ADDRESS) on an existing cluster (`ray start --head`), whose workers get this checkout's code
 and send each run directory back to be written under <out>.
+--seeds-from REPORT.md (repeatable) adds the per-seed scores of an earlier report of the same suite for seeds this
+command does not run, so that a suite too long for one sitting is reported whole: use it only where the scripts
+have not changed since that report (the new report names each seed's source; its curves show only the runs made
+here).
 Exit status: 0 when every run finished, 1 when some crashed (the report is written either way), 2 for bad input
-(an unknown suite, a Ray address that cannot be reached).
+(an unknown suite, a Ray address that cannot be reached, an earlier report that cannot be used).
 """
 import argparse
+import dataclasses
+import json
 import os
 import re
 import shutil
@@ -70,13 +76,14 @@ class Unreachable(RuntimeError):
 class Outcome:
     spec: RunSpec
     run_dir: Path
-    status: str  # "done" (finished before, kept), "ok" (ran and finished), "failed"
+    status: str  # "done" (finished before, kept), "ok" (ran and finished), "failed", "reported" (an earlier report's)
     seconds: float = 0.0
     error: str = ""
+    reported: dict | None = None  # status "reported": the score, final eval and eval curve that report gives the seed
 
     @property
     def finished(self) -> bool:
-        return self.status in ("done", "ok")
+        return self.status in ("done", "ok", "reported")
 
 
 @dataclass
@@ -124,6 +131,45 @@ def plan(suite: Suite, seeds: int | None = None, scripts: list[str] | None = Non
                                  tuple(r.get("flags", ())), r.get("reference"), bool(r.get("self_reference")),
                                  r.get("compare_with")))
     return specs, missing
+
+
+def seeds_from(report_md: Path, suite: Suite, specs: list[RunSpec], known: list[Outcome]) -> list[Outcome]:
+    """The seeds that an earlier report of this suite scored for the runs of `specs`, except the seeds that `specs`
+    run or `known` holds already, as "reported" outcomes (run_dir: that report). ValueError when the report is not
+    one of this suite's, holds none of these runs, or scores a seed that `known` has with another value."""
+    results = Path(report_md).with_suffix("") / "results.json"
+    if not results.is_file():
+        raise ValueError(f"{report_md}: no {results} beside it; give a report .md that benchmark/run.py wrote")
+    data = json.loads(results.read_text())
+    if data.get("suite") != suite.name:
+        raise ValueError(f"{report_md} is a report of suite {data.get('suite')!r}, not {suite.name!r}")
+    templates, running = {}, {(s.script, s.env_id, s.seed) for s in specs}
+    for s in specs:
+        templates.setdefault((s.script, s.env_id, s.total_timesteps, s.score, s.flags), s)
+    have = {(o.spec.script, o.spec.env_id, o.spec.seed): o for o in known}
+    added = []
+    for cell in data["cells"]:
+        key = (cell["script"], cell["env_id"], cell["total_timesteps"], cell["score"], tuple(cell["flags"]))
+        if cell.get("compared_with") or key not in templates:
+            continue
+        for seed, value in cell["scores"].items():
+            spec = dataclasses.replace(templates[key], seed=int(seed))
+            if (spec.script, spec.env_id, spec.seed) in running:
+                continue
+            earlier = have.get((spec.script, spec.env_id, spec.seed))
+            if earlier is not None:
+                if earlier.reported["score"] != value:
+                    raise ValueError(f"{report_md} scores {spec.name} {value}, {earlier.run_dir} "
+                                     f"{earlier.reported['score']}: give one of them")
+                continue
+            curve = cell.get("eval_curves", {}).get(seed, [])
+            o = Outcome(spec, Path(report_md), "reported", reported={
+                "score": value, "final_eval": cell.get("final_evals", {}).get(seed), "eval_curve": curve})
+            have[(spec.script, spec.env_id, spec.seed)] = o
+            added.append(o)
+    if not added:
+        raise ValueError(f"{report_md} scores no seed of these runs that this command does not run itself")
+    return added
 
 
 def _error_line(stderr: str, returncode: int) -> str:
@@ -214,6 +260,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="with --backend ray: the cluster to run on, host:port of its head (`ray start --head`); "
                    "default RAY_ADDRESS; without either a local Ray is started here")
     p.add_argument("--timeout", type=float, default=None, help="seconds before a run is killed and counted as failed")
+    p.add_argument("--seeds-from", type=Path, action="append", default=[], metavar="REPORT_MD",
+                   help="an earlier report of this suite whose seeds (those this command does not run) join the new "
+                   "report; only where the scripts are unchanged since (repeatable)")
     p.add_argument("--report-dir", type=Path, default=REPORTS)
     p.add_argument("--suites-file", type=Path, default=SUITES)
     p.add_argument("--references-file", type=Path, default=None, help="default benchmark/references.toml")
@@ -251,13 +300,19 @@ def _main(p: argparse.ArgumentParser, args: argparse.Namespace, command: str) ->
     if not specs:
         print(f"nothing to run: none of the scripts of suite {args.suite!r} exists yet", file=sys.stderr)
         return 0
+    earlier = []
+    for report_md in args.seeds_from:  # checked before any run: a report that cannot be used is bad input
+        try:
+            earlier += seeds_from(report_md, suite, specs, earlier)
+        except (ValueError, OSError, KeyError) as e:
+            p.error(f"--seeds-from: {e}")
     out = args.out or ROOT / "runs" / "benchmark" / f"{args.suite}-{args.device}"
     print(f"suite {args.suite}: {len(specs)} runs in {out}", file=sys.stderr)
     outcomes = run_all(specs, out, args.device, args.jobs, args.backend, args.timeout, ray_address=ray_address)
 
     from benchmark import references, report
     refs = references.load_references(args.references_file or references.REFERENCES)
-    path = report.write_report(suite, outcomes, missing, args.device, args.report_dir, refs,
+    path = report.write_report(suite, outcomes + earlier, missing, args.device, args.report_dir, refs,
                                command=command)
     failed = [o for o in outcomes if not o.finished]
     print(f"report: {path}" + (f"; {len(failed)} of {len(outcomes)} runs failed" if failed else ""), file=sys.stderr)

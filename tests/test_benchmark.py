@@ -1,5 +1,6 @@
 """benchmark/: the suite runner (local and Ray), resume, crashed runs, scoring, aggregation, the report, and the
 plumbing of the speed comparison; all on runs of a few hundred steps."""
+import dataclasses
 import datetime
 import json
 import re
@@ -464,6 +465,58 @@ def test_report_judges_a_script_against_sb3_of_the_same_report(tmp_path):
     (tmp_path / "s.toml").write_text(bad)
     with pytest.raises(ValueError, match="compares with 'sb3:sac_continuous.py', which the suite does not run"):
         bench.load_suites(tmp_path / "s.toml")
+
+
+def test_a_report_joins_the_seeds_of_an_earlier_report(tmp_path, capsys):
+    """--seeds-from: seeds 1-3 reported earlier and seeds 4-5 run now make one 5-seed report with verdicts (ours against
+    SB3 of the same report too), each seed's source named; a report of another suite, one that scores a seed again
+    with another value, or one with nothing to add is refused before anything runs."""
+    suite = bench.Suite("s", "test", 5, [
+        {"script": "sac_continuous.py", "env_id": "Pendulum-v1", "total_timesteps": 20000, "score": "final_eval",
+         "compare_with": "sb3:sac_continuous.py"},
+        {"script": "sb3:sac_continuous.py", "env_id": "Pendulum-v1", "total_timesteps": 20000, "score": "final_eval"}])
+    ours, sb3 = [-152.0, -158, -149, -165, -160], [-150.0, -160, -155, -170, -145]
+
+    def outcomes(seeds, where):
+        out = []
+        for spec in bench.plan(suite, len(seeds), first_seed=seeds[0])[0]:
+            value = (ours if spec.script == "sac_continuous.py" else sb3)[spec.seed - 1]
+            _fake_run(where / spec.name, "eval/episodic_return", value)
+            out.append(bench.Outcome(spec, where / spec.name, "ok"))
+        return out
+
+    refs = load_references()
+    first = write_report(suite, outcomes([1, 2, 3], tmp_path / "a"), [], "cpu", tmp_path / "reports", refs,
+                         now=datetime.datetime(2026, 1, 2, 3, 4))
+    now_runs = outcomes([4, 5], tmp_path / "b")
+    earlier = bench.seeds_from(first, suite, [o.spec for o in now_runs], [])
+    assert sorted((o.spec.script, o.spec.seed) for o in earlier) == sorted(
+        (script, seed) for script in ("sac_continuous.py", "sb3:sac_continuous.py") for seed in (1, 2, 3))
+    assert all(o.status == "reported" and o.finished for o in earlier)
+    table, _ = cells(now_runs + earlier, refs)
+    assert [(c["script"], c.get("compared"), len(c["scores"])) for c in table] == [
+        ("sac_continuous.py", None, 5), ("sac_continuous.py", "sb3:sac_continuous.py", 5),
+        ("sb3:sac_continuous.py", None, 5)]
+    assert table[1]["verdict"].label == "PASS" and table[1]["reference"].values == sb3
+    text = write_report(suite, now_runs + earlier, [], "cpu", tmp_path / "reports", refs).read_text()
+    assert f"seeds 1, 2, 3 (their scores, not their runs): from the earlier report `{first.stem}.md`" in text
+    assert "seed 1: -152.00 (earlier report)" in text and "seed 4: -165.00," in text
+    assert "3 seed(s) from an earlier report; the curve shows the others" in text
+
+    with pytest.raises(ValueError, match="scores no seed"):  # every seed it has is run again now
+        bench.seeds_from(first, suite, bench.plan(suite, 3)[0], [])
+    other = bench.Suite("other", "test", 5, suite.runs)
+    with pytest.raises(ValueError, match="is a report of suite 's', not 'other'"):
+        bench.seeds_from(first, other, [o.spec for o in now_runs], [])
+    clash = [dataclasses.replace(earlier[0], reported={**earlier[0].reported, "score": 0.0})]
+    with pytest.raises(ValueError, match="give one of them"):
+        bench.seeds_from(first, suite, [o.spec for o in now_runs], clash)
+    (tmp_path / "s.toml").write_text('[s]\nseeds = 1\n[[s.run]]\nscript = "ppo.py"\nenv_id = "CartPole-v1"\n'
+                                     'total_timesteps = 10\nscore = "final_eval"\n')
+    with pytest.raises(SystemExit):
+        bench.main(["--suite", "s", "--suites-file", str(tmp_path / "s.toml"), "--out", str(tmp_path / "c"),
+                    "--seeds-from", str(tmp_path / "none.md")])
+    assert "--seeds-from:" in capsys.readouterr().err and not (tmp_path / "c").exists()
 
 
 def test_report_path_never_reuses_a_name(tmp_path):
