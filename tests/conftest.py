@@ -5,11 +5,17 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from benchmark.datasets import standard
 from benchmark.runs import ALGOS, run_script
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 torch.set_num_threads(1)
+
+# The offline scripts' dataset: 2,000 steps of the medium Pendulum policy (benchmark/datasets.py STANDARD), made under
+# runs/datasets/ by the first test session that needs it (the fixture below).
+OFFLINE_DATASET = ALGOS.parent / "runs" / "datasets" / "pendulum-medium-tiny-v0"
+OFFLINE = {"bc_continuous.py", "td3_bc_continuous.py", "iql_continuous.py"}
 
 # Every script with a cheap env and flags for a few hundred steps (the --env-id first: tests read it from there).
 SMOKE = {
@@ -48,6 +54,9 @@ SMOKE = {
     "maddpg_mpe.py": ["--env-id", "simple_spread_v3", "--total-timesteps", "600", "--num-envs", "4",
                       "--learning-starts", "200", "--batch-size", "32", "--buffer-size", "1000", "--train-every", "20",
                       "--eval-episodes", "2"],
+    # offline: gradient steps on the tiny Pendulum dataset, evaluated in Pendulum-v1
+    **{script: ["--env-id", "Pendulum-v1", "--dataset", str(OFFLINE_DATASET), "--total-timesteps", "300",
+                "--batch-size", "32", "--eval-episodes", "2"] for script in sorted(OFFLINE)},
 }
 # The multi-agent scripts. smac_lite: --env-id is a map; they log the team return and the win rate. MPE: an mpe2 task;
 # they log the per-agent mean return.
@@ -67,7 +76,8 @@ LONG = {"ppo.py": 30_000, "a2c.py": 10_000, "impala.py": 10_000, "dqn.py": 10_00
         "ppo_atari_envpool.py": 1536, "ppo_atari_multigpu.py": 1536, "sac_atari.py": 800, "ppo_continuous.py": 4096,
         "ddpg_continuous.py": 2000, "sac_continuous.py": 2000, "td3_continuous.py": 2000,
         "mappo_smac_lite.py": 2048, "ippo_smac_lite.py": 2048, "qmix_smac_lite.py": 2000, "vdn_smac_lite.py": 2000,
-        "mappo_mpe.py": 2048, "ippo_mpe.py": 2048, "maddpg_mpe.py": 2000}
+        "mappo_mpe.py": 2048, "ippo_mpe.py": 2048, "maddpg_mpe.py": 2000, "bc_continuous.py": 3000,
+        "td3_bc_continuous.py": 2000, "iql_continuous.py": 2000}
 
 
 # Families of scripts by the env code they share (the env check and its errors; the shared blocks are byte-identical in
@@ -78,9 +88,9 @@ FAMILY = {**{s: "classic" for s in ("ppo.py", "a2c.py", "impala.py", "dqn.py", "
                                   "ppo_atari.py", "ppo_atari_envpool.py", "ppo_atari_multigpu.py")},
           **{s: "continuous" for s in ("ppo_continuous.py", "ddpg_continuous.py", "sac_continuous.py",
                                        "td3_continuous.py")},
-          **{s: "smac_lite" for s in SMAC_LITE}, **{s: "mpe" for s in MPE}}
+          **{s: "smac_lite" for s in SMAC_LITE}, **{s: "mpe" for s in MPE}, **{s: "offline" for s in OFFLINE}}
 REPRESENTATIVE = {"classic": "ppo.py", "atari": "dqn_atari.py", "continuous": "sac_continuous.py",
-                  "smac_lite": "mappo_smac_lite.py", "mpe": "maddpg_mpe.py"}
+                  "smac_lite": "mappo_smac_lite.py", "mpe": "maddpg_mpe.py", "offline": "td3_bc_continuous.py"}
 
 
 def smoke_env(script: str) -> str:
@@ -96,6 +106,12 @@ def smoke_script(request):
 
 
 SMOKE_RUN = ["--save-model", "--seed", "7"]  # the shared smoke run's flags after SMOKE[script]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def offline_dataset():
+    """OFFLINE_DATASET, made if it is not there yet (a few seconds, once per checkout)."""
+    return standard(OFFLINE_DATASET.name, OFFLINE_DATASET.parent)
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,7 @@ import torch
 
 from benchmark.references import load_references, score
 from benchmark.runs import load_script, read_metrics, read_rows, run_script, start_script
-from conftest import DISCRETE, LONG, MPE, MULTI_AGENT, SMAC_LITE, SMOKE, smoke_env
+from conftest import DISCRETE, LONG, MPE, MULTI_AGENT, OFFLINE, SMAC_LITE, SMOKE, smoke_env
 
 
 def rms(saved_stats: dict):
@@ -70,7 +70,7 @@ RELOAD = {
     "ppo_continuous.py": lambda m, s, *a: m.evaluate(loaded(m, "Agent", s, "agent", "obs_dim", "action_dim"),
                                                      rms(s["obs_rms"]), *a),
     **{script: lambda m, s, *a: m.evaluate(loaded(m, "Actor", s, "actor", "obs_dim", "action_dim"), *a)
-       for script in ("ddpg_continuous.py", "sac_continuous.py", "td3_continuous.py")},
+       for script in ("ddpg_continuous.py", "sac_continuous.py", "td3_continuous.py", *OFFLINE)},
 }
 
 
@@ -91,7 +91,8 @@ def test_run_contract_and_saved_model(smoke_script, smoke_runs, tmp_path):
     names = (("train/episodic_return_team", "train/episodic_length", "train/win_rate", "eval/episodic_return_team",
               "eval/win_rate") if smoke_script in SMAC_LITE else
              ("train/episodic_return_agent_mean", "train/episodic_length", "eval/episodic_return_agent_mean")
-             if smoke_script in MPE else ("train/episodic_return", "train/episodic_length", "eval/episodic_return"))
+             if smoke_script in MPE else ("eval/episodic_return", "eval/normalized_score") if smoke_script in OFFLINE
+             else ("train/episodic_return", "train/episodic_length", "eval/episodic_return"))
     for name in names + ("charts/sps",):
         assert name in metrics, f"{name} missing from metrics.csv"
     assert any(n.startswith("losses/") for n in metrics)
@@ -111,7 +112,7 @@ def test_run_contract_and_saved_model(smoke_script, smoke_runs, tmp_path):
         assert np.mean(returns) == pytest.approx(score(metrics, "final_eval"))
 
 
-@pytest.mark.parametrize("script", sorted(set(SMOKE) - DISCRETE - MULTI_AGENT))
+@pytest.mark.parametrize("script", sorted(set(SMOKE) - DISCRETE - MULTI_AGENT - OFFLINE))
 def test_continuous_scripts_run_on_halfcheetah(script, tmp_path):
     """The second MuJoCo env of the smoke tier: 17-dim observations, 6-dim actions, no early termination (no
     training episode ends within the smoke budget), so the scripts must not rely on one ending."""
@@ -184,12 +185,13 @@ def test_resume_extends_the_budget_and_keeps_the_other_flags(smoke_script, smoke
     smoke_runs(smoke_script, run_dir)
     first_end = max(r["global_step"] for r in read_rows(run_dir))
     budget = 2 * int(SMOKE[smoke_script][SMOKE[smoke_script].index("--total-timesteps") + 1])  # twice the first
-    out = run_script(smoke_script, ["--resume", str(run_dir), "--total-timesteps", str(budget), "--gamma", "0.5"],
-                     fork=True)
+    out = run_script(smoke_script, ["--resume", str(run_dir), "--total-timesteps", str(budget), "--learning-rate",
+                                    "0.5"], fork=True)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert f"--total-timesteps {budget} (was" in out.stderr and "ignored: --gamma" in out.stderr
+    assert f"--total-timesteps {budget} (was" in out.stderr and "ignored: --learning-rate" in out.stderr
     rows = read_rows(run_dir)
     steps = [r["global_step"] for r in rows]
     assert steps == sorted(steps) and max(steps) > first_end and max(steps) > budget - 256
     config = torch.load(run_dir / "checkpoint.pt", weights_only=False)["args"]
-    assert config["total_timesteps"] == budget and config["gamma"] == load_script(smoke_script).Args().gamma
+    assert config["total_timesteps"] == budget and (config["learning_rate"] ==
+                                                     load_script(smoke_script).Args().learning_rate)

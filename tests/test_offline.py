@@ -1,0 +1,151 @@
+"""The offline family: the dataset maker (benchmark/datasets.py) and the Minari round trip, the losses of the offline
+scripts, and their bad input (a missing dataset, one of the wrong action space, an empty one)."""
+import json
+import shutil
+import warnings
+
+import minari
+import numpy as np
+import pytest
+import torch
+
+from benchmark import datasets
+from benchmark.runs import load_script, read_metrics, run_script
+from conftest import OFFLINE_DATASET, SMOKE
+
+pytestmark = pytest.mark.xdist_group("offline")
+
+
+@pytest.fixture(scope="module")
+def td3_bc():
+    return load_script("td3_bc_continuous.py")
+
+
+def test_a_dataset_round_trip_gives_the_rollout_back(tmp_path, td3_bc):
+    """A dataset written by the maker and read by the scripts holds the rollout's arrays exactly, its episodes split
+    where they ended (CartPole: terminations of every length; Pendulum: 200-step time limits), and records its
+    policy, seed, commit and return statistics."""
+    for env_id, steps in (("CartPole-v1", 300), ("Pendulum-v1", 600)):
+        path = datasets.make_dataset("random", env_id, expert="100", steps=steps, seed=3, root=tmp_path)
+        episodes = datasets.rollout(env_id, datasets.random_act(env_id), steps, 3)
+        dataset = td3_bc.open_dataset(str(path))
+        read = list(dataset.iterate_episodes())
+        assert [len(ep.rewards) for ep in read] == [len(ep.rewards) for ep in episodes]
+        for ours, theirs in zip(episodes, read):
+            for field in ("observations", "actions", "rewards", "terminations", "truncations"):
+                assert np.array_equal(np.asarray(getattr(ours, field)), getattr(theirs, field)), field
+            assert theirs.terminations[-1] or theirs.truncations[-1]  # it ends where it ended
+            assert not (theirs.terminations[:-1].any() or theirs.truncations[:-1].any())
+        arrays = td3_bc.dataset_arrays(dataset)
+        n = sum(len(ep.rewards) for ep in episodes)
+        assert n >= steps and {k: len(v) for k, v in arrays.items()} == dict.fromkeys(arrays, n)
+        assert np.array_equal(arrays["next_obs"][:len(episodes[0].rewards)], episodes[0].observations[1:])
+        if env_id == "CartPole-v1":
+            assert arrays["actions"].dtype == np.int64 and arrays["terminated"].sum() == len(episodes)
+        record = json.loads(dataset.storage.metadata["description"])
+        returns = [float(np.sum(ep.rewards)) for ep in episodes]
+        assert record["kind"] == "random" and record["seed"] == 3 and record["commit"]
+        assert record["return_mean"] == pytest.approx(np.mean(returns)) and record["episodes"] == len(episodes)
+        assert dataset.storage.metadata["ref_max_score"] == 100.0
+        assert dataset.storage.metadata["ref_min_score"] == pytest.approx(record["random_return"])
+        assert td3_bc.normalized_scores([record["random_return"], 100.0], dataset) == pytest.approx([0.0, 100.0])
+
+
+def test_medium_replay_is_the_replay_buffer_of_a_run(tmp_path):
+    """--kind medium-replay: the transitions of a run's checkpointed replay buffer, in order, cut into episodes where
+    they terminated or where the next transition does not continue (Pendulum's 200-step time limit)."""
+    run = tmp_path / "run"
+    out = run_script("sac_continuous.py", ["--env-id", "Pendulum-v1", "--total-timesteps", "500", "--learning-starts",
+                                           "100", "--batch-size", "32", "--buffer-size", "1000", "--eval-episodes",
+                                           "1"], run, fork=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    path = datasets.make_dataset("medium-replay", checkpoint=run / "checkpoint.pt", expert="-150", root=tmp_path)
+    rb = torch.load(run / "checkpoint.pt", weights_only=True)["rb"]
+    read = list(load_script("td3_bc_continuous.py").open_dataset(str(path)).iterate_episodes())
+    assert [len(ep.rewards) for ep in read] == [200, 200, 100]
+    assert [bool(ep.truncations[-1]) for ep in read] == [True, True, True]  # the last: where the buffer ends
+    obs = np.concatenate([ep.observations[:-1] for ep in read])
+    assert np.array_equal(obs, rb["obs"][:500].numpy())
+    assert np.array_equal(np.concatenate([ep.actions for ep in read]), rb["actions"][:500].numpy())
+
+
+def test_the_maker_refuses_bad_input(tmp_path, capsys):
+    assert datasets.main(["--kind", "medium", "--policy", str(tmp_path / "none.pt"), "--expert", "1",
+                          "--root", str(tmp_path)]) == 2
+    assert "no model at" in capsys.readouterr().err
+    assert datasets.main(["--kind", "random", "--env-id", "Pendulum-v1", "--root", str(tmp_path)]) == 2
+    assert "--expert is needed" in capsys.readouterr().err
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "checkpoint.pt").write_bytes(b"not a checkpoint")
+    assert datasets.main(["--kind", "medium-replay", "--checkpoint", str(tmp_path / "bad" / "checkpoint.pt"),
+                          "--expert", "1", "--root", str(tmp_path)]) == 2
+    assert "is corrupt" in capsys.readouterr().err
+    assert [p.name for p in tmp_path.iterdir()] == ["bad"], "a refused dataset writes nothing"
+
+
+def test_td3_bc_scales_the_q_term_to_the_bc_term(td3_bc):
+    """TD3+BC's actor loss -lambda mean Q + mean (pi - a)^2 with lambda = alpha / mean|Q| (eq. 3): the Q term is -alpha
+    times the sign of mean Q whatever Q's scale, and lambda takes no gradient."""
+    actions, data = torch.tensor([[0.5], [0.0]]), torch.tensor([[0.0], [0.0]])
+    for scale in (1.0, 1000.0):
+        q = (torch.tensor([1.0, 3.0]) * scale).requires_grad_()
+        loss = td3_bc.td3_bc_actor_loss(q, actions, data, 2.5)
+        assert loss.item() == pytest.approx(-2.5 + 0.125)  # -2.5 * 2 / 2 + (0.25 + 0) / 2
+        loss.backward()
+        assert torch.allclose(q.grad, torch.full((2,), -2.5 / 2 / (2 * scale)))  # d/dq of -lambda mean q, lambda fixed
+
+
+@pytest.mark.parametrize("script", ["td3_bc_continuous.py", "bc_continuous.py"])
+def test_bad_datasets_are_one_line_errors(script, tmp_path, monkeypatch):
+    """A missing dataset, one of discrete actions, an empty one (given by its id), a corrupt one and an env other than
+    the dataset's: exit 2, one line, before any file is written."""
+    cartpole = datasets.make_dataset("random", "CartPole-v1", expert="500", steps=50, seed=0, root=tmp_path / "d")
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "d"))
+    with warnings.catch_warnings(action="ignore"):
+        minari.create_dataset_from_buffers("canonrl/pendulum/empty-v0", [], env="Pendulum-v1", data_format="hdf5")
+    corrupt = tmp_path / "corrupt"
+    shutil.copytree(OFFLINE_DATASET, corrupt)
+    (corrupt / "data" / "main_data.hdf5").write_bytes(b"not hdf5")
+    cases = [(["--dataset", str(tmp_path / "nowhere")], "no dataset"),
+             (["--dataset", str(cartpole)], "needs continuous (Box) actions"),
+             (["--dataset", "canonrl/pendulum/empty-v0"], "is empty"),
+             (["--dataset", str(corrupt)], "cannot be read"),
+             (["--dataset", str(OFFLINE_DATASET), "--env-id", "MountainCarContinuous-v0"], "the dataset's env")]
+    for flags, expected in cases:
+        out = run_script(script, flags + ["--total-timesteps", "10"], tmp_path / "run", fork=True)
+        lines = out.stderr.strip().splitlines()
+        assert out.returncode == 2 and len(lines) == 1 and lines[0].startswith("error:"), out.stderr
+        assert expected in lines[0], lines[0]
+        assert not (tmp_path / "run").exists()
+
+
+def test_offline_runs_log_the_normalised_score(tmp_path):
+    """An offline run counts gradient steps and logs, beside each evaluation's returns, their normalised scores."""
+    out = run_script("td3_bc_continuous.py", SMOKE["td3_bc_continuous.py"] + ["--eval-every", "100"], tmp_path / "r",
+                     fork=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    metrics = read_metrics(tmp_path / "r")
+    meta = json.loads((OFFLINE_DATASET / "data" / "metadata.json").read_text())
+    low, high = meta["ref_min_score"], meta["ref_max_score"]
+    steps, returns = metrics["eval/episodic_return"]
+    score_steps, scores = metrics["eval/normalized_score"]
+    assert np.array_equal(steps, score_steps) and sorted(set(steps)) == [100, 200, 300]
+    assert np.allclose(scores, 100 * (returns - low) / (high - low))
+    assert "train/episodic_return" not in metrics and "losses/actor_loss" in metrics
+
+
+def test_iql_expectile_and_advantage_weights():
+    """V minimising the expectile loss over a constant is the tau-expectile of Q (brute force over a grid: for Q in
+    {0, 1} and tau 0.7 it is 0.7, where tau (1 - v) = (1 - tau) v); tau 0.5 is half the squared error. The weights of
+    advantage-weighted regression are exp(beta A), clipped at the maximum, and take no gradient."""
+    iql = load_script("iql_continuous.py")
+    q = torch.tensor([0.0, 1.0])
+    grid = torch.linspace(0, 1, 1001)
+    losses = torch.stack([iql.expectile_loss(q - v, 0.7) for v in grid])
+    assert grid[losses.argmin()].item() == pytest.approx(0.7, abs=1e-3)
+    diff = torch.tensor([0.5, -2.0, 3.0])
+    assert iql.expectile_loss(diff, 0.5).item() == pytest.approx(0.5 * (diff**2).mean().item())
+    advantage = torch.tensor([-1.0, 0.0, 0.5, 10.0], requires_grad=True)
+    weights = iql.awr_weights(advantage, 3.0, 100.0)
+    assert torch.allclose(weights, torch.tensor([float(np.exp(-3.0)), 1.0, float(np.exp(1.5)), 100.0]))
+    assert not weights.requires_grad
