@@ -15,7 +15,7 @@ torch.set_num_threads(1)
 # The offline scripts' dataset: 2,000 steps of the medium Pendulum policy (benchmark/datasets.py STANDARD), made under
 # runs/datasets/ by the first test session that needs it (the fixture below).
 OFFLINE_DATASET = ALGOS.parent / "runs" / "datasets" / "pendulum-medium-tiny-v0"
-OFFLINE = {"bc_continuous.py", "td3_bc_continuous.py", "iql_continuous.py"}
+OFFLINE = {"bc_continuous.py", "td3_bc_continuous.py", "iql_continuous.py", "cql_continuous.py"}
 
 # Every script with a cheap env and flags for a few hundred steps (the --env-id first: tests read it from there).
 SMOKE = {
@@ -77,7 +77,7 @@ LONG = {"ppo.py": 30_000, "a2c.py": 10_000, "impala.py": 10_000, "dqn.py": 10_00
         "ddpg_continuous.py": 2000, "sac_continuous.py": 2000, "td3_continuous.py": 2000,
         "mappo_smac_lite.py": 2048, "ippo_smac_lite.py": 2048, "qmix_smac_lite.py": 2000, "vdn_smac_lite.py": 2000,
         "mappo_mpe.py": 2048, "ippo_mpe.py": 2048, "maddpg_mpe.py": 2000, "bc_continuous.py": 3000,
-        "td3_bc_continuous.py": 2000, "iql_continuous.py": 2000}
+        "td3_bc_continuous.py": 2000, "iql_continuous.py": 2000, "cql_continuous.py": 1000}
 
 
 # Families of scripts by the env code they share (the env check and its errors; the shared blocks are byte-identical in

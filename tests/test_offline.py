@@ -149,3 +149,25 @@ def test_iql_expectile_and_advantage_weights():
     weights = iql.awr_weights(advantage, 3.0, 100.0)
     assert torch.allclose(weights, torch.tensor([float(np.exp(-3.0)), 1.0, float(np.exp(1.5)), 100.0]))
     assert not weights.requires_grad
+
+
+def test_cql_penalty_is_the_importance_weighted_logsumexp_minus_the_data_q():
+    """CQL's penalty against a brute force: for each state, log of the mean over the proposal's actions of
+    exp(Q(s, a)) / mu(a), up to the constant log(number of actions), minus Q(s, a_data); the critic scores N actions
+    per state as it scores one."""
+    cql = load_script("cql_continuous.py")
+    gen = torch.Generator().manual_seed(0)
+    q_data, q_random, q_proposed = (torch.randn(shape, generator=gen) for shape in ((4,), (4, 3), (4, 5)))
+    log_random, log_proposed = -1.2, torch.randn(4, 5, generator=gen)
+    for temp in (1.0, 0.5):
+        expected = []
+        for i in range(4):
+            terms = [float(np.exp((q - log_random) / temp)) for q in q_random[i].tolist()]
+            terms += [float(np.exp((q - d) / temp)) for q, d in zip(q_proposed[i].tolist(), log_proposed[i].tolist())]
+            expected.append(temp * np.log(np.sum(terms)) - float(q_data[i]))
+        got = cql.cql_penalty(q_data, q_random, torch.tensor(log_random), q_proposed, log_proposed, temp)
+        assert got.item() == pytest.approx(np.mean(expected), rel=1e-5)
+    qf = cql.QNetwork(3, 2)
+    obs, actions = torch.randn(4, 3, generator=gen), torch.randn(4, 6, 2, generator=gen)
+    many = qf(obs, actions)
+    assert many.shape == (4, 6) and torch.allclose(many[:, 2], qf(obs, actions[:, 2]), atol=1e-6)
