@@ -92,6 +92,7 @@ class Suite:
     description: str
     seeds: int
     runs: list[dict] = field(default_factory=list)
+    datasets: list[str] = field(default_factory=list)  # benchmark/datasets.py STANDARD names its runs read
 
 
 def load_suites(path: Path = SUITES) -> dict[str, Suite]:
@@ -111,7 +112,11 @@ def load_suites(path: Path = SUITES) -> dict[str, Suite]:
                                  (other, r["env_id"], r["total_timesteps"], r["score"]) for o in runs):
                 raise ValueError(f"{path}: a run of suite {name!r} compares with {other!r}, which the suite does not "
                                  f"run on {r['env_id']} at {r['total_timesteps']} steps with score {r['score']!r}")
-        suites[name] = Suite(name, s.get("description", ""), int(s.get("seeds", 1)), runs)
+        from benchmark.datasets import STANDARD
+        if unknown := set(s.get("datasets", [])) - set(STANDARD):
+            raise ValueError(f"{path}: suite {name!r} names datasets that benchmark/datasets.py does not make: "
+                             f"{sorted(unknown)}")
+        suites[name] = Suite(name, s.get("description", ""), int(s.get("seeds", 1)), runs, s.get("datasets", []))
     return suites
 
 
@@ -307,6 +312,10 @@ def _main(p: argparse.ArgumentParser, args: argparse.Namespace, command: str) ->
         except (ValueError, OSError, KeyError) as e:
             p.error(f"--seeds-from: {e}")
     out = args.out or ROOT / "runs" / "benchmark" / f"{args.suite}-{args.device}"
+    if suite.datasets:  # the offline runs read them under runs/datasets/ (made once, from the committed policies)
+        from benchmark.datasets import standard
+        for name in suite.datasets:
+            print(f"dataset {standard(name)}", file=sys.stderr)
     print(f"suite {args.suite}: {len(specs)} runs in {out}", file=sys.stderr)
     outcomes = run_all(specs, out, args.device, args.jobs, args.backend, args.timeout, ray_address=ray_address)
 

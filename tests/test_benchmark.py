@@ -519,6 +519,22 @@ def test_a_report_joins_the_seeds_of_an_earlier_report(tmp_path, capsys):
     assert "--seeds-from:" in capsys.readouterr().err and not (tmp_path / "c").exists()
 
 
+def test_an_offline_suite_makes_its_datasets_and_runs_on_them(tmp_path, capsys):
+    """A suite's `datasets` (benchmark/datasets.py STANDARD names) are made before its runs, which read them by path;
+    a name the maker does not know is refused when the suites file is read."""
+    entry = ('[o]\nseeds = 1\ndatasets = ["pendulum-medium-tiny-v0"]\n[[o.run]]\nscript = "bc_continuous.py"\n'
+             'env_id = "Pendulum-v1"\ntotal_timesteps = 200\nscore = "final_eval"\n'
+             'flags = ["--dataset", "runs/datasets/pendulum-medium-tiny-v0", "--eval-episodes", "2"]\n')
+    (tmp_path / "s.toml").write_text(entry)
+    assert bench.main(["--suite", "o", "--suites-file", str(tmp_path / "s.toml"), "--out", str(tmp_path / "runs"),
+                       "--report-dir", str(tmp_path / "reports")]) == 0
+    assert "dataset " in capsys.readouterr().err
+    assert run_finished(tmp_path / "runs" / "bc_continuous__Pendulum-v1__1")
+    (tmp_path / "bad.toml").write_text(entry.replace("pendulum-medium-tiny-v0\"]\n[[", "nowhere-v0\"]\n[["))
+    with pytest.raises(ValueError, match="does not make: \\['nowhere-v0'\\]"):
+        bench.load_suites(tmp_path / "bad.toml")
+
+
 def test_report_path_never_reuses_a_name(tmp_path):
     now = datetime.datetime(2026, 1, 2, 3, 4)
     a = new_report_path(tmp_path, "speed", "cpu", now)
