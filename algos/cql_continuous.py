@@ -266,13 +266,15 @@ def main(args: Args):
                 "actor_optimizer": actor_optimizer, "alpha_optimizer": alpha_optimizer,
                 "prime_optimizer": prime_optimizer,
                 "rng": RNGs(rng)}  # what a checkpoint holds (not the dataset); torch's RNG: the policy's noise
-    # ---- shared: offline/resume ----
+    # ---- shared: offline_continuous/run_eval ----
     def run_eval(video_dir=None):  # evaluation episodes are seeded apart from training
         returns = evaluate(actor, args.env_id, args.eval_episodes, args.seed + 100_000, device, video_dir)
         scores = normalized_scores(returns, dataset)
         logger.last_return = np.mean(returns) if returns else float("nan")  # the progress bar shows it
         return {"eval/episodic_return": returns, **({"eval/normalized_score": scores} if scores else {})}
+    # ---- end shared: offline_continuous/run_eval ----
 
+    # ---- shared: offline/resume ----
     global_step = 0
     if ckpt is not None:
         load_states(stateful, ckpt, run_dir)
