@@ -23,7 +23,6 @@ import argparse
 import hashlib
 import json
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -36,18 +35,18 @@ import gymnasium as gym  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from benchmark.runs import load_script  # noqa: E402
+from benchmark.runs import git_head, load_script  # noqa: E402
 
 KINDS = ("random", "medium", "expert", "medium-replay")
 POLICIES = Path(__file__).resolve().parent / "policies"  # committed model.pt files (with their runs' config.json)
-_SAC = POLICIES / "sac_continuous-Pendulum-v1-{}" / "model.pt"
+MEDIUM_SAC = POLICIES / "sac_continuous-Pendulum-v1-3k" / "model.pt"
+EXPERT_SAC = POLICIES / "sac_continuous-Pendulum-v1-12k" / "model.pt"
 # The datasets that the tests and the suites use, made on first use (standard()) from the committed policies: the
 # medium policy is sac_continuous.py after 3k steps (greedy return about -750), the expert after 12k (about -150).
 STANDARD = {
-    "pendulum-medium-v0": dict(kind="medium", policy=Path(str(_SAC).format("3k")), expert=str(_SAC).format("12k"),
-                               steps=100_000, seed=0, dataset_id="canonrl/pendulum/medium-v0"),
-    "pendulum-medium-tiny-v0": dict(kind="medium", policy=Path(str(_SAC).format("3k")),
-                                    expert=str(_SAC).format("12k"), steps=2_000, seed=0,
+    "pendulum-medium-v0": dict(kind="medium", policy=MEDIUM_SAC, expert=str(EXPERT_SAC), steps=100_000, seed=0,
+                               dataset_id="canonrl/pendulum/medium-v0"),
+    "pendulum-medium-tiny-v0": dict(kind="medium", policy=MEDIUM_SAC, expert=str(EXPERT_SAC), steps=2_000, seed=0,
                                     dataset_id="canonrl/pendulum/medium-tiny-v0"),
 }
 SCORE_EPISODES = 100  # episodes behind ref_min_score and ref_max_score
@@ -91,7 +90,7 @@ def _actor_of(script: str, saved: dict):
 
 
 def load_policy(model_path: Path):
-    """(script, env id, greedy, behave, saved args) of a model.pt that a script of algos/ wrote beside its config.json.
+    """(script, env id, greedy, behave) of a model.pt that a script of algos/ wrote beside its config.json.
     model.pt is data: read with weights_only=True."""
     model_path, config_path = Path(model_path), Path(model_path).parent / "config.json"
     if not model_path.is_file():
@@ -105,7 +104,7 @@ def load_policy(model_path: Path):
     except Exception as e:
         raise DatasetError(f"{model_path} is corrupt or not a model.pt ({type(e).__name__}); train a new one")
     greedy, behave = _actor_of(script, saved)
-    return script, saved["args"]["env_id"], greedy, behave, saved["args"]
+    return script, saved["args"]["env_id"], greedy, behave
 
 
 def sha256(path: Path) -> str:
@@ -118,7 +117,6 @@ def rollout(env_id: str, act, steps: int, seed: int) -> list:
     starts from env.reset(seed=seed + e); rng (numpy, seeded with seed) draws the policy's noise."""
     from minari.data_collector import EpisodeBuffer
     env, rng, episodes, total = gym.make(env_id), np.random.default_rng(seed), [], 0
-    env.action_space.seed(seed)
     while total < steps:
         e = len(episodes)
         obs, _ = env.reset(seed=seed + e)
@@ -163,11 +161,11 @@ def replay_episodes(checkpoint: Path) -> tuple[list, dict]:
         raise DatasetError(f"{checkpoint} is of a run with --num-envs {args['num_envs']}: its buffer interleaves the "
                            "envs' episodes; make the run with --num-envs 1")
     n = len(rb["rewards"]) if rb["full"] else int(rb["pos"])
+    if n == 0:
+        raise DatasetError(f"the replay buffer of {checkpoint} is empty")
     order = np.roll(np.arange(n), -int(rb["pos"])) if rb["full"] else np.arange(n)
     obs, next_obs, actions, rewards, terminated = (np.asarray(rb[k])[order] for k in
                                                    ("obs", "next_obs", "actions", "rewards", "terminated"))
-    if n == 0:
-        raise DatasetError(f"the replay buffer of {checkpoint} is empty")
     ends = terminated.astype(bool) | np.append(np.any(next_obs[:-1] != obs[1:], axis=1), True)
     episodes, start = [], 0
     for end in np.flatnonzero(ends):
@@ -188,13 +186,6 @@ def mean_return(env_id: str, act, seed: int = SCORE_SEED, episodes: int = SCORE_
     return float(np.mean([np.sum(ep.rewards) for ep in eps]))
 
 
-def commit() -> str:
-    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
-    dirty = subprocess.run(["git", "status", "--porcelain", "--", "algos", "benchmark"], capture_output=True,
-                           text=True, cwd=ROOT).stdout.strip()
-    return (out.stdout.strip() or "unknown") + ("-dirty" if dirty else "")
-
-
 def make_dataset(kind: str, env_id: str | None = None, policy: Path | None = None, checkpoint: Path | None = None,
                  expert: str | None = None, steps: int = 100_000, seed: int = 0, root: Path | None = None,
                  dataset_id: str | None = None):
@@ -206,9 +197,10 @@ def make_dataset(kind: str, env_id: str | None = None, policy: Path | None = Non
         takes = {"random": "neither --policy nor --checkpoint (give --env-id)",
                  "medium-replay": "--checkpoint (a run's checkpoint.pt) only"}.get(kind, "--policy (a model.pt) only")
         raise DatasetError(f"--kind {kind} takes {takes}")
-    record = {"kind": kind, "seed": seed, "commit": commit()}
+    head, dirty = git_head()
+    record = {"kind": kind, "seed": seed, "commit": head + ("-dirty" if dirty else "")}
     if policy is not None:
-        script, env_id_, _, behave, _ = load_policy(policy)
+        script, env_id_, _, behave = load_policy(policy)
         record.update(policy=str(policy), policy_sha256=sha256(Path(policy)), script=script)
     elif checkpoint is not None:
         episodes, run_args = replay_episodes(Path(checkpoint))
@@ -216,7 +208,7 @@ def make_dataset(kind: str, env_id: str | None = None, policy: Path | None = Non
         config = Path(checkpoint).parent / "config.json"
         script = json.loads(config.read_text())["script"] if config.is_file() else "unknown"
         record.update(policy=f"the replay buffer of {checkpoint}", policy_sha256=sha256(Path(checkpoint)),
-                      script=script, run_steps=len(np.concatenate([ep.rewards for ep in episodes])))
+                      script=script)
     else:
         if env_id is None:
             raise DatasetError("--kind random needs --env-id")
@@ -238,7 +230,7 @@ def make_dataset(kind: str, env_id: str | None = None, policy: Path | None = Non
         expert_return = float(expert)
         record["expert"] = f"the return {expert_return} as given"
     except ValueError:
-        e_script, e_env, e_greedy, _, _ = load_policy(Path(expert))
+        _, e_env, e_greedy, _ = load_policy(Path(expert))
         if e_env != env_id:
             raise DatasetError(f"--expert {expert} was trained on {e_env}, the dataset is of {env_id}")
         expert_return = mean_return(env_id, lambda obs, rng: e_greedy(obs))

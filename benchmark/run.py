@@ -98,6 +98,7 @@ class Suite:
 def load_suites(path: Path = SUITES) -> dict[str, Suite]:
     with open(path, "rb") as f:
         data = tomllib.load(f)
+    from benchmark.datasets import STANDARD  # the datasets a suite may name
     suites = {}
     for name, s in data.items():
         runs = s.get("run", [])
@@ -112,7 +113,6 @@ def load_suites(path: Path = SUITES) -> dict[str, Suite]:
                                  (other, r["env_id"], r["total_timesteps"], r["score"]) for o in runs):
                 raise ValueError(f"{path}: a run of suite {name!r} compares with {other!r}, which the suite does not "
                                  f"run on {r['env_id']} at {r['total_timesteps']} steps with score {r['score']!r}")
-        from benchmark.datasets import STANDARD
         if unknown := set(s.get("datasets", [])) - set(STANDARD):
             raise ValueError(f"{path}: suite {name!r} names datasets that benchmark/datasets.py does not make: "
                              f"{sorted(unknown)}")
