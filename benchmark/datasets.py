@@ -41,13 +41,20 @@ KINDS = ("random", "medium", "expert", "medium-replay")
 POLICIES = Path(__file__).resolve().parent / "policies"  # committed model.pt files (with their runs' config.json)
 MEDIUM_SAC = POLICIES / "sac_continuous-Pendulum-v1-3k" / "model.pt"
 EXPERT_SAC = POLICIES / "sac_continuous-Pendulum-v1-12k" / "model.pt"
-# The datasets that the tests and the suites use, made on first use (standard()) from the committed policies: the
-# medium policy is sac_continuous.py after 3k steps (greedy return about -750), the expert after 12k (about -150).
+MEDIUM_DQN = POLICIES / "dqn-CartPole-v1-20k" / "model.pt"
+EXPERT_DQN = POLICIES / "dqn-CartPole-v1-100k" / "model.pt"
+# The datasets that the tests and the suites use, made on first use (standard()) from the committed policies. Pendulum:
+# sac_continuous.py after 3k steps (greedy return about -750) and after 12k (the expert, about -150). CartPole: dqn.py
+# (--learning-rate 2.3e-3) after 20k steps (greedy return about 200) and after 100k (the expert, 500).
 STANDARD = {
     "pendulum-medium-v0": dict(kind="medium", policy=MEDIUM_SAC, expert=str(EXPERT_SAC), steps=100_000, seed=0,
                                dataset_id="canonrl/pendulum/medium-v0"),
     "pendulum-medium-tiny-v0": dict(kind="medium", policy=MEDIUM_SAC, expert=str(EXPERT_SAC), steps=2_000, seed=0,
                                     dataset_id="canonrl/pendulum/medium-tiny-v0"),
+    "cartpole-medium-v0": dict(kind="medium", policy=MEDIUM_DQN, expert=str(EXPERT_DQN), steps=100_000, seed=0,
+                               dataset_id="canonrl/cartpole/medium-v0"),
+    "cartpole-medium-tiny-v0": dict(kind="medium", policy=MEDIUM_DQN, expert=str(EXPERT_DQN), steps=2_000, seed=0,
+                                    dataset_id="canonrl/cartpole/medium-tiny-v0"),
 }
 SCORE_EPISODES = 100  # episodes behind ref_min_score and ref_max_score
 SCORE_SEED = 1_000_000  # their episodes start from env.reset(seed=SCORE_SEED + e): apart from any dataset's
@@ -220,7 +227,7 @@ def make_dataset(kind: str, env_id: str | None = None, policy: Path | None = Non
     if env_id not in gym.registry:
         raise DatasetError(f"unknown env id {env_id!r}")
     dataset_id = dataset_id or f"canonrl/{env_id.split('-v')[0].lower()}/{kind}-v0"
-    root = Path(root or os.environ.get("MINARI_DATASETS_PATH") or Path.home() / ".minari" / "datasets")
+    root = Path(root or os.environ.get("MINARI_DATASETS_PATH") or Path.home() / ".minari" / "datasets").resolve()
     if (root / dataset_id).exists():
         raise DatasetError(f"{root / dataset_id} exists: delete it or give another --id")
     if expert is None:

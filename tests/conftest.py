@@ -12,10 +12,13 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 torch.set_num_threads(1)
 
-# The offline scripts' dataset: 2,000 steps of the medium Pendulum policy (benchmark/datasets.py STANDARD), made under
-# runs/datasets/ by the first test session that needs it (the fixture below).
+# The offline scripts' datasets: 2,000 steps of the medium Pendulum policy (continuous actions) and of the medium
+# CartPole policy (discrete), benchmark/datasets.py STANDARD, made under runs/datasets/ by the first test session
+# (the fixture below).
 OFFLINE_DATASET = ALGOS.parent / "runs" / "datasets" / "pendulum-medium-tiny-v0"
-OFFLINE = {"bc_continuous.py", "td3_bc_continuous.py", "iql_continuous.py", "cql_continuous.py"}
+OFFLINE_DISCRETE_DATASET = ALGOS.parent / "runs" / "datasets" / "cartpole-medium-tiny-v0"
+OFFLINE_DISCRETE = {"bc_discrete.py", "cql_discrete.py"}
+OFFLINE = {"bc_continuous.py", "td3_bc_continuous.py", "iql_continuous.py", "cql_continuous.py"} | OFFLINE_DISCRETE
 
 # Every script with a cheap env and flags for a few hundred steps (the --env-id first: tests read it from there).
 SMOKE = {
@@ -54,9 +57,11 @@ SMOKE = {
     "maddpg_mpe.py": ["--env-id", "simple_spread_v3", "--total-timesteps", "600", "--num-envs", "4",
                       "--learning-starts", "200", "--batch-size", "32", "--buffer-size", "1000", "--train-every", "20",
                       "--eval-episodes", "2"],
-    # offline: gradient steps on the tiny Pendulum dataset, evaluated in Pendulum-v1
+    # offline: gradient steps on a tiny dataset, evaluated in its env (Pendulum-v1, CartPole-v1)
     **{script: ["--env-id", "Pendulum-v1", "--dataset", str(OFFLINE_DATASET), "--total-timesteps", "300",
-                "--batch-size", "32", "--eval-episodes", "2"] for script in sorted(OFFLINE)},
+                "--batch-size", "32", "--eval-episodes", "2"] for script in sorted(OFFLINE - OFFLINE_DISCRETE)},
+    **{script: ["--env-id", "CartPole-v1", "--dataset", str(OFFLINE_DISCRETE_DATASET), "--total-timesteps", "300",
+                "--batch-size", "32", "--eval-episodes", "2"] for script in sorted(OFFLINE_DISCRETE)},
 }
 # The multi-agent scripts. smac_lite: --env-id is a map; they log the team return and the win rate. MPE: an mpe2 task;
 # they log the per-agent mean return.
@@ -66,7 +71,8 @@ MULTI_AGENT = SMAC_LITE | MPE
 ENV_TYPO = {**{s: ("3mm", "3m") for s in SMAC_LITE}, **{s: ("simple_spred_v3", "simple_spread_v3") for s in MPE}}
 # An env of the action space the script does not handle, and a word its error line must contain.
 DISCRETE = {"ppo.py", "a2c.py", "impala.py", "dqn.py", "c51.py", "dqn_atari.py", "ddqn_atari.py", "c51_atari.py",
-            "iqn_atari.py", "ppo_atari.py", "ppo_atari_envpool.py", "ppo_atari_multigpu.py", "sac_atari.py"}
+            "iqn_atari.py", "ppo_atari.py", "ppo_atari_envpool.py", "ppo_atari_multigpu.py", "sac_atari.py",
+            *OFFLINE_DISCRETE}
 WRONG_ENV = {s: ("Hopper-v4", "discrete") if s in DISCRETE else ("CartPole-v1", "map") if s in SMAC_LITE else
              ("CartPole-v1", "task") if s in MPE else ("CartPole-v1", "continuous") for s in SMOKE}
 # The budget of the Ctrl-C test: long enough that the run is still training when Ctrl-C comes (after its first
@@ -77,7 +83,8 @@ LONG = {"ppo.py": 30_000, "a2c.py": 10_000, "impala.py": 10_000, "dqn.py": 10_00
         "ddpg_continuous.py": 2000, "sac_continuous.py": 2000, "td3_continuous.py": 2000,
         "mappo_smac_lite.py": 2048, "ippo_smac_lite.py": 2048, "qmix_smac_lite.py": 2000, "vdn_smac_lite.py": 2000,
         "mappo_mpe.py": 2048, "ippo_mpe.py": 2048, "maddpg_mpe.py": 2000, "bc_continuous.py": 3000,
-        "td3_bc_continuous.py": 2000, "iql_continuous.py": 2000, "cql_continuous.py": 1000}
+        "td3_bc_continuous.py": 2000, "iql_continuous.py": 2000, "cql_continuous.py": 1000, "bc_discrete.py": 3000,
+        "cql_discrete.py": 3000}
 
 
 # Families of scripts by the env code they share (the env check and its errors; the shared blocks are byte-identical in
@@ -110,8 +117,8 @@ SMOKE_RUN = ["--save-model", "--seed", "7"]  # the shared smoke run's flags afte
 
 @pytest.fixture(scope="session", autouse=True)
 def offline_dataset():
-    """OFFLINE_DATASET, made if it is not there yet (a few seconds, once per checkout)."""
-    return standard(OFFLINE_DATASET.name, OFFLINE_DATASET.parent)
+    """OFFLINE_DATASET and OFFLINE_DISCRETE_DATASET, made if they are not there yet (seconds, once per checkout)."""
+    return [standard(path.name, path.parent) for path in (OFFLINE_DATASET, OFFLINE_DISCRETE_DATASET)]
 
 
 @pytest.fixture(scope="session")

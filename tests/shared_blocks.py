@@ -27,8 +27,10 @@ FAMILIES = {
     "mpe": {"mappo_mpe.py", "ippo_mpe.py", "maddpg_mpe.py"},
     "smac_lite": {"mappo_smac_lite.py", "ippo_smac_lite.py", "qmix_smac_lite.py", "vdn_smac_lite.py"},
     "qmix": {"qmix_smac_lite.py", "vdn_smac_lite.py"},
-    "offline": {"bc_continuous.py", "td3_bc_continuous.py", "iql_continuous.py", "cql_continuous.py"},
+    "offline": {"bc_continuous.py", "td3_bc_continuous.py", "iql_continuous.py", "cql_continuous.py", "bc_discrete.py",
+                "cql_discrete.py"},
     "offline_continuous": {"bc_continuous.py", "td3_bc_continuous.py", "iql_continuous.py", "cql_continuous.py"},
+    "offline_discrete": {"bc_discrete.py", "cql_discrete.py"},
 }
 BLOCK = re.compile(r"^([ \t]*)# ---- shared: (\S+) ----\n(.*?)^\1# ---- end shared: \2 ----\n", re.M | re.S)
 

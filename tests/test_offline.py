@@ -8,10 +8,11 @@ import minari
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from benchmark import datasets
 from benchmark.runs import load_script, read_metrics, run_script
-from conftest import OFFLINE_DATASET, SMOKE
+from conftest import OFFLINE_DATASET, OFFLINE_DISCRETE_DATASET, SMOKE
 
 pytestmark = pytest.mark.xdist_group("offline")
 
@@ -117,6 +118,41 @@ def test_bad_datasets_are_one_line_errors(script, tmp_path, monkeypatch):
         assert out.returncode == 2 and len(lines) == 1 and lines[0].startswith("error:"), out.stderr
         assert expected in lines[0], lines[0]
         assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("script", ["cql_discrete.py", "bc_discrete.py"])
+def test_bad_datasets_of_the_discrete_scripts_are_one_line_errors(script, tmp_path, monkeypatch):
+    """A missing dataset, one of continuous actions, an empty one and an env other than the dataset's: exit 2, one
+    line naming the scripts that take continuous actions, before any file is written."""
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "d"))
+    with warnings.catch_warnings(action="ignore"):
+        minari.create_dataset_from_buffers("canonrl/cartpole/empty-v0", [], env="CartPole-v1", data_format="hdf5")
+    cases = [(["--dataset", str(tmp_path / "nowhere")], "no dataset"),
+             (["--dataset", str(OFFLINE_DATASET)], "needs discrete actions"),
+             (["--dataset", "canonrl/cartpole/empty-v0"], "is empty"),
+             (["--dataset", str(OFFLINE_DISCRETE_DATASET), "--env-id", "Acrobot-v1"], "the dataset's env")]
+    for flags, expected in cases:
+        out = run_script(script, flags + ["--total-timesteps", "10"], tmp_path / "run", fork=True)
+        lines = out.stderr.strip().splitlines()
+        assert out.returncode == 2 and len(lines) == 1 and lines[0].startswith("error:"), out.stderr
+        assert expected in lines[0], lines[0]
+        assert not (tmp_path / "run").exists()
+        if expected == "needs discrete actions":
+            assert lines[0].endswith("use cql_continuous.py or iql_continuous.py"), lines[0]
+
+
+def test_cql_discrete_penalty_is_the_exact_logsumexp_minus_the_data_q():
+    """CQL(H) over a discrete action set, against a brute force: log sum_a exp Q(s, a) - Q(s, a_data), averaged over
+    the batch; its gradient pushes every action down by its softmax weight and the dataset's action up by 1."""
+    cql = load_script("cql_discrete.py")
+    q = torch.tensor([[1.0, 2.0, 3.0], [0.0, -1.0, 5.0]], requires_grad=True)
+    actions = torch.tensor([0, 2])
+    expected = np.mean([np.log(np.exp([1.0, 2.0, 3.0]).sum()) - 1.0, np.log(np.exp([0.0, -1.0, 5.0]).sum()) - 5.0])
+    penalty = cql.cql_penalty(q, actions)
+    assert penalty.item() == pytest.approx(expected, rel=1e-6)
+    penalty.backward()
+    softmax = torch.softmax(q.detach(), dim=1)
+    assert torch.allclose(q.grad, (softmax - F.one_hot(actions, 3)) / 2, atol=1e-6)
 
 
 def test_offline_runs_log_the_normalised_score(tmp_path):

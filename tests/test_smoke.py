@@ -10,7 +10,7 @@ import torch
 
 from benchmark.references import load_references, score
 from benchmark.runs import load_script, read_metrics, read_rows, run_script, start_script
-from conftest import DISCRETE, LONG, MPE, MULTI_AGENT, OFFLINE, SMAC_LITE, SMOKE, smoke_env
+from conftest import DISCRETE, LONG, MPE, MULTI_AGENT, OFFLINE, OFFLINE_DISCRETE, SMAC_LITE, SMOKE, smoke_env
 
 
 def rms(saved_stats: dict):
@@ -70,7 +70,9 @@ RELOAD = {
     "ppo_continuous.py": lambda m, s, *a: m.evaluate(loaded(m, "Agent", s, "agent", "obs_dim", "action_dim"),
                                                      rms(s["obs_rms"]), *a),
     **{script: lambda m, s, *a: m.evaluate(loaded(m, "Actor", s, "actor", "obs_dim", "action_dim"), *a)
-       for script in ("ddpg_continuous.py", "sac_continuous.py", "td3_continuous.py", *OFFLINE)},
+       for script in ("ddpg_continuous.py", "sac_continuous.py", "td3_continuous.py", *OFFLINE - OFFLINE_DISCRETE)},
+    "bc_discrete.py": lambda m, s, *a: m.evaluate(loaded(m, "Actor", s, "actor", "obs_dim", "n_actions"), *a),
+    "cql_discrete.py": lambda m, s, *a: m.evaluate(loaded(m, "QNetwork", s, "q_network", "obs_dim", "n_actions"), *a),
 }
 
 
