@@ -21,7 +21,8 @@ from benchmark.report_path import new_report_path  # noqa: E402
 from benchmark.runs import file_stem, git_commit, read_metrics  # noqa: E402
 
 CURVE = "train/episodic_return"
-CURVES = (CURVE, "train/episodic_return_team", "train/episodic_return_agent_mean")  # single-agent, then multi-agent
+# single-agent, multi-agent, then offline scripts (no training episode: the mean of each evaluation)
+CURVES = (CURVE, "train/episodic_return_team", "train/episodic_return_agent_mean", "eval/episodic_return")
 SMOOTH_EPISODES = 10  # each run's curve is the trailing mean over this many episodes before interpolation
 GRID_POINTS = 200
 
@@ -29,10 +30,14 @@ GRID_POINTS = 200
 def learning_curve(run_dirs, metric: str = CURVE, points: int = GRID_POINTS, window: int = SMOOTH_EPISODES):
     """Mean and std over runs of `metric` against global_step, each run smoothed (trailing mean over `window`
     episodes) and linearly interpolated on a common grid from the latest first point to the earliest last
-    point of the runs. Returns (grid, mean, std, n_runs), or None when no run has 2 points."""
+    point of the runs. An eval/ metric is first averaged over each evaluation's episodes (one point per step, no
+    smoothing). Returns (grid, mean, std, n_runs), or None when no run has 2 points."""
     curves = []
     for d in run_dirs:
         m = read_metrics(d)
+        if metric in m and metric.startswith("eval/"):
+            steps, inverse = np.unique(m[metric][0], return_inverse=True)
+            m[metric], window = (steps, np.bincount(inverse, weights=m[metric][1]) / np.bincount(inverse)), 1
         if metric in m and len(m[metric][0]) >= 2:
             steps, values = m[metric]
             c = np.cumsum(np.insert(values, 0, 0.0))
@@ -61,7 +66,8 @@ def plot_curve(run_dirs, path: Path, title: str, ref: Reference | None = None):
         ax.axhspan(rm - (rs or 0), rm + (rs or 0), color="C3", alpha=0.15,
                    label=f"{ref.id}: {rm:.1f} ± {rs or 0:.1f} at {ref.total_timesteps:,} steps")
     ax.set_xlabel("global step")
-    ax.set_ylabel(f"{metric} (trailing mean of {SMOOTH_EPISODES})", fontsize=8)
+    ax.set_ylabel(f"{metric} (" + ("mean of each evaluation" if metric.startswith("eval/") else
+                                   f"trailing mean of {SMOOTH_EPISODES}") + ")", fontsize=8)
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=7, loc="best")
     ax.grid(alpha=0.3)
@@ -269,7 +275,8 @@ def write_report(suite, outcomes, missing: list[str], device: str, report_dir: P
                   "Planned in the suite but not in algos/ yet, so not run: " + ", ".join(f"`{m}`" for m in missing), ""]
 
     lines += ["## Learning curves", "",
-              f"`{CURVE}` (multi-agent scripts: the team return or the per-agent mean) against global step: each "
+              f"`{CURVE}` (multi-agent scripts: the team return or the per-agent mean; offline scripts, which train "
+              f"on no episode: the mean return of each evaluation) against global step: each "
               f"seed smoothed over its last {SMOOTH_EPISODES} episodes, "
               f"interpolated on a common grid; line = mean over seeds, band = ± std. The reference is drawn as "
               "mean ± std (a horizontal band at its own budget, whatever its metric).", ""]

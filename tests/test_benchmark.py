@@ -671,6 +671,12 @@ def test_learning_curve_smooths_interpolates_and_averages(tmp_path):
     assert np.allclose(std, [12.5, 8.75, 5.0])
     grid, mean, _, _ = learning_curve([a], points=3, window=2)  # trailing mean over 2 episodes: 0, 5, 15
     assert np.allclose(mean, [0.0, 5.0, 15.0])
+    c = tmp_path / "offline"  # evaluations only: one point per evaluation, the mean of its episodes
+    c.mkdir()
+    (c / "metrics.csv").write_text("global_step,wall_time,name,value\n" + "".join(
+        f"{s},0.0,eval/episodic_return,{v}\n" for s, v in [(100, 1.0), (100, 3.0), (200, 5.0), (200, 9.0)]))
+    grid, mean, _, n = learning_curve([c], "eval/episodic_return", points=3)
+    assert n == 1 and list(grid) == [100.0, 150.0, 200.0] and np.allclose(mean, [2.0, 4.5, 7.0])
 
 
 def test_report_puts_smac_numbers_beside_smac_lite_runs_without_judging(tmp_path):
