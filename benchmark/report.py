@@ -93,7 +93,7 @@ def _fmt(x, digits=1):
 def cells(outcomes, refs: list[Reference], random_scores: dict | None = None):
     """Group finished runs by (script, env, budget, score method, flags, reference), score each run, match the
     reference, judge (stats.verdict; random_scores: benchmark/random_scores.toml by default). A suite entry with
-    compare_with gets a second cell under its own: the same runs judged against that script's runs in `outcomes`.
+    compare_with gets a cell under its own for each script it names: the same runs judged against that script's runs.
     Returns a list of dicts (one per cell) and the outcomes whose scoring failed as (outcome, error)."""
     random_scores = load_random_scores() if random_scores is None else random_scores
     groups, unscorable = defaultdict(list), []
@@ -102,7 +102,7 @@ def cells(outcomes, refs: list[Reference], random_scores: dict | None = None):
                o.spec.self_reference, o.spec.compare_with)
         groups[key].append(o)
     result, compared = [], []
-    for (script, env_id, budget, method, flags, ref_id, self_ref, other), group in groups.items():
+    for (script, env_id, budget, method, flags, ref_id, self_ref, others), group in groups.items():
         scores, finals, curves = {}, {}, {}  # finals: the final greedy evaluation, shown beside a peer's metric
         for o in group:
             if not o.finished:
@@ -136,9 +136,8 @@ def cells(outcomes, refs: list[Reference], random_scores: dict | None = None):
                        "reference": ref, "ref_mean": rm, "ref_std": rs, "runs": group,
                        "verdict": judge(x, env_id, ref, random_scores, self_ref) if x else
                        stats.Verdict("no verdict", "no run scored")})
-        if other:
-            compared.append((result[-1], other))
-    extra = {}
+        compared += [(result[-1], other) for other in others]
+    extra = defaultdict(list)
     for c, other in compared:  # a second row, under the first: its runs against another script's runs of this report
         theirs = next((d["scores"] for d in result if d["scores"] and (d["script"], d["env_id"], d["total_timesteps"],
                        d["score"]) == (other, c["env_id"], c["total_timesteps"], c["score"])), {})
@@ -148,11 +147,11 @@ def cells(outcomes, refs: list[Reference], random_scores: dict | None = None):
                         values=[theirs[k] for k in seeds]) if theirs else None
         rm, rs = reference_stats(ref) if ref else (None, None)
         x = list(c["scores"].values())
-        extra[id(c)] = {**c, "final_evals": {}, "eval_curves": {}, "reference": ref, "ref_mean": rm, "ref_std": rs,
-                        "compared": other,
-                        "verdict": judge(x, c["env_id"], ref, random_scores) if x and ref else
-                        stats.Verdict("no verdict", f"no finished run of {other} in this report")}
-    return [row for c in result for row in ([c, extra[id(c)]] if id(c) in extra else [c])], unscorable
+        extra[id(c)].append({**c, "final_evals": {}, "eval_curves": {}, "reference": ref, "ref_mean": rm,
+                             "ref_std": rs, "compared": other,
+                             "verdict": judge(x, c["env_id"], ref, random_scores) if x and ref else
+                             stats.Verdict("no verdict", f"no finished run of {other} in this report")})
+    return [row for c in result for row in [c, *extra.get(id(c), [])]], unscorable
 
 
 def judge(scores: list[float], env_id: str, ref: Reference | None, random_scores: dict,

@@ -57,7 +57,7 @@ class RunSpec:
     flags: tuple[str, ...] = ()
     reference: str | None = None  # a reference id, or None: the matching one (benchmark.references.find_reference)
     self_reference: bool = False  # the reference is made from this entry's runs: reported, not judged
-    compare_with: str | None = None  # also judged against this suite's runs of that script (e.g. "sb3:sac_continuous.py")
+    compare_with: tuple[str, ...] = ()  # also judged against the runs of these scripts ("sb3:sac_continuous.py")
 
     @property
     def name(self) -> str:
@@ -108,16 +108,23 @@ def load_suites(path: Path = SUITES) -> dict[str, Suite]:
                 raise ValueError(f"{path}: a run of suite {name!r} lacks {sorted(missing)}")
             if r.get("self_reference") and not r.get("reference"):
                 raise ValueError(f"{path}: a run of suite {name!r} has self_reference but no reference")
-            other = r.get("compare_with")
-            if other and not any((o["script"], o["env_id"], o["total_timesteps"], o["score"]) ==
-                                 (other, r["env_id"], r["total_timesteps"], r["score"]) for o in runs):
-                raise ValueError(f"{path}: a run of suite {name!r} compares with {other!r}, which the suite does not "
-                                 f"run on {r['env_id']} at {r['total_timesteps']} steps with score {r['score']!r}")
+            for other in compared_with(r):
+                if not any((o["script"], o["env_id"], o["total_timesteps"], o["score"]) ==
+                           (other, r["env_id"], r["total_timesteps"], r["score"]) for o in runs):
+                    raise ValueError(f"{path}: a run of suite {name!r} compares with {other!r}, which the suite does "
+                                     f"not run on {r['env_id']} at {r['total_timesteps']} steps with score "
+                                     f"{r['score']!r}")
         if unknown := set(s.get("datasets", [])) - set(STANDARD):
             raise ValueError(f"{path}: suite {name!r} names datasets that benchmark/datasets.py does not make: "
                              f"{sorted(unknown)}")
         suites[name] = Suite(name, s.get("description", ""), int(s.get("seeds", 1)), runs, s.get("datasets", []))
     return suites
+
+
+def compared_with(run: dict) -> tuple[str, ...]:
+    """The scripts a suite's run is also judged against: its compare_with, one script or a list of them."""
+    others = run.get("compare_with", ())
+    return (others,) if isinstance(others, str) else tuple(others)
 
 
 def plan(suite: Suite, seeds: int | None = None, scripts: list[str] | None = None,
@@ -128,13 +135,13 @@ def plan(suite: Suite, seeds: int | None = None, scripts: list[str] | None = Non
     for r in suite.runs:
         if (scripts and r["script"] not in scripts) or (envs and r["env_id"] not in envs):
             continue
-        if not (ALGOS / r["script"].removeprefix("sb3:")).is_file():
+        if not (ALGOS / r["script"].split(":")[-1]).is_file():  # sb3:<script> and d3rlpy:<script> too
             missing += [r["script"]] if r["script"] not in missing else []
             continue
         for seed in range(first_seed, first_seed + (seeds or suite.seeds)):
             specs.append(RunSpec(r["script"], r["env_id"], seed, int(r["total_timesteps"]), r["score"],
                                  tuple(r.get("flags", ())), r.get("reference"), bool(r.get("self_reference")),
-                                 r.get("compare_with")))
+                                 compared_with(r)))
     return specs, missing
 
 

@@ -34,10 +34,11 @@ def run_env(**extra) -> dict:
 
 def script_command(script: str, flags: list[str], run_dir: Path | str | None) -> list[str]:
     """The command line of algos/<script>; "sb3:<script>" is SB3 with that script's hyperparameters
-    (benchmark/sb3_baseline.py)."""
-    if script.startswith("sb3:"):
-        script_path(script.removeprefix("sb3:"))
-        cmd = [sys.executable, str(ROOT / "benchmark" / "sb3_baseline.py"), "--same-as", script[4:], *flags]
+    (benchmark/sb3_baseline.py), "d3rlpy:<script>" d3rlpy with an offline script's (benchmark/d3rlpy_baseline.py)."""
+    if script.startswith(("sb3:", "d3rlpy:")):
+        peer, ours = script.split(":")
+        script_path(ours)
+        cmd = [sys.executable, str(ROOT / "benchmark" / f"{peer}_baseline.py"), "--same-as", ours, *flags]
     else:
         cmd = [sys.executable, str(script_path(script)), *flags]
     return cmd + (["--run-dir", str(run_dir)] if run_dir is not None else [])

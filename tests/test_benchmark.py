@@ -434,13 +434,16 @@ def test_report_verdicts_and_names(tmp_path):
 
 def test_report_judges_a_script_against_sb3_of_the_same_report(tmp_path):
     """compare_with: a second row under ours judges the same runs against the SB3 runs of the same report (PASS
-    when level, FAIL when far below them); without those runs it says so; a suite naming a row it lacks is refused."""
+    when level, FAIL when far below them), one row per script it names; without those runs it says so; a suite naming
+    a row it lacks is refused."""
     sb3 = [-150.0, -160, -155, -170, -145]
-    groups = {("sac_continuous.py", "rlzoo-sac-Pendulum-v1", "sb3:sac_continuous.py"): [-152.0, -158, -149, -165, -160],
-              ("sb3:sac_continuous.py", "rlzoo-sac-Pendulum-v1", None): sb3,
-              ("td3_continuous.py", "rlzoo-td3-Pendulum-v1", "sb3:td3_continuous.py"): [-900.0, -950, -1000, -870, -990],
-              ("sb3:td3_continuous.py", "rlzoo-td3-Pendulum-v1", None): sb3,
-              ("ddpg_continuous.py", "rlzoo-ddpg-Pendulum-v1", "sb3:ddpg_continuous.py"): [-150.0] * 5}
+    groups = {("sac_continuous.py", "rlzoo-sac-Pendulum-v1", ("sb3:sac_continuous.py", "td3_continuous.py")):
+              [-152.0, -158, -149, -165, -160],
+              ("sb3:sac_continuous.py", "rlzoo-sac-Pendulum-v1", ()): sb3,
+              ("td3_continuous.py", "rlzoo-td3-Pendulum-v1", ("sb3:td3_continuous.py",)): [-900.0, -950, -1000, -870,
+                                                                                         -990],
+              ("sb3:td3_continuous.py", "rlzoo-td3-Pendulum-v1", ()): sb3,
+              ("ddpg_continuous.py", "rlzoo-ddpg-Pendulum-v1", ("sb3:ddpg_continuous.py",)): [-150.0] * 5}
     outcomes = []
     for (script, ref, other), scores in groups.items():
         for seed, value in enumerate(scores, 1):
@@ -450,6 +453,7 @@ def test_report_judges_a_script_against_sb3_of_the_same_report(tmp_path):
     table, _ = cells(outcomes, load_references())
     rows = [(c["script"], c.get("compared"), c["verdict"].label) for c in table]
     assert rows == [("sac_continuous.py", None, "PASS"), ("sac_continuous.py", "sb3:sac_continuous.py", "PASS"),
+                    ("sac_continuous.py", "td3_continuous.py", "PASS"),  # a second script it is compared with
                     ("sb3:sac_continuous.py", None, "PASS"),
                     ("td3_continuous.py", None, "FAIL"), ("td3_continuous.py", "sb3:td3_continuous.py", "FAIL"),
                     ("sb3:td3_continuous.py", None, "PASS"),

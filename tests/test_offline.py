@@ -207,3 +207,35 @@ def test_cql_penalty_is_the_importance_weighted_logsumexp_minus_the_data_q():
     obs, actions = torch.randn(4, 3, generator=gen), torch.randn(4, 6, 2, generator=gen)
     many = qf(obs, actions)
     assert many.shape == (4, 6) and torch.allclose(many[:, 2], qf(obs, actions[:, 2]), atol=1e-6)
+
+
+def test_d3rlpy_reads_our_datasets_exactly_and_learns_on_them(tmp_path):
+    """The d3rlpy baseline (benchmark/d3rlpy_baseline.py: d3rlpy 2.8.1 installed without its gymnasium==1.0.0 pin, on
+    this project's gymnasium): d3rlpy's episodes of our dataset hold its arrays and end where ours ended (a terminated
+    episode keeps its last transition, one cut by a time limit loses it: it has no next observation in d3rlpy's
+    format), and a run of "d3rlpy:bc_discrete.py" through the benchmark's runner writes our run contract and clones
+    the medium CartPole policy (greedy return about 200) from 2,000 transitions in 1,000 gradient steps."""
+    from benchmark import d3rlpy_baseline
+    d3rlpy = d3rlpy_baseline.ensure_d3rlpy()
+    td3_bc = load_script("td3_bc_continuous.py")
+    for path in (OFFLINE_DISCRETE_DATASET, OFFLINE_DATASET):
+        dataset = td3_bc.open_dataset(str(path))
+        ours = list(dataset.iterate_episodes())
+        theirs = d3rlpy_baseline.to_mdp(dataset, d3rlpy).episodes
+        assert len(theirs) == len(ours)
+        for a, b in zip(ours, theirs):
+            assert np.array_equal(a.observations[:-1], b.observations)
+            assert np.array_equal(np.asarray(a.actions).reshape(len(b.actions), -1), b.actions)
+            assert np.allclose(a.rewards, b.rewards.ravel()) and b.terminated == bool(a.terminations[-1])
+            assert b.transition_count == len(a.rewards) - (not a.terminations[-1])
+    out = run_script("d3rlpy:bc_discrete.py", ["--env-id", "CartPole-v1", "--dataset", str(OFFLINE_DISCRETE_DATASET),
+                                                "--total-timesteps", "1000", "--eval-every", "500", "--eval-episodes",
+                                                "5"], tmp_path / "run")
+    assert out.returncode == 0, out.stderr[-2000:]
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert config["script"] == "d3rlpy:bc_discrete.py" and config["d3rlpy_algo"] == "DiscreteBCConfig"
+    metrics = read_metrics(tmp_path / "run")
+    steps, returns = metrics["eval/episodic_return"]
+    assert sorted(set(steps)) == [500, 1000] and "eval/normalized_score" in metrics
+    assert "charts/train_seconds" in metrics and "losses/loss" in metrics
+    assert np.mean(returns[steps == 1000]) > 150, returns
