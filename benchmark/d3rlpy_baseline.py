@@ -196,6 +196,9 @@ def main(argv=None) -> int:
         setattr(ours, name, value if isinstance(getattr(ours, name), str) else type(getattr(ours, name))(value))
     if len(rest) % 2:
         p.error(f"flag {rest[-1]} needs a value")
+    if a.eval_every and a.total_timesteps % a.eval_every:
+        p.error(f"--total-timesteps {a.total_timesteps} must be a multiple of --eval-every {a.eval_every} (d3rlpy "
+                "trains in whole epochs)")
     if a.run_dir.exists():
         p.error(f"--run-dir {a.run_dir} exists; give a new directory")
 
@@ -217,11 +220,17 @@ def main(argv=None) -> int:
     f = open(a.run_dir / "metrics.csv", "w", newline="")
     writer = csv.writer(f, lineterminator="\n")
     writer.writerow(["global_step", "wall_time", "name", "value"])
-    start, eval_seconds = time.time(), 0.0
+    start, eval_seconds = None, 0.0
+
+    def start_clock(*_):  # at the first gradient step: d3rlpy's set-up (scalers, networks) is not training time
+        nonlocal start
+        start = start or time.time()
 
     def log_eval(step: int) -> list[float]:
         nonlocal eval_seconds
         writer.writerow([step, f"{time.time():.3f}", "charts/train_seconds", time.time() - start - eval_seconds])
+        if a.eval_episodes == 0:
+            return []
         t = time.time()
         returns = evaluate(algo, a.env_id, a.eval_episodes, a.seed + 100_000)
         eval_seconds += time.time() - t
@@ -233,14 +242,15 @@ def main(argv=None) -> int:
 
     every = a.eval_every or a.total_timesteps
     fitter = algo.fitter(to_mdp(dataset, d3rlpy), n_steps=a.total_timesteps, n_steps_per_epoch=every,
-                         logger_adapter=d3rlpy.logging.NoopAdapterFactory(), show_progress=False, save_interval=10**9)
+                         logger_adapter=d3rlpy.logging.NoopAdapterFactory(), show_progress=False, save_interval=10**9,
+                         callback=start_clock)
     for epoch, metrics in fitter:  # one epoch: every gradient steps
         step = min(epoch * every, a.total_timesteps)
         writer.writerows([step, f"{time.time():.3f}", f"losses/{k}", v] for k, v in metrics.items()
                          if not k.startswith("time_"))  # d3rlpy's loss averages over the epoch, not its timers
         if step < a.total_timesteps:
             log_eval(step)
-    returns = log_eval(a.total_timesteps) if a.eval_episodes > 0 else []
+    returns = log_eval(a.total_timesteps)
     f.close()
     if returns:
         print(f"eval/episodic_return: {np.mean(returns):.2f} over {len(returns)} episodes (d3rlpy "

@@ -239,3 +239,14 @@ def test_d3rlpy_reads_our_datasets_exactly_and_learns_on_them(tmp_path):
     assert sorted(set(steps)) == [500, 1000] and "eval/normalized_score" in metrics
     assert "charts/train_seconds" in metrics and "losses/loss" in metrics
     assert np.mean(returns[steps == 1000]) > 150, returns
+
+
+def test_offline_speed_writes_both_rates(tmp_path):
+    """benchmark/offline_speed.py: a run of ours and one of d3rlpy's, each rate a positive number, in a report."""
+    from benchmark import offline_speed
+    assert offline_speed.main(["--scripts", "bc_discrete.py", "--steps", "100", "--repeats", "1", "--report-dir",
+                               str(tmp_path)]) == 0
+    [report] = tmp_path.glob("offline-speed-cpu-*.md")
+    row = next(line for line in report.read_text().splitlines() if line.startswith("| bc_discrete.py"))
+    ours, theirs, ratio = (float(cell) for cell in row.strip("|").split("|")[3:6])
+    assert ours > 0 and theirs > 0 and ratio == pytest.approx(ours / theirs, rel=0.01)
