@@ -123,9 +123,20 @@ def iql_continuous_same(a, steps):
                      **scalers(a, True, reward=a.normalize_reward))
 
 
+def cql_continuous_same(a, steps):
+    from d3rlpy.algos import CQLConfig
+    return CQLConfig(batch_size=a.batch_size, gamma=a.gamma, tau=a.tau, actor_learning_rate=a.learning_rate,
+                     critic_learning_rate=a.q_learning_rate, temp_learning_rate=a.learning_rate,
+                     alpha_learning_rate=a.q_learning_rate if a.lagrange else 0.0, initial_alpha=1.0,
+                     alpha_threshold=a.target_action_gap, conservative_weight=a.cql_alpha,
+                     n_action_samples=a.cql_n_actions, soft_q_backup=False, max_q_backup=False,
+                     actor_encoder_factory=mlp((256, 256, 256)), critic_encoder_factory=mlp((256, 256, 256)),
+                     **scalers(a, True, reward=a.normalize_reward))
+
+
 SAME = {"bc_discrete.py": bc_discrete_same, "cql_discrete.py": cql_discrete_same,
         "bc_continuous.py": bc_continuous_same, "td3_bc_continuous.py": td3_bc_continuous_same,
-        "iql_continuous.py": iql_continuous_same}
+        "iql_continuous.py": iql_continuous_same, "cql_continuous.py": cql_continuous_same}
 # What d3rlpy does otherwise, with our hyperparameters (the report's reader needs these beside the numbers).
 DIFFERENCES = {
     "cql_discrete.py": "d3rlpy copies the target network every round(1 / tau) = 200 steps (ours: a soft update of "
@@ -135,6 +146,7 @@ DIFFERENCES = {
                             "on Pendulum, whose actions span [-2, 2], d3rlpy's term is 4x smaller, as if alpha were "
                             "4x larger)",
     "iql_continuous.py": "d3rlpy's policy has a state-dependent log std (ours: one learned log std per action)",
+    "cql_continuous.py": "d3rlpy's logsumexp has no temperature (ours: --cql-temp, 1.0 by default)",
 }
 # d3rlpy drops the last transition of an episode cut by a time limit (it has no next observation in its format);
 # ours keep it with the stored next observation.

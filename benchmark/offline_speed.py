@@ -28,7 +28,8 @@ PAIRS = {"bc_discrete.py": ("CartPole-v1", "cartpole-medium-v0"),
          "cql_discrete.py": ("CartPole-v1", "cartpole-medium-v0"),
          "bc_continuous.py": ("Pendulum-v1", "pendulum-medium-v0"),
          "td3_bc_continuous.py": ("Pendulum-v1", "pendulum-medium-v0"),
-         "iql_continuous.py": ("Pendulum-v1", "pendulum-medium-v0")}
+         "iql_continuous.py": ("Pendulum-v1", "pendulum-medium-v0"),
+         "cql_continuous.py": ("Pendulum-v1", "pendulum-medium-v0")}
 
 
 def rate(script: str, env_id: str, dataset: Path, steps: int, seed: int, where: Path) -> float:
