@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmark.runs import load_script  # noqa: E402
+from benchmark.runs import load_script, print_baseline_end  # noqa: E402
 
 D3RLPY = ["d3rlpy==2.8.1", "structlog==26.1.0", "dataclasses-json==0.6.7", "marshmallow==4.4.0",
           "typing-inspect==0.9.0", "mypy-extensions==1.2.0", "gym==0.26.2", "gym-notices==0.1.0",
@@ -214,7 +214,6 @@ def main(argv=None) -> int:
     if a.run_dir.exists():
         p.error(f"--run-dir {a.run_dir} exists; give a new directory")
 
-    import numpy as np
     import torch
     torch.set_num_threads(1)
     d3rlpy = ensure_d3rlpy()
@@ -264,10 +263,7 @@ def main(argv=None) -> int:
             log_eval(step)
     returns = log_eval(a.total_timesteps)
     f.close()
-    if returns:
-        print(f"eval/episodic_return: {np.mean(returns):.2f} over {len(returns)} episodes (d3rlpy "
-              f"{type(config).__name__} with {a.same_as}'s hyperparameters)")
-    print(f"run saved in {a.run_dir}")
+    print_baseline_end(returns, a.run_dir, f"d3rlpy {type(config).__name__} with {a.same_as}'s hyperparameters")
     return 0
 
 

@@ -430,6 +430,14 @@ def read_metrics(run_dir: Path | str) -> dict[str, tuple[np.ndarray, np.ndarray]
     return {k: (np.asarray(s, dtype=np.int64), np.asarray(v, dtype=np.float64)) for k, (s, v) in series.items()}
 
 
+def print_baseline_end(returns: list[float], run_dir: Path, what: str):
+    """The last lines of a peer's run (benchmark/sb3_baseline.py, d3rlpy_baseline.py): its final evaluation, where
+    the run is."""
+    if returns:
+        print(f"eval/episodic_return: {np.mean(returns):.2f} over {len(returns)} episodes ({what})")
+    print(f"run saved in {run_dir}")
+
+
 def file_stem(script: str) -> str:
     """A script's name for file names: "ppo.py" -> "ppo", "sb3:sac_continuous.py" -> "sb3-sac_continuous"."""
     return script.removesuffix(".py").replace(":", "-")

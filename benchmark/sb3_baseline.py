@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmark.runs import load_script  # noqa: E402
+from benchmark.runs import load_script, print_baseline_end  # noqa: E402
 
 
 # ---- our script's Args -> (SB3 algorithm, n_envs, SB3 kwargs) ---------------------------------------------------
@@ -306,10 +306,7 @@ def main(argv=None) -> int:
     model.learn(total_timesteps=a.total_timesteps, callback=log)
     returns = log.evaluate() if a.eval_episodes > 0 else []
     f.close()
-    if returns:
-        print(f"eval/episodic_return: {sum(returns) / len(returns):.2f} over {len(returns)} episodes "
-              f"(SB3 {algo} with {a.same_as}'s hyperparameters)")
-    print(f"run saved in {a.run_dir}")
+    print_baseline_end(returns, a.run_dir, f"SB3 {algo} with {a.same_as}'s hyperparameters")
     return 0
 
 

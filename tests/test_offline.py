@@ -112,12 +112,21 @@ def test_bad_datasets_are_one_line_errors(script, tmp_path, monkeypatch):
              (["--dataset", "canonrl/pendulum/empty-v0"], "is empty"),
              (["--dataset", str(corrupt)], "cannot be read"),
              (["--dataset", str(OFFLINE_DATASET), "--env-id", "MountainCarContinuous-v0"], "the dataset's env")]
+    assert_one_line_errors(script, cases, tmp_path)
+
+
+def assert_one_line_errors(script, cases, tmp_path) -> list[str]:
+    """Each (flags, expected) of `cases`: exit 2, one line starting "error:" that holds `expected`, no run directory.
+    Returns the lines."""
+    errors = []
     for flags, expected in cases:
         out = run_script(script, flags + ["--total-timesteps", "10"], tmp_path / "run", fork=True)
         lines = out.stderr.strip().splitlines()
         assert out.returncode == 2 and len(lines) == 1 and lines[0].startswith("error:"), out.stderr
         assert expected in lines[0], lines[0]
         assert not (tmp_path / "run").exists()
+        errors.append(lines[0])
+    return errors
 
 
 @pytest.mark.parametrize("script", ["cql_discrete.py", "bc_discrete.py"])
@@ -131,14 +140,8 @@ def test_bad_datasets_of_the_discrete_scripts_are_one_line_errors(script, tmp_pa
              (["--dataset", str(OFFLINE_DATASET)], "needs discrete actions"),
              (["--dataset", "canonrl/cartpole/empty-v0"], "is empty"),
              (["--dataset", str(OFFLINE_DISCRETE_DATASET), "--env-id", "Acrobot-v1"], "the dataset's env")]
-    for flags, expected in cases:
-        out = run_script(script, flags + ["--total-timesteps", "10"], tmp_path / "run", fork=True)
-        lines = out.stderr.strip().splitlines()
-        assert out.returncode == 2 and len(lines) == 1 and lines[0].startswith("error:"), out.stderr
-        assert expected in lines[0], lines[0]
-        assert not (tmp_path / "run").exists()
-        if expected == "needs discrete actions":
-            assert lines[0].endswith("use cql_continuous.py or iql_continuous.py"), lines[0]
+    errors = assert_one_line_errors(script, cases, tmp_path)
+    assert errors[1].endswith("use cql_continuous.py or iql_continuous.py"), errors[1]  # the scripts that take it
 
 
 def test_cql_discrete_penalty_is_the_exact_logsumexp_minus_the_data_q():
