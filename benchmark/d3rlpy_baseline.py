@@ -18,7 +18,6 @@ dependency resolution, so no second gymnasium, torch or numpy), into runs/d3rlpy
 puts that folder on sys.path. d3rlpy then runs on the project's gymnasium, torch and numpy; tests/test_offline.py
 checks that it reads our datasets exactly and learns on them.
 """
-import argparse
 import csv
 import dataclasses
 import json
@@ -33,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmark.runs import load_script, print_baseline_end  # noqa: E402
+from benchmark.runs import load_script, parse_baseline_args, print_baseline_end  # noqa: E402
 
 D3RLPY = ["d3rlpy==2.8.1", "structlog==26.1.0", "dataclasses-json==0.6.7", "marshmallow==4.4.0",
           "typing-inspect==0.9.0", "mypy-extensions==1.2.0", "gym==0.26.2", "gym-notices==0.1.0",
@@ -189,30 +188,11 @@ def evaluate(algo, env_id: str, episodes: int, seed: int) -> list[float]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--same-as", required=True, choices=sorted(SAME), help="our script whose hyperparameters to use")
-    p.add_argument("--env-id", required=True, help="the env to evaluate in (the dataset's)")
-    p.add_argument("--total-timesteps", type=int, required=True, help="gradient steps")
-    p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--eval-every", type=int, default=0, help="also evaluate every this many steps (0: only at the end)")
-    p.add_argument("--eval-episodes", type=int, default=10)
-    p.add_argument("--run-dir", type=Path, required=True, help="a new directory for config.json and metrics.csv")
-    p.add_argument("--cuda", action=argparse.BooleanOptionalAction, default=False, help="ignored: d3rlpy runs on CPU")
-    a, rest = p.parse_known_args(argv)
-    script = load_script(a.same_as)
-    ours = script.Args()
-    for flag, value in zip(rest[::2], rest[1::2]):  # flags of our script: --dataset DIR --batch-size 256 ...
-        name = flag.removeprefix("--").replace("-", "_")
-        if not flag.startswith("--") or not hasattr(ours, name):
-            p.error(f"{a.same_as} has no flag {flag}")
-        setattr(ours, name, value if isinstance(getattr(ours, name), str) else type(getattr(ours, name))(value))
-    if len(rest) % 2:
-        p.error(f"flag {rest[-1]} needs a value")
+    p, a, ours = parse_baseline_args(__doc__, SAME, "d3rlpy", argv, offline=True)
     if a.eval_every and a.total_timesteps % a.eval_every:
         p.error(f"--total-timesteps {a.total_timesteps} must be a multiple of --eval-every {a.eval_every} (d3rlpy "
                 "trains in whole epochs)")
-    if a.run_dir.exists():
-        p.error(f"--run-dir {a.run_dir} exists; give a new directory")
+    script = load_script(a.same_as)
 
     import torch
     torch.set_num_threads(1)

@@ -430,6 +430,36 @@ def read_metrics(run_dir: Path | str) -> dict[str, tuple[np.ndarray, np.ndarray]
     return {k: (np.asarray(s, dtype=np.int64), np.asarray(v, dtype=np.float64)) for k, (s, v) in series.items()}
 
 
+def parse_baseline_args(doc: str, same: dict, peer: str, argv=None, offline: bool = False):
+    """The command line of a peer's run (benchmark/sb3_baseline.py, d3rlpy_baseline.py): --same-as <our script> and the
+    run's flags, then any flag of that script (e.g. --batch-size 256), set on its Args' defaults. Returns (parser, the
+    run's flags, our script's Args)."""
+    import argparse
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--same-as", required=True, choices=sorted(same), help="our script whose hyperparameters to use")
+    p.add_argument("--env-id", required=True, help="the env to evaluate in (the dataset's)" if offline else None)
+    p.add_argument("--total-timesteps", type=int, required=True, help="gradient steps" if offline else None)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--eval-every", type=int, default=0, help="also evaluate every this many steps (0: only at the end)")
+    p.add_argument("--eval-episodes", type=int, default=10)
+    p.add_argument("--run-dir", type=Path, required=True, help="a new directory for config.json and metrics.csv")
+    p.add_argument("--cuda", action=argparse.BooleanOptionalAction, default=False,
+                   help=f"ignored: {peer} runs on the CPU")
+    a, rest = p.parse_known_args(argv)
+    ours = load_script(a.same_as).Args()
+    for flag, value in zip(rest[::2], rest[1::2]):
+        name = flag.removeprefix("--").replace("-", "_")
+        if not flag.startswith("--") or not hasattr(ours, name):
+            p.error(f"{a.same_as} has no flag {flag}")
+        default = getattr(ours, name)
+        setattr(ours, name, value if default is None or isinstance(default, str) else type(default)(value))
+    if len(rest) % 2:
+        p.error(f"flag {rest[-1]} needs a value")
+    if a.run_dir.exists():
+        p.error(f"--run-dir {a.run_dir} exists; give a new directory")
+    return p, a, ours
+
+
 def print_baseline_end(returns: list[float], run_dir: Path, what: str):
     """The last lines of a peer's run (benchmark/sb3_baseline.py, d3rlpy_baseline.py): its final evaluation, where
     the run is."""

@@ -12,7 +12,6 @@ algorithm by SAME below. The run leaves what the benchmark reads from ours: conf
 (evaluation excluded) and eval/episodic_return per episode of a deterministic evaluation on a separate env
 (seeds seed + 100000 + episode) every --eval-every steps and at the end.
 """
-import argparse
 import csv
 import functools
 import json
@@ -25,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmark.runs import load_script, print_baseline_end  # noqa: E402
+from benchmark.runs import load_script, parse_baseline_args, print_baseline_end  # noqa: E402
 
 
 # ---- our script's Args -> (SB3 algorithm, n_envs, SB3 kwargs) ---------------------------------------------------
@@ -239,26 +238,7 @@ def evaluate_atari(model, env_id: str, episodes: int, seed: int) -> list[float]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--same-as", required=True, choices=sorted(SAME), help="our script whose hyperparameters to use")
-    p.add_argument("--env-id", required=True)
-    p.add_argument("--total-timesteps", type=int, required=True)
-    p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--eval-every", type=int, default=0, help="also evaluate every this many steps (0: only at the end)")
-    p.add_argument("--eval-episodes", type=int, default=10)
-    p.add_argument("--run-dir", type=Path, required=True, help="a new directory for config.json and metrics.csv")
-    p.add_argument("--cuda", action=argparse.BooleanOptionalAction, default=False, help="ignored: SB3 runs on the CPU")
-    a, rest = p.parse_known_args(argv)
-    ours = load_script(a.same_as).Args()
-    for flag, value in zip(rest[::2], rest[1::2]):  # flags of our script: --learning-starts 1000 ...
-        name = flag.removeprefix("--").replace("-", "_")
-        if not flag.startswith("--") or not hasattr(ours, name):
-            p.error(f"{a.same_as} has no flag {flag}")
-        setattr(ours, name, type(getattr(ours, name))(value))
-    if len(rest) % 2:
-        p.error(f"flag {rest[-1]} needs a value")
-    if a.run_dir.exists():
-        p.error(f"--run-dir {a.run_dir} exists; give a new directory")
+    _, a, ours = parse_baseline_args(__doc__, SAME, "SB3", argv)
 
     import torch
     torch.set_num_threads(1)
