@@ -10,7 +10,8 @@ model.pt of algos/ (or of a uniform random policy), or the replay buffer of a tr
 Kinds (D4RL's, Fu et al. 2020): `random` (uniform actions), `medium` (a partly trained policy), `expert` (a trained
 one), `medium-replay` (the replay buffer of the run that made the medium policy). A policy acts as its script acts
 while it trains: SAC samples from its Gaussian, TD3 and DDPG add their Gaussian exploration noise to the deterministic
-action, DQN is epsilon-greedy at its final epsilon. Episode e of a dataset of seed S starts from env.reset(seed=S + e).
+action, DQN is epsilon-greedy at its final epsilon (or at --epsilon). Episode e of a dataset of seed S starts from
+env.reset(seed=S + e).
 
 The dataset goes to <root>/<id> (root: --root, default MINARI_DATASETS_PATH or ~/.minari/datasets; id default
 canonrl/<env>/<kind>-v0), where `minari.load_dataset(id)` and the offline scripts' `--dataset <id or path>` find it.
@@ -64,8 +65,9 @@ class DatasetError(ValueError):
     """Bad input to the dataset maker (a missing or foreign file, an env it cannot roll out): one line, exit 2."""
 
 
-def _actor_of(script: str, saved: dict):
-    """The network of a model.pt of `script` and how it acts: (greedy(obs) -> action, behave(obs, rng) -> action)."""
+def _actor_of(script: str, saved: dict, epsilon: float | None = None):
+    """The network of a model.pt of `script` and how it acts: (greedy(obs) -> action, behave(obs, rng) -> action).
+    A DQN behaves epsilon-greedily at `epsilon`, default its run's final epsilon."""
     module = load_script(script)
     if script in ("sac_continuous.py", "td3_continuous.py", "ddpg_continuous.py"):
         actor = module.Actor(saved["obs_dim"], saved["action_dim"])
@@ -90,13 +92,15 @@ def _actor_of(script: str, saved: dict):
         def greedy(obs):
             return int(q_network.get_greedy_action(torch.as_tensor(obs, dtype=torch.float32)[None])[0])
 
-        def behave(obs, rng):  # epsilon-greedy at the run's final epsilon
-            return int(rng.integers(saved["n_actions"])) if rng.random() < saved["args"]["end_e"] else greedy(obs)
+        eps = saved["args"]["end_e"] if epsilon is None else epsilon
+
+        def behave(obs, rng):  # epsilon-greedy
+            return int(rng.integers(saved["n_actions"])) if rng.random() < eps else greedy(obs)
         return greedy, behave
     raise DatasetError(f"no dataset policy for {script}'s model.pt: sac/td3/ddpg_continuous.py and dqn.py are known")
 
 
-def load_policy(model_path: Path):
+def load_policy(model_path: Path, epsilon: float | None = None):
     """(script, env id, greedy, behave) of a model.pt that a script of algos/ wrote beside its config.json.
     model.pt is data: read with weights_only=True."""
     model_path, config_path = Path(model_path), Path(model_path).parent / "config.json"
@@ -110,7 +114,9 @@ def load_policy(model_path: Path):
         saved = torch.load(model_path, weights_only=True)
     except Exception as e:
         raise DatasetError(f"{model_path} is corrupt or not a model.pt ({type(e).__name__}); train a new one")
-    greedy, behave = _actor_of(script, saved)
+    if epsilon is not None and script != "dqn.py":
+        raise DatasetError(f"--epsilon is for dqn.py policies; {model_path} is of {script}, which behaves as it trains")
+    greedy, behave = _actor_of(script, saved, epsilon)
     return script, saved["args"]["env_id"], greedy, behave
 
 
@@ -195,7 +201,7 @@ def mean_return(env_id: str, act, seed: int = SCORE_SEED, episodes: int = SCORE_
 
 def make_dataset(kind: str, env_id: str | None = None, policy: Path | None = None, checkpoint: Path | None = None,
                  expert: str | None = None, steps: int = 100_000, seed: int = 0, root: Path | None = None,
-                 dataset_id: str | None = None):
+                 dataset_id: str | None = None, epsilon: float | None = None):
     """Write a dataset (see the module's docstring) and return its directory."""
     import minari
     if kind not in KINDS:
@@ -207,8 +213,10 @@ def make_dataset(kind: str, env_id: str | None = None, policy: Path | None = Non
     head, dirty = git_head()
     record = {"kind": kind, "seed": seed, "commit": head + ("-dirty" if dirty else "")}
     if policy is not None:
-        script, env_id_, _, behave = load_policy(policy)
+        script, env_id_, _, behave = load_policy(policy, epsilon)
         record.update(policy=str(policy), policy_sha256=sha256(Path(policy)), script=script)
+        if epsilon is not None:
+            record.update(epsilon=epsilon)
     elif checkpoint is not None:
         episodes, run_args = replay_episodes(Path(checkpoint))
         env_id_ = run_args["env_id"]
@@ -290,14 +298,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--expert", help="the model.pt (or a return) that scores 100 on the normalised scale")
     p.add_argument("--steps", type=int, default=100_000, help="transitions, rounded up to a whole episode")
     p.add_argument("--seed", type=int, default=0, help="episode e starts from env.reset(seed=seed + e)")
+    p.add_argument("--epsilon", type=float, help="medium, expert of a dqn.py policy: act epsilon-greedily at this "
+                   "epsilon (default the run's final one)")
     p.add_argument("--root", type=Path, help="default MINARI_DATASETS_PATH or ~/.minari/datasets")
     p.add_argument("--id", dest="dataset_id", help="default canonrl/<env>/<kind>-v0")
     args = p.parse_args(argv)
     if args.steps < 1:
         p.error("--steps must be >= 1")
+    if args.epsilon is not None and not 0 <= args.epsilon <= 1:
+        p.error("--epsilon must be in [0, 1]")
     try:
         path = make_dataset(args.kind, args.env_id, args.policy, args.checkpoint, args.expert, args.steps, args.seed,
-                            args.root, args.dataset_id)
+                            args.root, args.dataset_id, args.epsilon)
     except DatasetError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

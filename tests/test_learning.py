@@ -2,9 +2,13 @@
 the gate's threshold AND learn as fast as the recorded evidence: the mean of its evaluations along the way (area
 under the evaluation curve, score auc_eval) must not fall below the lowest recorded seed's by more than the gate's
 auc_margin. Thresholds, margins and seeds live in references.toml with the runs that justify them. A gate with
-`stop_at` runs only to that evaluation of its evidence runs (where every evidence seed already passed)."""
+`stop_at` runs only to that evaluation of its evidence runs (where every evidence seed already passed). An offline
+gate reads a dataset of benchmark/datasets.py by path (--dataset runs/datasets/<name>), made first if missing."""
+from pathlib import Path
+
 import pytest
 
+from benchmark.datasets import STANDARD, standard
 from benchmark.references import AUC_OF, load_references, score
 from benchmark.runs import read_metrics, read_rows, run_script
 from conftest import SMOKE
@@ -30,6 +34,8 @@ def gate_failures(gate, metrics) -> list[str]:
 @pytest.mark.learning
 @pytest.mark.parametrize("gate,seed", GATES, ids=[f"{g.id}-seed{s}" for g, s in GATES])
 def test_gate(gate, seed, tmp_path):
+    if "--dataset" in gate.flags and (name := Path(gate.flags[gate.flags.index("--dataset") + 1]).name) in STANDARD:
+        standard(name)
     out = run_script(gate.script, gate.command_flags(seed), tmp_path, timeout=TIMEOUT_FACTOR * gate.cpu_seconds)
     assert out.returncode == 0, out.stderr[-2000:]
     failures = gate_failures(gate, read_metrics(tmp_path))
