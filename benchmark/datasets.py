@@ -44,9 +44,13 @@ MEDIUM_SAC = POLICIES / "sac_continuous-Pendulum-v1-3k" / "model.pt"
 EXPERT_SAC = POLICIES / "sac_continuous-Pendulum-v1-12k" / "model.pt"
 MEDIUM_DQN = POLICIES / "dqn-CartPole-v1-20k" / "model.pt"
 EXPERT_DQN = POLICIES / "dqn-CartPole-v1-100k" / "model.pt"
+MEDIUM_SAC_HOPPER = POLICIES / "sac_continuous-Hopper-v5-100k" / "model.pt"
+HOPPER_EXPERT = "3234.3"  # D4RL's expert return of Hopper (its REF_MAX_SCORE), so that scores read on D4RL's scale
 # The datasets that the tests and the suites use, made on first use (standard()) from the committed policies. Pendulum:
 # sac_continuous.py after 3k steps (greedy return about -750) and after 12k (the expert, about -150). CartPole: dqn.py
-# (--learning-rate 2.3e-3) after 20k steps (greedy return about 200) and after 100k (the expert, 500).
+# (--learning-rate 2.3e-3) after 20k steps (greedy return about 200) and after 100k (the expert, 500). Hopper:
+# sac_continuous.py after 100k steps (seed 4 of the hopper-cpu suite, greedy return about 1,500; its model.pt holds the
+# actor of that run's final checkpoint), scored against D4RL's expert return.
 STANDARD = {
     "pendulum-medium-v0": dict(kind="medium", policy=MEDIUM_SAC, expert=str(EXPERT_SAC), steps=100_000, seed=0,
                                dataset_id="canonrl/pendulum/medium-v0"),
@@ -56,6 +60,8 @@ STANDARD = {
                                dataset_id="canonrl/cartpole/medium-v0"),
     "cartpole-medium-tiny-v0": dict(kind="medium", policy=MEDIUM_DQN, expert=str(EXPERT_DQN), steps=2_000, seed=0,
                                     dataset_id="canonrl/cartpole/medium-tiny-v0"),
+    "hopper-medium-v0": dict(kind="medium", policy=MEDIUM_SAC_HOPPER, expert=HOPPER_EXPERT, steps=100_000, seed=0,
+                             dataset_id="canonrl/hopper/medium-v0"),
 }
 SCORE_EPISODES = 100  # episodes behind ref_min_score and ref_max_score
 SCORE_SEED = 1_000_000  # their episodes start from env.reset(seed=SCORE_SEED + e): apart from any dataset's
