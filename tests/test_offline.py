@@ -70,6 +70,25 @@ def test_medium_replay_is_the_replay_buffer_of_a_run(tmp_path):
     assert np.array_equal(np.concatenate([ep.actions for ep in read]), rb["actions"][:500].numpy())
 
 
+def test_epsilon_sets_how_often_a_dqn_policy_acts_at_random(tmp_path, capsys):
+    """--epsilon: a dqn.py policy acts greedily at 0 and uniformly at random at 1 (half its actions then agree with the
+    greedy one); the dataset records it. A policy of another script refuses it, one line, nothing written."""
+    _, _, greedy, _ = datasets.load_policy(datasets.MEDIUM_DQN)
+    agree = {}
+    for epsilon in (0.0, 1.0):
+        path = datasets.make_dataset("medium", policy=datasets.MEDIUM_DQN, expert="500", steps=400, seed=0,
+                                     root=tmp_path, dataset_id=f"cp/eps{epsilon:.0f}-v0", epsilon=epsilon)
+        episodes = list(minari.load_dataset(str(path)).iterate_episodes())
+        agree[epsilon] = np.mean([greedy(o) == a for ep in episodes for o, a in zip(ep.observations, ep.actions)])
+        assert json.loads(minari.load_dataset(str(path)).storage.metadata["description"])["epsilon"] == epsilon
+    assert agree[0.0] == 1.0 and 0.35 < agree[1.0] < 0.65
+    assert datasets.main(["--kind", "medium", "--policy", str(datasets.MEDIUM_SAC), "--expert", "1", "--epsilon",
+                          "0.3", "--root", str(tmp_path / "sac")]) == 2
+    err = capsys.readouterr().err
+    assert "--epsilon is for dqn.py policies" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "sac").exists()
+
+
 def test_the_maker_refuses_bad_input(tmp_path, capsys):
     assert datasets.main(["--kind", "medium", "--policy", str(tmp_path / "none.pt"), "--expert", "1",
                           "--root", str(tmp_path)]) == 2
