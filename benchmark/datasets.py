@@ -281,17 +281,17 @@ def make_dataset(kind: str, env_id: str | None = None, policy: Path | None = Non
 
 
 def standard(name: str, root: Path = ROOT / "runs" / "datasets") -> Path:
-    """The directory of the dataset STANDARD[name] under root, made first if it is not there: in a temporary directory
-    that is then renamed into place, so that processes which make it at once leave one whole copy."""
+    """The directory of the dataset STANDARD[name] under root, made first if it is not there. Processes that ask for it
+    at once take turns (a lock file beside it): the first makes it, in a temporary directory renamed into place, and
+    the others then find it whole."""
+    import fcntl
     final = Path(root) / name
-    if not (final / "data" / "metadata.json").is_file():
-        final.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=final.parent) as tmp:
-            made = make_dataset(**STANDARD[name], root=Path(tmp))
-            try:
-                os.rename(made, final)
-            except OSError:  # another process renamed its copy first
-                pass
+    final.parent.mkdir(parents=True, exist_ok=True)
+    with open(final.parent / f".{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (final / "data" / "metadata.json").is_file():
+            with tempfile.TemporaryDirectory(dir=final.parent) as tmp:
+                os.rename(make_dataset(**STANDARD[name], root=Path(tmp)), final)
     return final
 
 

@@ -89,6 +89,29 @@ def test_epsilon_sets_how_often_a_dqn_policy_acts_at_random(tmp_path, capsys):
     assert not (tmp_path / "sac").exists()
 
 
+def test_a_standard_dataset_asked_for_at_once_is_made_once(tmp_path, monkeypatch):
+    """Two processes (pytest workers, a suite's runs) that ask for a missing STANDARD dataset at once: one makes it, the
+    other waits and finds it whole."""
+    import multiprocessing
+    made = tmp_path / "made"
+    make = datasets.make_dataset
+
+    def counted(*args, **kwargs):
+        with open(made, "a") as f:
+            f.write("made\n")
+        return make(*args, **kwargs)
+    monkeypatch.setattr(datasets, "make_dataset", counted)  # the forked processes inherit it
+    procs = [multiprocessing.get_context("fork").Process(target=datasets.standard,
+                                                         args=("cartpole-medium-tiny-v0", tmp_path / "d"))
+             for _ in range(2)]
+    [p.start() for p in procs]
+    [p.join(120) for p in procs]
+    assert [p.exitcode for p in procs] == [0, 0]
+    assert made.read_text() == "made\n"
+    assert (tmp_path / "d" / "cartpole-medium-tiny-v0" / "data" / "metadata.json").is_file()
+    assert [p.name for p in (tmp_path / "d").iterdir() if not p.name.startswith(".")] == ["cartpole-medium-tiny-v0"]
+
+
 def test_the_maker_refuses_bad_input(tmp_path, capsys):
     assert datasets.main(["--kind", "medium", "--policy", str(tmp_path / "none.pt"), "--expert", "1",
                           "--root", str(tmp_path)]) == 2
