@@ -319,9 +319,10 @@ def _main(p: argparse.ArgumentParser, args: argparse.Namespace, command: str) ->
         except (ValueError, OSError, KeyError) as e:
             p.error(f"--seeds-from: {e}")
     out = args.out or ROOT / "runs" / "benchmark" / f"{args.suite}-{args.device}"
-    if suite.datasets:  # the offline runs read them under runs/datasets/ (made once, from the committed policies)
+    # the datasets that the chosen offline runs read under runs/datasets/ (made once, from the committed policies)
+    if read := [name for name in suite.datasets if any(f"runs/datasets/{name}" in spec.flags for spec in specs)]:
         from benchmark.datasets import standard
-        for name in suite.datasets:
+        for name in read:
             print(f"dataset {standard(name)}", file=sys.stderr)
     print(f"suite {args.suite}: {len(specs)} runs in {out}", file=sys.stderr)
     outcomes = run_all(specs, out, args.device, args.jobs, args.backend, args.timeout, ray_address=ray_address)

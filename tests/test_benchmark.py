@@ -524,17 +524,20 @@ def test_a_report_joins_the_seeds_of_an_earlier_report(tmp_path, capsys):
 
 
 def test_an_offline_suite_makes_its_datasets_and_runs_on_them(tmp_path, capsys):
-    """A suite's `datasets` (benchmark/datasets.py STANDARD names) are made before its runs, which read them by path;
-    a name the maker does not know is refused when the suites file is read."""
-    entry = ('[o]\nseeds = 1\ndatasets = ["pendulum-medium-tiny-v0"]\n[[o.run]]\nscript = "bc_continuous.py"\n'
-             'env_id = "Pendulum-v1"\ntotal_timesteps = 200\nscore = "final_eval"\n'
-             'flags = ["--dataset", "runs/datasets/pendulum-medium-tiny-v0", "--eval-episodes", "2"]\n')
+    """A suite's `datasets` (benchmark/datasets.py STANDARD names) that its chosen runs read (by path) are made before
+    them, and only those; a name the maker does not know is refused when the suites file is read."""
+    entry = ('[o]\nseeds = 1\ndatasets = ["pendulum-medium-tiny-v0", "cartpole-medium-tiny-v0"]\n[[o.run]]\n'
+             'script = "bc_continuous.py"\nenv_id = "Pendulum-v1"\ntotal_timesteps = 200\nscore = "final_eval"\n'
+             'flags = ["--dataset", "runs/datasets/pendulum-medium-tiny-v0", "--eval-episodes", "2"]\n'
+             '[[o.run]]\nscript = "bc_discrete.py"\nenv_id = "CartPole-v1"\ntotal_timesteps = 200\n'
+             'score = "final_eval"\nflags = ["--dataset", "runs/datasets/cartpole-medium-tiny-v0"]\n')
     (tmp_path / "s.toml").write_text(entry)
     assert bench.main(["--suite", "o", "--suites-file", str(tmp_path / "s.toml"), "--out", str(tmp_path / "runs"),
-                       "--report-dir", str(tmp_path / "reports")]) == 0
-    assert "dataset " in capsys.readouterr().err
+                       "--report-dir", str(tmp_path / "reports"), "--scripts", "bc_continuous.py"]) == 0
+    made = [line for line in capsys.readouterr().err.splitlines() if line.startswith("dataset ")]
+    assert len(made) == 1 and made[0].endswith("pendulum-medium-tiny-v0")
     assert run_finished(tmp_path / "runs" / "bc_continuous__Pendulum-v1__1")
-    (tmp_path / "bad.toml").write_text(entry.replace("pendulum-medium-tiny-v0\"]\n[[", "nowhere-v0\"]\n[["))
+    (tmp_path / "bad.toml").write_text(entry.replace("\"cartpole-medium-tiny-v0\"]", "\"nowhere-v0\"]"))
     with pytest.raises(ValueError, match="does not make: \\['nowhere-v0'\\]"):
         bench.load_suites(tmp_path / "bad.toml")
 
