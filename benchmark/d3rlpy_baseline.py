@@ -144,7 +144,8 @@ DIFFERENCES = {
     "td3_bc_continuous.py": "d3rlpy's behaviour-cloning term is on actions scaled to [-1, 1] (ours: the env's units; "
                             "on Pendulum, whose actions span [-2, 2], d3rlpy's term is 4x smaller, as if alpha were "
                             "4x larger)",
-    "iql_continuous.py": "d3rlpy's policy has a state-dependent log std (ours: one learned log std per action)",
+    "iql_continuous.py": "d3rlpy weighs the actor's regression by the value function after its update (ours: before), "
+                         "updates Q and V with one Adam and clamps the log std at -5 (ours: -20)",
     "cql_continuous.py": "d3rlpy's logsumexp has no temperature (ours: --cql-temp, 1.0 by default)",
 }
 # d3rlpy drops the last transition of an episode cut by a time limit (it has no next observation in its format);
