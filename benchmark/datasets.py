@@ -44,11 +44,13 @@ MEDIUM_SAC = POLICIES / "sac_continuous-Pendulum-v1-3k" / "model.pt"
 EXPERT_SAC = POLICIES / "sac_continuous-Pendulum-v1-12k" / "model.pt"
 MEDIUM_DQN = POLICIES / "dqn-CartPole-v1-20k" / "model.pt"
 EXPERT_DQN = POLICIES / "dqn-CartPole-v1-100k" / "model.pt"
+MEDIUM_DQN_REPLAY = POLICIES / "dqn-CartPole-v1-20k" / "replay.pt"  # the replay buffer of MEDIUM_DQN's run
 MEDIUM_SAC_HOPPER = POLICIES / "sac_continuous-Hopper-v5-100k" / "model.pt"
 HOPPER_EXPERT = "3234.3"  # D4RL's expert return of Hopper (its REF_MAX_SCORE), so that scores read on D4RL's scale
 # The datasets that the tests and the suites use, made on first use (standard()) from the committed policies. Pendulum:
 # sac_continuous.py after 3k steps (greedy return about -750) and after 12k (the expert, about -150). CartPole: dqn.py
-# (--learning-rate 2.3e-3) after 20k steps (greedy return about 200) and after 100k (the expert, 500). Hopper:
+# (--learning-rate 2.3e-3) after 20k steps (greedy return about 200) and after 100k (the expert, 500); the medium-replay
+# dataset is the replay buffer of that 20k-step run (its replay.pt: the checkpoint's buffer and flags only). Hopper:
 # sac_continuous.py after 100k steps (seed 4 of the hopper-cpu suite, greedy return about 1,500; its model.pt holds the
 # actor of that run's final checkpoint), scored against D4RL's expert return.
 STANDARD = {
@@ -60,6 +62,8 @@ STANDARD = {
                                dataset_id="canonrl/cartpole/medium-v0"),
     "cartpole-medium-tiny-v0": dict(kind="medium", policy=MEDIUM_DQN, expert=str(EXPERT_DQN), steps=2_000, seed=0,
                                     dataset_id="canonrl/cartpole/medium-tiny-v0"),
+    "cartpole-medium-replay-v0": dict(kind="medium-replay", checkpoint=MEDIUM_DQN_REPLAY, expert=str(EXPERT_DQN),
+                                      seed=0, dataset_id="canonrl/cartpole/medium-replay-v0"),
     "hopper-medium-v0": dict(kind="medium", policy=MEDIUM_SAC_HOPPER, expert=HOPPER_EXPERT, steps=100_000, seed=0,
                              dataset_id="canonrl/hopper/medium-v0"),
 }
