@@ -70,6 +70,17 @@ def test_medium_replay_is_the_replay_buffer_of_a_run(tmp_path):
     assert np.array_equal(np.concatenate([ep.actions for ep in read]), rb["actions"][:500].numpy())
 
 
+def test_the_standard_medium_replay_dataset_is_the_buffer_of_the_medium_policys_run():
+    """The committed replay.pt behind cartpole-medium-replay-v0 holds the replay buffer of the run whose final policy
+    makes the CartPole medium dataset (its flags are that run's): 20k transitions, every one, from random play on."""
+    saved = torch.load(datasets.MEDIUM_DQN_REPLAY, weights_only=True)
+    run_args = json.loads((datasets.MEDIUM_DQN.parent / "config.json").read_text())["args"]
+    assert saved["args"] == run_args and saved["rb"]["pos"] == run_args["total_timesteps"] == 20_000
+    episodes, _ = datasets.replay_episodes(datasets.MEDIUM_DQN_REPLAY)
+    assert sum(len(ep.rewards) for ep in episodes) == 20_000 and len(episodes) == 198
+    assert datasets.STANDARD["cartpole-medium-replay-v0"]["checkpoint"] == datasets.MEDIUM_DQN_REPLAY
+
+
 def test_epsilon_sets_how_often_a_dqn_policy_acts_at_random(tmp_path, capsys):
     """--epsilon: a dqn.py policy acts greedily at 0 and uniformly at random at 1 (half its actions then agree with the
     greedy one); the dataset records it. A policy of another script refuses it, one line, nothing written."""
