@@ -7,7 +7,7 @@ mean and std: TD3+BC without its Q term (Fujimoto & Gu 2021), and CORL's any-per
 
 Run:    python benchmark/datasets.py --kind medium --policy <a sac_continuous.py run>/model.pt --expert <...>/model.pt
         python algos/bc_continuous.py --dataset canonrl/pendulum/medium-v0 --total-timesteps 20000
-Results: benchmark/references.toml (the Pendulum medium dataset, 10 seeds; no CI gate yet)
+Results: benchmark/references.toml (the Pendulum medium dataset, 10 seeds), benchmark/RESULTS.md (Hopper); no CI gate
 """
 import csv, difflib, hashlib, importlib.util, json, os, random, re, signal, subprocess, sys, tempfile, time, tomllib
 import warnings

@@ -7,7 +7,7 @@ discrete actions, and the baseline that cql_discrete.py must beat. 256x256 ReLU,
 
 Run:    python benchmark/datasets.py --kind medium --policy <a dqn.py run>/model.pt --expert <...>/model.pt
         python algos/bc_discrete.py --dataset canonrl/cartpole/medium-v0 --total-timesteps 20000
-Results: benchmark/references.toml (the CartPole medium dataset, 5 seeds; no CI gate yet)
+Results: benchmark/references.toml (CartPole medium, 5 seeds; medium-replay, 10 seeds); no CI gate
 """
 import csv, difflib, hashlib, importlib.util, json, os, random, re, signal, subprocess, sys, tempfile, time, tomllib
 import warnings

@@ -10,7 +10,7 @@ steps.
 
 Run:    python benchmark/datasets.py --kind medium --policy <a sac_continuous.py run>/model.pt --expert <...>/model.pt
         python algos/iql_continuous.py --dataset canonrl/pendulum/medium-v0 --total-timesteps 20000
-Results: benchmark/references.toml (the Pendulum medium dataset, 10 seeds; no CI gate yet)
+Results: benchmark/references.toml (the Pendulum medium dataset, 10 seeds; CI gate: above BC's runs)
 """
 import csv, difflib, hashlib, importlib.util, json, os, random, re, signal, subprocess, sys, tempfile, time, tomllib
 import math, warnings
