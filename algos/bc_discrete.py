@@ -29,7 +29,7 @@ from tqdm import tqdm
 @dataclass
 class Args:
     dataset: str = "canonrl/cartpole/medium-v0"  # Minari dataset: a directory, or an id in MINARI_DATASETS_PATH
-    normalize_obs: bool = True  # states normalised by the dataset's mean and std
+    normalize_obs: bool = True  # vector states normalised by the dataset's mean and std (MinAtar's 0/1 grids never)
     learning_rate: float = 3e-4  # Adam learning rate of the policy
     batch_size: int = 256  # minibatch size
     env_id: str | None = None  # the env the policy is evaluated in (default: the dataset's)
@@ -52,8 +52,17 @@ class Args:
 
 
 # ---- shared: offline_discrete/make_env ----
+MINATAR = {f"MinAtar/{game.title().replace('_', '')}-v1": game
+           for game in ("asterix", "breakout", "freeway", "seaquest", "space_invaders")}
+for _id, _game in MINATAR.items():  # registered here (pip install minatar): importing minatar takes 1 s
+    if _id not in gym.registry:
+        gym.register(_id, "minatar.gym:BaseEnv", max_episode_steps=10_000,
+                     kwargs=dict(game=_game, use_minimal_action_set=True))
+
+
 def make_env(env_id, video_dir=None):
-    """env_id; with video_dir, episode 0 is recorded there as eval-episode-0.mp4 (--capture-video)."""
+    """env_id (a MinAtar game's observation is its (10, 10, channels) grid of booleans, as its datasets hold it); with
+    video_dir, episode 0 is recorded there as eval-episode-0.mp4 (--capture-video)."""
     if video_dir is None:
         return gym.make(env_id)
     return gym.wrappers.RecordVideo(gym.make(env_id, render_mode="rgb_array"), str(video_dir), lambda ep: ep == 0,
@@ -62,19 +71,25 @@ def make_env(env_id, video_dir=None):
 
 
 class Actor(nn.Module):
-    """normalised obs -> 256 -> 256 -> one logit per action, ReLU: a categorical policy. The dataset's observation mean
-    and std are buffers: saved with the weights, so a saved actor needs no dataset."""
+    """normalised obs -> one logit per action, ReLU: a categorical policy. 256 -> 256 for a vector (CartPole); for a
+    MinAtar grid (10, 10, channels), the MinAtar paper's network (Young & Tian 2019): 16 3x3 convolutions -> 128. The
+    dataset's observation mean and std are buffers: saved with the weights, so a saved actor needs no dataset."""
 
-    def __init__(self, obs_dim: int, n_actions: int, obs_mean=0.0, obs_std=1.0):
+    def __init__(self, obs_shape: tuple, n_actions: int, obs_mean=0.0, obs_std=1.0):
         super().__init__()
-        self.network = nn.Sequential(nn.Linear(obs_dim, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(),
-                                     nn.Linear(256, n_actions))
-        mean, std = (torch.tensor(x, dtype=torch.float32).expand(obs_dim).clone() for x in (obs_mean, obs_std))
+        if len(obs_shape) == 1:
+            self.network = nn.Sequential(nn.Linear(obs_shape[0], 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(),
+                                         nn.Linear(256, n_actions))
+        else:
+            h, w, c = obs_shape
+            self.network = nn.Sequential(nn.Conv2d(c, 16, 3), nn.ReLU(), nn.Flatten(),
+                                         nn.Linear(16 * (h - 2) * (w - 2), 128), nn.ReLU(), nn.Linear(128, n_actions))
+        mean, std = (torch.tensor(x, dtype=torch.float32).expand(obs_shape).clone() for x in (obs_mean, obs_std))
         self.register_buffer("obs_mean", mean)
         self.register_buffer("obs_std", std)
 
-    def forward(self, obs):  # obs normalised, as the minibatches hold them; returns the logits
-        return self.network(obs)
+    def forward(self, obs):  # obs normalised, as the minibatches hold them; a grid goes channels first; the logits
+        return self.network(obs if obs.dim() == 2 else obs.movedim(-1, 1))
 
     def get_greedy_action(self, obs):
         """argmax_a pi(a | obs) of the env's raw observation, normalised here: the policy evaluate() runs."""
@@ -161,16 +176,15 @@ def main(args: Args):
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     dataset = open_dataset(args.dataset)
     data = dataset_arrays(dataset)
-    obs_dim = data["obs"].shape[1]
     # ---- end shared: offline/start ----
     # ---- shared: offline_discrete/normalize ----
-    n_actions = int(dataset.action_space.n)
+    obs_shape, n_actions = data["obs"].shape[1:], int(dataset.action_space.n)  # (obs_dim,) or (10, 10, channels)
     obs_mean, obs_std = data["obs"].mean(0), data["obs"].std(0) + 1e-3  # CORL's epsilon
-    if not args.normalize_obs:
-        obs_mean, obs_std = np.zeros(obs_dim, np.float32), np.ones(obs_dim, np.float32)
+    if not args.normalize_obs or len(obs_shape) == 3:  # a 0/1 grid is not: a cell never set in the data, divided by
+        obs_mean, obs_std = np.zeros(obs_shape, np.float32), np.ones(obs_shape, np.float32)  # 1e-3, would blow up
     data["obs"], data["next_obs"] = (data["obs"] - obs_mean) / obs_std, (data["next_obs"] - obs_mean) / obs_std
     # ---- end shared: offline_discrete/normalize ----
-    actor = Actor(obs_dim, n_actions, obs_mean, obs_std).to(device)
+    actor = Actor(obs_shape, n_actions, obs_mean, obs_std).to(device)
     actor_optimizer = torch.optim.Adam(actor.parameters(), lr=args.learning_rate, fused=True)
     rng = np.random.default_rng(args.seed)  # minibatch sampling
     buffer = OfflineBuffer(data, device, rng)
@@ -211,7 +225,7 @@ def main(args: Args):
     results = logger.evaluate(args.total_timesteps, lambda: run_eval(video_dir))
     logger.save_checkpoint(stateful, args.total_timesteps, args.total_timesteps, finished=True)
     if args.save_model:
-        torch.save({"actor": actor.state_dict(), "args": asdict(args), "obs_dim": obs_dim,
+        torch.save({"actor": actor.state_dict(), "args": asdict(args), "obs_shape": list(obs_shape),
                     "n_actions": n_actions, "eval_returns": results["eval/episodic_return"]}, run_dir / "model.pt")
     logger.close(results)
 
@@ -223,7 +237,8 @@ def check_args(args: Args):
 # ---- shared: offline_discrete/check_args ----
 def check_offline_discrete_args(args, rules: dict):
     """The ranges of `rules` (as in check_ranges), the env the policy is evaluated in (given: discrete actions and flat
-    observations; default: the dataset's), then the dataset: it exists, holds transitions, and has the env's spaces.
+    observations or a MinAtar grid; default: the dataset's), then the dataset: it exists, holds transitions, and has the
+    env's spaces.
     Nothing of the dataset but its metadata is read here."""
     check_ranges(args, {"batch_size": "x >= 1", **rules})
     if args.env_id is not None:
@@ -231,8 +246,10 @@ def check_offline_discrete_args(args, rules: dict):
         if not isinstance(act_space, gym.spaces.Discrete):
             fail(f"{SCRIPT} needs discrete actions but {args.env_id} has {act_space}", "cql_continuous.py",
                  "iql_continuous.py")
-        if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) != 1:
-            fail(f"{SCRIPT} needs flat vector observations but {args.env_id} has {obs_space}")
+        if not isinstance(obs_space, gym.spaces.Box) or (len(obs_space.shape) != 1 and args.env_id not in MINATAR):
+            fail(f"{SCRIPT} needs flat vector observations or a MinAtar game but {args.env_id} has {obs_space}")
+        if args.capture_video and args.env_id in MINATAR:
+            fail("MinAtar games record no video: drop --capture-video")
     dataset = open_dataset(args.dataset)
     if dataset.total_steps == 0:
         fail(f"dataset {args.dataset!r} is empty: it holds no transition")

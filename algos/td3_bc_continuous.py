@@ -205,8 +205,8 @@ def main(args: Args):
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     dataset = open_dataset(args.dataset)
     data = dataset_arrays(dataset)
-    obs_dim = data["obs"].shape[1]
     # ---- end shared: offline/start ----
+    obs_dim = data["obs"].shape[1]
     action_dim, low, high = data["actions"].shape[1], dataset.action_space.low, dataset.action_space.high
     obs_mean, obs_std = data["obs"].mean(0), data["obs"].std(0) + 1e-3  # CORL's epsilon
     if not args.normalize_obs:

@@ -139,7 +139,7 @@ SAME = {"bc_discrete.py": bc_discrete_same, "cql_discrete.py": cql_discrete_same
 # What d3rlpy does otherwise, with our hyperparameters (the report's reader needs these beside the numbers).
 DIFFERENCES = {
     "cql_discrete.py": "d3rlpy copies the target network every round(1 / tau) = 200 steps (ours: a soft update of "
-                       "tau 0.005 every step) and regresses Q with the Huber loss (ours: MSE)",
+                       "tau 0.005 every step)",
     "bc_continuous.py": "d3rlpy regresses actions scaled to [-1, 1] (ours: in the env's units)",
     "td3_bc_continuous.py": "d3rlpy's behaviour-cloning term is on actions scaled to [-1, 1] (ours: the env's units; "
                             "on Pendulum, whose actions span [-2, 2], d3rlpy's term is 4x smaller, as if alpha were "

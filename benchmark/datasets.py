@@ -10,8 +10,9 @@ model.pt of algos/ (or of a uniform random policy), or the replay buffer of a tr
 Kinds (D4RL's, Fu et al. 2020): `random` (uniform actions), `medium` (a partly trained policy), `expert` (a trained
 one), `medium-replay` (the replay buffer of the run that made the medium policy). A policy acts as its script acts
 while it trains: SAC samples from its Gaussian, TD3 and DDPG add their Gaussian exploration noise to the deterministic
-action, DQN is epsilon-greedy at its final epsilon (or at --epsilon). Episode e of a dataset of seed S starts from
-env.reset(seed=S + e).
+action, DQN is epsilon-greedy at its final epsilon (or at --epsilon), IMPALA samples its categorical policy. Episode e
+of a dataset of seed S starts from env.reset(seed=S + e). A MinAtar game's dataset holds its (10, 10, channels) grids
+of booleans, the env's own observations (impala.py's policy sees them channels first, as it trains).
 
 The dataset goes to <root>/<id> (root: --root, default MINARI_DATASETS_PATH or ~/.minari/datasets; id default
 canonrl/<env>/<kind>-v0), where `minari.load_dataset(id)` and the offline scripts' `--dataset <id or path>` find it.
@@ -46,13 +47,16 @@ MEDIUM_DQN = POLICIES / "dqn-CartPole-v1-20k" / "model.pt"
 EXPERT_DQN = POLICIES / "dqn-CartPole-v1-100k" / "model.pt"
 MEDIUM_DQN_REPLAY = POLICIES / "dqn-CartPole-v1-20k" / "replay.pt"  # the replay buffer of MEDIUM_DQN's run
 MEDIUM_SAC_HOPPER = POLICIES / "sac_continuous-Hopper-v5-100k" / "model.pt"
+MEDIUM_IMPALA_BREAKOUT = POLICIES / "impala-MinAtar-Breakout-v1-100k" / "model.pt"
+EXPERT_IMPALA_BREAKOUT = POLICIES / "impala-MinAtar-Breakout-v1-1M" / "model.pt"
 HOPPER_EXPERT = "3234.3"  # D4RL's expert return of Hopper (its REF_MAX_SCORE), so that scores read on D4RL's scale
 # The datasets that the tests and the suites use, made on first use (standard()) from the committed policies. Pendulum:
 # sac_continuous.py after 3k steps (greedy return about -750) and after 12k (the expert, about -150). CartPole: dqn.py
 # (--learning-rate 2.3e-3) after 20k steps (greedy return about 200) and after 100k (the expert, 500); the medium-replay
 # dataset is the replay buffer of that 20k-step run (its replay.pt: the checkpoint's buffer and flags only). Hopper:
 # sac_continuous.py after 100k steps (seed 4 of the hopper-cpu suite, greedy return about 1,500; its model.pt holds the
-# actor of that run's final checkpoint), scored against D4RL's expert return.
+# actor of that run's final checkpoint), scored against D4RL's expert return. MinAtar Breakout: impala.py (one actor in
+# the process) after 100k steps (greedy return about 3) and after 1M (the expert, about 5), sampling its policy.
 STANDARD = {
     "pendulum-medium-v0": dict(kind="medium", policy=MEDIUM_SAC, expert=str(EXPERT_SAC), steps=100_000, seed=0,
                                dataset_id="canonrl/pendulum/medium-v0"),
@@ -64,6 +68,11 @@ STANDARD = {
                                     dataset_id="canonrl/cartpole/medium-tiny-v0"),
     "cartpole-medium-replay-v0": dict(kind="medium-replay", checkpoint=MEDIUM_DQN_REPLAY, expert=str(EXPERT_DQN),
                                       seed=0, dataset_id="canonrl/cartpole/medium-replay-v0"),
+    "minatar-breakout-medium-v0": dict(kind="medium", policy=MEDIUM_IMPALA_BREAKOUT, expert=str(EXPERT_IMPALA_BREAKOUT),
+                                       steps=100_000, seed=0, dataset_id="canonrl/minatar/breakout/medium-v0"),
+    "minatar-breakout-medium-tiny-v0": dict(kind="medium", policy=MEDIUM_IMPALA_BREAKOUT,
+                                            expert=str(EXPERT_IMPALA_BREAKOUT), steps=2_000, seed=0,
+                                            dataset_id="canonrl/minatar/breakout/medium-tiny-v0"),
     "hopper-medium-v0": dict(kind="medium", policy=MEDIUM_SAC_HOPPER, expert=HOPPER_EXPERT, steps=100_000, seed=0,
                              dataset_id="canonrl/hopper/medium-v0"),
 }
@@ -107,7 +116,20 @@ def _actor_of(script: str, saved: dict, epsilon: float | None = None):
         def behave(obs, rng):  # epsilon-greedy
             return int(rng.integers(saved["n_actions"])) if rng.random() < eps else greedy(obs)
         return greedy, behave
-    raise DatasetError(f"no dataset policy for {script}'s model.pt: sac/td3/ddpg_continuous.py and dqn.py are known")
+    if script == "impala.py":
+        agent = module.Agent(saved["obs_shape"], saved["n_actions"])
+        agent.load_state_dict(saved["agent"])
+
+        def logits(obs):  # impala.py's make_env: a MinAtar grid (10, 10, c) becomes (c, 10, 10) floats
+            obs = np.moveaxis(obs, -1, 0) if len(saved["obs_shape"]) == 3 else obs
+            return agent.actor(torch.as_tensor(obs, dtype=torch.float32)[None])[0]
+
+        def behave(obs, rng):  # a sample of pi(.|obs), drawn with rng
+            probs = logits(obs).softmax(dim=-1).double().numpy()
+            return int(rng.choice(len(probs), p=probs / probs.sum()))
+        return lambda obs: int(logits(obs).argmax()), behave
+    raise DatasetError(f"no dataset policy for {script}'s model.pt: sac/td3/ddpg_continuous.py, dqn.py and impala.py "
+                       "are known")
 
 
 def load_policy(model_path: Path, epsilon: float | None = None):
@@ -242,6 +264,8 @@ def make_dataset(kind: str, env_id: str | None = None, policy: Path | None = Non
     if env_id is not None and env_id != env_id_:
         raise DatasetError(f"--env-id {env_id} but the policy was trained on {env_id_}")
     env_id = env_id_
+    if env_id.startswith("MinAtar/") and env_id not in gym.registry:
+        load_script("impala.py")  # registers the MinAtar/<Game>-v1 ids as the scripts do
     if env_id not in gym.registry:
         raise DatasetError(f"unknown env id {env_id!r}")
     dataset_id = dataset_id or f"canonrl/{env_id.split('-v')[0].lower()}/{kind}-v0"

@@ -197,6 +197,31 @@ def test_bad_datasets_of_the_discrete_scripts_are_one_line_errors(script, tmp_pa
     assert errors[1].endswith("use cql_continuous.py or iql_continuous.py"), errors[1]  # the scripts that take it
 
 
+@pytest.mark.parametrize("script", ["cql_discrete.py", "bc_discrete.py"])
+def test_the_discrete_scripts_learn_from_a_minatar_dataset(script, tmp_path):
+    """A MinAtar dataset (made from the committed impala.py policies) holds the games' (10, 10, channels) grids of
+    booleans, as the env gives them. The discrete scripts read it with the MinAtar paper's convolutional network, leave
+    the 0/1 grid unnormalised, evaluate in the dataset's game, and save a network that evaluates exactly as it did;
+    --capture-video is a one-line error (MinAtar draws no video)."""
+    path = datasets.standard("minatar-breakout-medium-tiny-v0", tmp_path / "d")
+    dataset = minari.load_dataset(str(path))
+    episode = next(dataset.iterate_episodes())
+    assert episode.observations.dtype == bool and episode.observations.shape[1:] == (10, 10, 4)
+    assert dataset.spec.env_spec.id == "MinAtar/Breakout-v1" and dataset.total_steps >= 2000
+    out = run_script(script, ["--dataset", str(path), "--total-timesteps", "50", "--eval-episodes", "2",
+                              "--save-model", "--seed", "3"], tmp_path / "run", fork=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    module, saved = load_script(script), torch.load(tmp_path / "run" / "model.pt", weights_only=True)
+    cls, key = ("QNetwork", "q_network") if script == "cql_discrete.py" else ("Actor", "actor")
+    net = getattr(module, cls)(saved["obs_shape"], saved["n_actions"])
+    net.load_state_dict(saved[key])
+    assert saved["obs_shape"] == [10, 10, 4] and isinstance(net.network[0], torch.nn.Conv2d)
+    assert torch.equal(net.obs_mean, torch.zeros(10, 10, 4)) and torch.equal(net.obs_std, torch.ones(10, 10, 4))
+    assert module.evaluate(net, "MinAtar/Breakout-v1", 2, 3 + 100_000) == saved["eval_returns"]
+    no_video = (["--dataset", str(path), "--capture-video"], "record no video")
+    assert_one_line_errors(script, [no_video], tmp_path / "video")
+
+
 def test_cql_discrete_penalty_is_the_exact_logsumexp_minus_the_data_q():
     """CQL(H) over a discrete action set, against a brute force: log sum_a exp Q(s, a) - Q(s, a_data), averaged over
     the batch; its gradient pushes every action down by its softmax weight and the dataset's action up by 1."""

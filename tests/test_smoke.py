@@ -71,8 +71,8 @@ RELOAD = {
                                                      rms(s["obs_rms"]), *a),
     **{script: lambda m, s, *a: m.evaluate(loaded(m, "Actor", s, "actor", "obs_dim", "action_dim"), *a)
        for script in ("ddpg_continuous.py", "sac_continuous.py", "td3_continuous.py", *OFFLINE - OFFLINE_DISCRETE)},
-    "bc_discrete.py": lambda m, s, *a: m.evaluate(loaded(m, "Actor", s, "actor", "obs_dim", "n_actions"), *a),
-    "cql_discrete.py": lambda m, s, *a: m.evaluate(loaded(m, "QNetwork", s, "q_network", "obs_dim", "n_actions"), *a),
+    "bc_discrete.py": lambda m, s, *a: m.evaluate(loaded(m, "Actor", s, "actor", "obs_shape", "n_actions"), *a),
+    "cql_discrete.py": lambda m, s, *a: m.evaluate(loaded(m, "QNetwork", s, "q_network", "obs_shape", "n_actions"), *a),
 }
 
 
