@@ -331,3 +331,28 @@ def test_offline_speed_writes_both_rates(tmp_path):
     row = next(line for line in report.read_text().splitlines() if line.startswith("| bc_discrete.py"))
     ours, theirs, ratio = (float(cell) for cell in row.strip("|").split("|")[3:6])
     assert ours > 0 and theirs > 0 and ratio == pytest.approx(ours / theirs, rel=0.01)
+
+
+def test_reevaluate_plays_a_runs_final_policy_again(tmp_path, capsys):
+    """benchmark/reevaluate.py: the final actor of a finished run, from its checkpoint, played on the run's own
+    evaluation episodes gives the returns the run logged; two scripts get Welch's t. A run that has not finished, or
+    whose checkpoint does not match its SHA-256, is a one-line error."""
+    from benchmark import reevaluate
+    runs = {}
+    for script in ("td3_bc_continuous.py", "bc_continuous.py"):
+        for seed in (1, 2):
+            runs[script, seed] = tmp_path / f"{script}-{seed}"
+            out = run_script(script, SMOKE[script] + ["--seed", str(seed), "--total-timesteps", "50"],
+                             runs[script, seed], fork=True)
+            assert out.returncode == 0, out.stderr[-2000:]
+    run = runs["td3_bc_continuous.py", 1]
+    assert reevaluate.main([str(run), "--episodes", "2", "--seed", str(1 + 100_000)]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith(f"| {run.name}"))
+    _, logged = read_metrics(run)["eval/episodic_return"]
+    assert float(row.split("|")[3]) == pytest.approx(np.mean(logged[-2:]), abs=0.006)
+    assert reevaluate.main([str(r) for r in runs.values()] + ["--episodes", "2"]) == 0
+    assert "td3_bc_continuous.py against bc_continuous.py" in capsys.readouterr().out
+    (run / "checkpoint.sha256").write_text("0" * 64 + "\n")
+    assert reevaluate.main([str(run)]) == 2
+    err = capsys.readouterr().err
+    assert "differs from checkpoint.sha256" in err and len(err.strip().splitlines()) == 1
