@@ -2,11 +2,13 @@
 
 A policy classifies the dataset's actions, min E -log pi(a_data | s) (cross-entropy), on states normalised by the
 dataset's mean and std, and acts greedily, argmax_a pi(a | s): CORL's any-percent BC with every episode kept, for
-discrete actions, and the baseline that cql_discrete.py must beat. 256x256 ReLU, Adam 3e-4, batch 256.
---total-timesteps counts gradient steps.
+discrete actions, and the baseline that cql_discrete.py must beat. 256x256 ReLU (for a MinAtar grid the MinAtar
+paper's network instead: Actor), Adam 3e-4, batch 256. --total-timesteps counts gradient steps.
 
 Run:    python benchmark/datasets.py --kind medium --policy <a dqn.py run>/model.pt --expert <...>/model.pt
         python algos/bc_discrete.py --dataset canonrl/cartpole/medium-v0 --total-timesteps 20000
+        python benchmark/datasets.py --kind medium --policy <an impala.py run on MinAtar/Breakout-v1>/model.pt ...
+        python algos/bc_discrete.py --dataset canonrl/minatar/breakout/medium-v0 --total-timesteps 10000
 Results: benchmark/references.toml (CartPole medium, 5 seeds; medium-replay, 10 seeds); no CI gate
 """
 import csv, difflib, hashlib, importlib.util, json, os, random, re, signal, subprocess, sys, tempfile, time, tomllib
