@@ -56,7 +56,8 @@ HOPPER_EXPERT = "3234.3"  # D4RL's expert return of Hopper (its REF_MAX_SCORE), 
 # dataset is the replay buffer of that 20k-step run (its replay.pt: the checkpoint's buffer and flags only). Hopper:
 # sac_continuous.py after 100k steps (seed 4 of the hopper-cpu suite, greedy return about 1,500; its model.pt holds the
 # actor of that run's final checkpoint), scored against D4RL's expert return. MinAtar Breakout: impala.py (one actor in
-# the process) after 100k steps (greedy return about 3) and after 1M (the expert, about 5), sampling its policy.
+# the process) after 100k steps (greedy return about 3) and after 1M (the expert, about 5), sampling its policy; the
+# random dataset is uniform actions, scored against the same expert.
 STANDARD = {
     "pendulum-medium-v0": dict(kind="medium", policy=MEDIUM_SAC, expert=str(EXPERT_SAC), steps=100_000, seed=0,
                                dataset_id="canonrl/pendulum/medium-v0"),
@@ -70,6 +71,8 @@ STANDARD = {
                                       seed=0, dataset_id="canonrl/cartpole/medium-replay-v0"),
     "minatar-breakout-medium-v0": dict(kind="medium", policy=MEDIUM_IMPALA_BREAKOUT, expert=str(EXPERT_IMPALA_BREAKOUT),
                                        steps=100_000, seed=0, dataset_id="canonrl/minatar/breakout/medium-v0"),
+    "minatar-breakout-random-v0": dict(kind="random", env_id="MinAtar/Breakout-v1", expert=str(EXPERT_IMPALA_BREAKOUT),
+                                       steps=100_000, seed=0, dataset_id="canonrl/minatar/breakout/random-v0"),
     "minatar-breakout-medium-tiny-v0": dict(kind="medium", policy=MEDIUM_IMPALA_BREAKOUT,
                                             expert=str(EXPERT_IMPALA_BREAKOUT), steps=2_000, seed=0,
                                             dataset_id="canonrl/minatar/breakout/medium-tiny-v0"),
