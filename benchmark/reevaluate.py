@@ -42,7 +42,7 @@ def final_actor(run_dir: Path):
     if not ckpt.get("finished"):
         raise ValueError(f"{run_dir} has not finished: its checkpoint is not the final policy")
     state = ckpt["actor"]
-    actor = load_script(script).Actor(state["network.0.weight"].shape[1], state["action_scale"].shape[0])
+    actor = load_script(script).Actor(state["obs_mean"].shape[0], state["action_scale"].shape[0])
     actor.load_state_dict(state)  # the buffers too: the dataset's observation mean and std, the action range
     return script, ckpt["args"]["env_id"], actor
 

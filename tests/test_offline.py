@@ -345,11 +345,18 @@ def test_reevaluate_plays_a_runs_final_policy_again(tmp_path, capsys):
             out = run_script(script, SMOKE[script] + ["--seed", str(seed), "--total-timesteps", "50"],
                              runs[script, seed], fork=True)
             assert out.returncode == 0, out.stderr[-2000:]
+    for script in ("iql_continuous.py", "cql_continuous.py"):  # the other actors: every offline continuous script
+        runs[script, 1] = tmp_path / f"{script}-1"
+        out = run_script(script, SMOKE[script] + ["--seed", "1", "--total-timesteps", "20"], runs[script, 1], fork=True)
+        assert out.returncode == 0, out.stderr[-2000:]
+    for script in ("td3_bc_continuous.py", "bc_continuous.py", "iql_continuous.py", "cql_continuous.py"):
+        run = runs[script, 1]
+        assert reevaluate.main([str(run), "--episodes", "2", "--seed", str(1 + 100_000)]) == 0
+        row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith(f"| {run.name}"))
+        _, logged = read_metrics(run)["eval/episodic_return"]
+        assert float(row.split("|")[3]) == pytest.approx(np.mean(logged[-2:]), abs=0.006), script
+    del runs["iql_continuous.py", 1], runs["cql_continuous.py", 1]
     run = runs["td3_bc_continuous.py", 1]
-    assert reevaluate.main([str(run), "--episodes", "2", "--seed", str(1 + 100_000)]) == 0
-    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith(f"| {run.name}"))
-    _, logged = read_metrics(run)["eval/episodic_return"]
-    assert float(row.split("|")[3]) == pytest.approx(np.mean(logged[-2:]), abs=0.006)
     assert reevaluate.main([str(r) for r in runs.values()] + ["--episodes", "2"]) == 0
     assert "td3_bc_continuous.py against bc_continuous.py" in capsys.readouterr().out
     (run / "checkpoint.sha256").write_text("0" * 64 + "\n")
