@@ -9,7 +9,7 @@ Run:    python benchmark/datasets.py --kind medium --policy <a dqn.py run>/model
         python algos/bc_discrete.py --dataset canonrl/cartpole/medium-v0 --total-timesteps 20000
         python benchmark/datasets.py --kind medium --policy <an impala.py run on MinAtar/Breakout-v1>/model.pt ...
         python algos/bc_discrete.py --dataset canonrl/minatar/breakout/medium-v0 --total-timesteps 10000
-Results: benchmark/references.toml (CartPole medium, 5 seeds; medium-replay, 10 seeds); no CI gate
+Results: benchmark/references.toml (CartPole medium, MinAtar, 5 seeds; medium-replay, 10 seeds); no CI gate
 """
 import csv, difflib, hashlib, importlib.util, json, os, random, re, signal, subprocess, sys, tempfile, time, tomllib
 import warnings

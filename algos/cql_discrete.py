@@ -13,7 +13,7 @@ Run:    python benchmark/datasets.py --kind medium --policy <a dqn.py run>/model
         python algos/cql_discrete.py --dataset canonrl/cartpole/medium-v0 --total-timesteps 20000
         python benchmark/datasets.py --kind medium --policy <an impala.py run on MinAtar/Breakout-v1>/model.pt ...
         python algos/cql_discrete.py --dataset canonrl/minatar/breakout/medium-v0 --total-timesteps 10000
-Results: benchmark/references.toml (CartPole medium, 5 seeds; CI gate on medium-replay with --cql-alpha 4.0)
+Results: benchmark/references.toml (CartPole medium and MinAtar, 5 seeds; CI gate on medium-replay, 10k steps)
 """
 import csv, difflib, hashlib, importlib.util, json, os, random, re, signal, subprocess, sys, tempfile, time, tomllib
 import warnings

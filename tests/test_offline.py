@@ -335,8 +335,8 @@ def test_offline_speed_writes_both_rates(tmp_path):
 
 def test_reevaluate_plays_a_runs_final_policy_again(tmp_path, capsys):
     """benchmark/reevaluate.py: the final actor of a finished run, from its checkpoint, played on the run's own
-    evaluation episodes gives the returns the run logged; two scripts get Welch's t. A run that has not finished, or
-    whose checkpoint does not match its SHA-256, is a one-line error."""
+    evaluation episodes gives the returns the run logged (for each of the four continuous offline scripts); two scripts
+    get Welch's t. A checkpoint that does not match its SHA-256 is a one-line error."""
     from benchmark import reevaluate
     runs = {}
     for script in ("td3_bc_continuous.py", "bc_continuous.py"):
