@@ -83,6 +83,10 @@ SCORE_EPISODES = 100  # episodes behind ref_min_score and ref_max_score
 SCORE_SEED = 1_000_000  # their episodes start from env.reset(seed=SCORE_SEED + e): apart from any dataset's
 
 
+# The scripts whose model.pt can act as a dataset policy (_actor_of knows their networks).
+POLICY_SCRIPTS = ("sac_continuous.py", "td3_continuous.py", "ddpg_continuous.py", "dqn.py", "impala.py")
+
+
 class DatasetError(ValueError):
     """Bad input to the dataset maker (a missing or foreign file, an env it cannot roll out): one line, exit 2."""
 
@@ -144,7 +148,12 @@ def load_policy(model_path: Path, epsilon: float | None = None):
                            f" --env-id Pendulum-v1 --save-model)")
     if not config_path.is_file():
         raise DatasetError(f"no config.json beside {model_path}: give the model.pt of a run directory of algos/")
-    script = json.loads(config_path.read_text())["script"]
+    try:
+        script = json.loads(config_path.read_text())["script"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise DatasetError(f"{config_path} is not the config.json of a run of algos/ ({type(e).__name__})")
+    if script not in POLICY_SCRIPTS:  # the name is checked before anything is imported: a run folder is data
+        raise DatasetError(f"{model_path} is of {script!r}; dataset policies come from {', '.join(POLICY_SCRIPTS)}")
     try:
         saved = torch.load(model_path, weights_only=True)
     except Exception as e:

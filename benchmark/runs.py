@@ -4,6 +4,7 @@ import csv
 import json
 import locale
 import os
+import re
 import select
 import shutil
 import signal
@@ -21,6 +22,10 @@ ALGOS = ROOT / "algos"
 
 
 def script_path(script: str) -> Path:
+    """algos/<script>. `script` may come from a file someone else wrote (a run's config.json): only the bare name of
+    a file in algos/ is accepted, never a path, so that no file outside algos/ is ever run or imported."""
+    if not isinstance(script, str) or not re.fullmatch(r"[A-Za-z0-9_]+\.py", script):
+        raise FileNotFoundError(f"{script!r} is not the name of a script of algos/ (such as ppo.py)")
     path = ALGOS / script
     if not path.is_file():
         raise FileNotFoundError(f"no script {script} in {ALGOS}")
@@ -476,7 +481,8 @@ def file_stem(script: str) -> str:
 def load_script(script: str):
     """Import algos/<script> as a module (its main() does not run): its Args defaults, functions, classes."""
     import importlib.util
-    spec = importlib.util.spec_from_file_location(script.removesuffix(".py"), script_path(script))
+    path = script_path(script)  # a bare name of algos/ only: never a file that a run folder names
+    spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
