@@ -1,0 +1,189 @@
+"""The language-model task and the small base model that algos/*_lm.py train (DESIGN.md section 7b).
+
+Task addition-v0: two 3-digit numbers and their sum, each written least significant digit first (the
+order a carry is computed in), then the end token: "321+654=" (123 + 456) -> "975" (579). Reward: 1 for
+exactly the answer followed by the end token; 0 for a wrong answer and for a malformed one (no end token
+within the completion budget, or other text). The train and held-out prompt sets are fixed and disjoint.
+The base: a character-level LlamaForCausalLM (0.8M parameters) trained by supervised fine-tuning until
+its greedy accuracy is in the middle, so that RL has room to improve it. task.json beside the weights
+holds the prompts and answers; base.json the recipe, commit, seed and measured held-out accuracy.
+
+    python benchmark/lm_task.py --out benchmark/policies/lm-addition-base
+"""
+import argparse
+import json
+import random
+import subprocess
+import time
+from pathlib import Path
+
+import torch
+import transformers
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+TASK = "addition-v0"
+CHARS = "0123456789+="
+PAD, EOS = "<pad>", "<eos>"
+TASK_SEED = 12345  # fixes the prompt sets (not the model's training seed)
+N_TRAIN, N_HELDOUT = 20_000, 500
+MAX_NEW_TOKENS = 5  # up to 4 answer digits and the end token
+REWARD_RULE = "1 for the exact answer followed by the end token; 0 otherwise (malformed: 0)"
+
+
+def answer(prompt: str) -> str:
+    """The correct completion of a prompt: the sum of its reversed operands, its digits reversed."""
+    a, b = prompt.rstrip("=").split("+")
+    return str(int(a[::-1]) + int(b[::-1]))[::-1]
+
+
+def reward(completion: str | None, prompt: str) -> float:
+    """completion: the text before the end token, None where no end token came (malformed)."""
+    return float(completion is not None and completion == answer(prompt))
+
+
+def prompt_sets(seed: int = TASK_SEED) -> tuple[list[str], list[str]]:
+    """(train, held-out) prompts: distinct pairs of 3-digit numbers, the two sets disjoint."""
+    rng = random.Random(seed)
+    seen, prompts = set(), []
+    while len(prompts) < N_TRAIN + N_HELDOUT:
+        a = rng.randint(100, 999)
+        b = rng.randint(100, 999)
+        if (a, b) not in seen:
+            seen.add((a, b))
+            prompts.append(f"{str(a)[::-1]}+{str(b)[::-1]}=")
+    return prompts[:N_TRAIN], prompts[N_TRAIN:]
+
+
+def make_tokenizer() -> PreTrainedTokenizerFast:
+    """One token per character, plus pad (id 0) and end (id 1) tokens; prompts are padded on the left."""
+    vocab = {PAD: 0, EOS: 1, **{c: i + 2 for i, c in enumerate(CHARS)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token=PAD))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, eos_token=EOS,
+                                   padding_side="left")
+
+
+def make_model(tokenizer, seed: int) -> LlamaForCausalLM:
+    """A 3-layer, 128-wide Llama (0.8M parameters) with a 32-token context."""
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=128, intermediate_size=512,
+                         num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4,
+                         max_position_embeddings=32, pad_token_id=tokenizer.pad_token_id,
+                         eos_token_id=tokenizer.eos_token_id, bos_token_id=None,
+                         tie_word_embeddings=False)
+    return LlamaForCausalLM(config)
+
+
+def sft_batch(tokenizer, prompts: list[str]):
+    """input_ids, attention_mask, labels of prompt + answer + end; prompt and padding labelled -100."""
+    ids = [tokenizer.encode(p) + tokenizer.encode(answer(p)) + [tokenizer.eos_token_id]
+           for p in prompts]
+    width = max(len(x) for x in ids)
+    input_ids = torch.full((len(ids), width), tokenizer.pad_token_id)
+    labels = torch.full((len(ids), width), -100)
+    mask = torch.zeros((len(ids), width), dtype=torch.long)
+    for i, (x, p) in enumerate(zip(ids, prompts)):
+        n = len(tokenizer.encode(p))
+        input_ids[i, :len(x)] = torch.tensor(x)
+        labels[i, n:len(x)] = torch.tensor(x[n:])
+        mask[i, :len(x)] = 1
+    return input_ids, mask, labels
+
+
+@torch.no_grad()
+def greedy_accuracy(model, tokenizer, prompts: list[str]) -> float:
+    """Share of prompts whose greedy completion (MAX_NEW_TOKENS tokens at most) earns reward 1."""
+    enc = tokenizer(prompts, return_tensors="pt", padding=True)
+    ids, mask = enc["input_ids"], enc["attention_mask"]
+    for _ in range(MAX_NEW_TOKENS):
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=positions).logits[:, -1]
+        ids = torch.cat([ids, logits.argmax(-1, keepdim=True)], dim=1)
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+    total = 0.0
+    for p, c in zip(prompts, ids[:, enc["input_ids"].shape[1]:].tolist()):
+        eos = tokenizer.eos_token_id
+        total += reward(tokenizer.decode(c[:c.index(eos)]) if eos in c else None, p)
+    return total / len(prompts)
+
+
+def train_base(steps: int, batch_size: int, lr: float, seed: int, target: float):
+    """Supervised fine-tuning on the train prompts' answers (cross-entropy on the answer and end
+    tokens only), AdamW with a 50-step linear warm-up. The loss leaves its plateau abruptly, so the
+    budget is a target: stop at the first check (every 25 steps) where the greedy accuracy on 200
+    train prompts reaches `target`, or after `steps`. Returns (model, tokenizer, steps run)."""
+    tokenizer = make_tokenizer()
+    model = make_model(tokenizer, seed)
+    train, _ = prompt_sets()
+    rng = random.Random(seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.0)
+    warmup = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 50))
+    for step in range(1, steps + 1):
+        input_ids, mask, labels = sft_batch(tokenizer, rng.sample(train, batch_size))
+        loss = model(input_ids=input_ids, attention_mask=mask, labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        warmup.step()
+        if step % 25 == 0:
+            model.eval()
+            accuracy = greedy_accuracy(model, tokenizer, train[:200])
+            model.train()
+            print(f"step {step} loss {loss.item():.3f} greedy train accuracy {accuracy:.3f}")
+            if accuracy >= target:
+                return model, tokenizer, step
+    return model, tokenizer, steps
+
+
+def write_task(out: Path, train: list[str], heldout: list[str]):
+    """task.json: the name, the reward rule, the completion budget, [prompt, answer] of both sets."""
+    task = {"name": TASK, "reward": REWARD_RULE, "max_new_tokens": MAX_NEW_TOKENS,
+            "train": [[q, answer(q)] for q in train], "heldout": [[q, answer(q)] for q in heldout]}
+    (out / "task.json").write_text(json.dumps(task, separators=(",", ":")) + "\n")
+
+
+def commit() -> str:
+    """The short commit of HEAD, with -dirty when this file differs from it."""
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    diff = subprocess.run(["git", "status", "--porcelain", __file__], capture_output=True, text=True)
+    return head.stdout.strip() + ("-dirty" if diff.stdout.strip() else "")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, required=True, help="directory to write")
+    p.add_argument("--steps", type=int, default=2000, help="most SFT steps")
+    p.add_argument("--target", type=float, default=0.3,
+                   help="stop once the greedy accuracy on 200 train prompts reaches this")
+    p.add_argument("--batch-size", type=int, default=64, help="examples per SFT step")
+    p.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate")
+    p.add_argument("--seed", type=int, default=1, help="seed of the initialisation and batches")
+    a = p.parse_args()
+    torch.set_num_threads(1)
+    start = time.time()
+    model, tokenizer, steps = train_base(a.steps, a.batch_size, a.lr, a.seed, a.target)
+    seconds = time.time() - start
+    train, heldout = prompt_sets()
+    model.eval()
+    accuracy = greedy_accuracy(model, tokenizer, heldout)
+    a.out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(a.out)
+    tokenizer.save_pretrained(a.out)
+    write_task(a.out, train, heldout)
+    command = (f"python benchmark/lm_task.py --out {a.out} --steps {a.steps} --target {a.target} "
+               f"--batch-size {a.batch_size} --lr {a.lr} --seed {a.seed}")
+    recipe = {"task": TASK, "command": command, "commit": commit(), "seed": a.seed,
+              "task_seed": TASK_SEED, "sft_steps": steps, "batch_size": a.batch_size, "lr": a.lr,
+              "parameters": sum(p.numel() for p in model.parameters()),
+              "heldout_greedy_accuracy": accuracy, "heldout_prompts": len(heldout),
+              "train_seconds": round(seconds, 1), "torch": torch.__version__,
+              "transformers": transformers.__version__}
+    (a.out / "base.json").write_text(json.dumps(recipe, indent=2) + "\n")
+    print(f"greedy held-out accuracy {accuracy:.3f} after {steps} SFT steps ({seconds:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()
