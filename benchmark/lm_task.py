@@ -1,12 +1,12 @@
 """The language-model task and the small base model that algos/*_lm.py train (DESIGN.md section 7b).
 
-Task addition-v0: two 3-digit numbers and their sum, each written least significant digit first (the
-order a carry is computed in), then the end token: "321+654=" (123 + 456) -> "975" (579). Reward: 1 for
-exactly the answer followed by the end token; 0 for a wrong answer and for a malformed one (no end token
-within the completion budget, or other text). The train and held-out prompt sets are fixed and disjoint.
-The base: a character-level LlamaForCausalLM (0.8M parameters) trained by supervised fine-tuning until
-its greedy accuracy is in the middle, so that RL has room to improve it. task.json beside the weights
-holds the prompts and answers; base.json the recipe, commit, seed and measured held-out accuracy.
+Task addition-v0: two 3-digit numbers and their sum, each written least significant digit first
+(the order a carry is computed in), then the end token: "321+654=" (123 + 456) -> "975" (579).
+Reward: 1 for exactly the answer followed by the end token; 0 for a wrong answer and for a malformed
+one (no end token within the completion budget). Train and held-out prompt sets: fixed, disjoint.
+The base: a character-level LlamaForCausalLM (0.8M parameters) trained by supervised fine-tuning
+until its greedy accuracy is in the middle, so that RL has room to improve it. task.json beside the
+weights holds the prompts and answers; base.json the recipe, commit, seed and held-out accuracy.
 
     python benchmark/lm_task.py --out benchmark/policies/lm-addition-base
 """
@@ -56,7 +56,7 @@ def prompt_sets(seed: int = TASK_SEED) -> tuple[list[str], list[str]]:
 
 
 def make_tokenizer() -> PreTrainedTokenizerFast:
-    """One token per character, plus pad (id 0) and end (id 1) tokens; prompts are padded on the left."""
+    """One token per character, pad (id 0) and end (id 1) tokens; prompts are padded on the left."""
     vocab = {PAD: 0, EOS: 1, **{c: i + 2 for i, c in enumerate(CHARS)}}
     tok = Tokenizer(models.WordLevel(vocab, unk_token=PAD))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
@@ -77,7 +77,7 @@ def make_model(tokenizer, seed: int) -> LlamaForCausalLM:
 
 
 def sft_batch(tokenizer, prompts: list[str]):
-    """input_ids, attention_mask, labels of prompt + answer + end; prompt and padding labelled -100."""
+    """input_ids, attention_mask, labels of prompt + answer + end; prompt and padding get -100."""
     ids = [tokenizer.encode(p) + tokenizer.encode(answer(p)) + [tokenizer.eos_token_id]
            for p in prompts]
     width = max(len(x) for x in ids)
@@ -138,7 +138,7 @@ def train_base(steps: int, batch_size: int, lr: float, seed: int, target: float)
 
 
 def write_task(out: Path, train: list[str], heldout: list[str]):
-    """task.json: the name, the reward rule, the completion budget, [prompt, answer] of both sets."""
+    """task.json: name, reward rule, completion budget, [prompt, answer] of both sets."""
     task = {"name": TASK, "reward": REWARD_RULE, "max_new_tokens": MAX_NEW_TOKENS,
             "train": [[q, answer(q)] for q in train], "heldout": [[q, answer(q)] for q in heldout]}
     (out / "task.json").write_text(json.dumps(task, separators=(",", ":")) + "\n")
@@ -147,7 +147,8 @@ def write_task(out: Path, train: list[str], heldout: list[str]):
 def commit() -> str:
     """The short commit of HEAD, with -dirty when this file differs from it."""
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    diff = subprocess.run(["git", "status", "--porcelain", __file__], capture_output=True, text=True)
+    diff = subprocess.run(["git", "status", "--porcelain", __file__], capture_output=True,
+                          text=True)
     return head.stdout.strip() + ("-dirty" if diff.stdout.strip() else "")
 
 
