@@ -238,7 +238,7 @@ def main(args: Args):
     if ckpt is not None:
         load_states(stateful, ckpt, run_dir)
         global_step = ckpt["global_step"]
-    logger = RunLogger(args, run_dir, args.total_timesteps, global_step, resuming=ckpt is not None)
+    logger = RunLogger(args, run_dir, args.total_timesteps, global_step, ckpt=ckpt)
     # ---- end shared: offline/resume ----
     actor_loss = torch.tensor(float("nan"))  # logged before the first delayed actor update
     for global_step in range(global_step + 1, args.total_timesteps + 1):  # global_step: gradient steps taken
@@ -286,8 +286,8 @@ def main(args: Args):
     results = logger.evaluate(args.total_timesteps, lambda: run_eval(video_dir))
     logger.save_checkpoint(stateful, args.total_timesteps, args.total_timesteps, finished=True)
     if args.save_model:
-        torch.save({"actor": actor.state_dict(), "args": asdict(args), "eval_returns": results["eval/episodic_return"],
-                    "obs_dim": obs_dim, "action_dim": actor.action_scale.shape[0]}, run_dir / "model.pt")
+        save_model({"actor": actor.state_dict(), "args": asdict(args), "eval_returns": results["eval/episodic_return"],
+                    "obs_dim": obs_dim, "action_dim": actor.action_scale.shape[0]}, run_dir)
     logger.close(results)
     # ---- end shared: offline_continuous/finish ----
 
@@ -378,6 +378,9 @@ def check_ranges(args, rules: dict):
     """Fail on the first flag outside its range; a rule is a condition on x, the flag's value (e.g. "0 <= x <= 1")."""
     rules = {"total_timesteps": "x >= 1", "eval_episodes": "x >= 0", "eval_every": "x >= 0",
              "checkpoint_every": "x >= 1", **rules}
+    for name, x in asdict(args).items():
+        if isinstance(x, float) and not np.isfinite(x):
+            fail(f"--{name.replace('_', '-')} {x} is not a finite number")
     for name, rule in rules.items():
         if (x := getattr(args, name)) is not None and not eval(rule, {"x": x}):  # the rules are literals of this file
             fail(f"--{name.replace('_', '-')} {x} is out of range: it must satisfy {rule}")
@@ -404,7 +407,8 @@ def start_run(args, check_args):
             saved = Args(**ckpt["args"])
         except Exception as e:
             fail(f"{path} is corrupt or not a {SCRIPT} checkpoint ({type(e).__name__}); delete it or start anew")
-        given = [k for k, v in asdict(args).items() if v != getattr(Args(), k) and k not in ("resume", "run_dir")]
+        given = [k for k, v in asdict(args).items() if k in given_flags() or v != getattr(Args(), k)]
+        given = [k for k in given if k not in ("resume", "run_dir") and getattr(args, k) != getattr(saved, k)]
         if "total_timesteps" in given:
             if args.total_timesteps < ckpt["global_step"]:
                 fail(f"--total-timesteps {args.total_timesteps} is below the {ckpt['global_step']} steps already done")
@@ -417,7 +421,12 @@ def start_run(args, check_args):
             print(f"resume: the run's saved flags are kept; ignored: {' '.join(ignored)}", file=sys.stderr)
         args = saved
         args.resume = args.run_dir = str(path.parent)
+        check_metrics(path.parent / "metrics.csv")
     check_args(args)
+    if args.track:
+        check_wandb()
+    if args.capture_video and not os.environ.get("XDG_RUNTIME_DIR"):  # SDL warns on every render without it
+        os.environ["XDG_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="canonrl-xdg-")
     name = f"{args.env_id.replace('/', '-')}__{SCRIPT[:-3]}__{args.seed}__{time.time():.0f}"
     run_dir = Path(args.run_dir or f"runs/{name}")
     if run_dir.exists() and not run_dir.is_dir():
@@ -426,19 +435,98 @@ def start_run(args, check_args):
         if (run_dir / "metrics.csv").is_file():
             fail(f"--run-dir {run_dir} holds a run; continue it with --resume {run_dir} or choose a new --run-dir")
         fail(f"--run-dir {run_dir} is not empty and holds no run; choose a new --run-dir")
+    check_writable(run_dir)
     random.seed(args.seed), np.random.seed(args.seed), torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
     torch.set_num_threads(1 if args.torch_deterministic else torch.get_num_threads())  # 1: fastest for small nets
     return args, ckpt, run_dir
 
 
+def given_flags() -> set[str]:
+    """The Args fields named on the command line (--name, --name=value, --no-name): on --resume, a flag given there
+    counts even when its value is the default."""
+    names = set()
+    for token in sys.argv[1:]:
+        if token.startswith("--"):
+            name = token[2:].split("=")[0].replace("-", "_")
+            names.add(name)
+            names.add(name.removeprefix("no_"))
+    return names
+
+
+def check_metrics(path: Path):
+    """Fail on a line of metrics.csv that is not global_step,wall_time,name,value (before --resume rewrites it)."""
+    lines = path.read_text().splitlines()[1:] if path.is_file() else []
+    for number, line in enumerate(lines, start=2):
+        fields = line.split(",")
+        if len(fields) != 4 or not fields[0].isdigit():
+            fail(f"{path} line {number} is not 'global_step,wall_time,name,value'; delete that line and resume again")
+
+
+def check_wandb():
+    """--track needs a wandb login, or WANDB_MODE=offline: checked before anything is written."""
+    from wandb.sdk import wandb_setup
+    from wandb.sdk.lib import wbauth
+    try:
+        settings = wandb_setup.singleton().settings
+    except Exception as e:
+        fail(f"--track: wandb cannot start ({type(e).__name__}: {str(e).strip().splitlines()[0]})")
+    if settings.mode in ("offline", "dryrun", "disabled"):
+        return
+    if not (os.getenv("WANDB_API_KEY") or wbauth.read_netrc_auth(host=settings.base_url) or settings.api_key):
+        fail("--track needs a wandb login: run `wandb login`, or set WANDB_MODE=offline to log to files only")
+
+
+def check_writable(run_dir: Path):
+    """Fail unless files can be written in run_dir; the folders made to find out are removed again."""
+    made = [p for p in [run_dir, *run_dir.parents] if not p.exists()]
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=run_dir):
+            pass
+    except OSError as e:
+        fail(f"--run-dir {run_dir} cannot be written ({e.strerror or type(e).__name__}); choose another --run-dir")
+    finally:
+        for p in made:
+            if p.is_dir() and not any(p.iterdir()):
+                p.rmdir()
+
+
+def finite(state) -> bool:
+    """True when every floating-point tensor of a (nested) state_dict is finite."""
+    if isinstance(state, dict):
+        return all(finite(v) for v in state.values())
+    if isinstance(state, (list, tuple)):
+        return all(finite(v) for v in state)
+    if torch.is_tensor(state) and state.is_floating_point():
+        return bool(torch.isfinite(state).all())
+    return True
+
+
 def load_states(stateful: dict, ckpt: dict, run_dir: Path):
     """Resume every object of `stateful` ({name: object with load_state_dict}) from the checkpoint."""
     for name, obj in stateful.items():
+        weights = isinstance(obj, (torch.nn.Module, torch.optim.Optimizer))  # a buffer may hold unwritten slots
+        if weights and not finite(ckpt.get(name)):
+            fail(f"{run_dir / 'checkpoint.pt'} holds non-finite values in {name}; start anew")
         try:
             obj.load_state_dict(ckpt[name])
         except Exception as e:
             fail(f"{run_dir / 'checkpoint.pt'} does not fit this run's {name} ({type(e).__name__}); start anew")
+
+
+def save_with_digest(state: dict, path: Path):
+    """torch.save(state) to path, written then renamed (a crash never leaves half a file), and its SHA-256 beside it
+    (checkpoint.pt: checkpoint.sha256, model.pt: model.sha256): a file is checked against it before it is read."""
+    torch.save(state, path.with_suffix(".tmp"))
+    digest = sha256(path.with_suffix(".tmp"))
+    os.replace(path.with_suffix(".tmp"), path)
+    path.with_suffix(".sha256").write_text(digest + "\n")
+
+
+def save_model(state: dict, run_dir: Path):
+    """model.pt: the weights and what evaluation needs, with its SHA-256 in model.sha256."""
+    save_with_digest(state, run_dir / "model.pt")
 
 
 def plain(obj):
@@ -471,10 +559,10 @@ class RunLogger:
     the checkpoint (those steps are redone): no step is logged twice. The training clock stops during evaluations.
     Ctrl-C sets stop_requested: the script finishes its iteration, saves it and calls exit_interrupted()."""
 
-    def __init__(self, args, run_dir: Path, total: int, step: int, resuming: bool):
+    def __init__(self, args, run_dir: Path, total: int, step: int, ckpt: dict | None):
         run_dir.mkdir(parents=True, exist_ok=True)
         metrics, header = run_dir / "metrics.csv", "global_step,wall_time,name,value\n"
-        if resuming:
+        if ckpt is not None:
             lines = metrics.read_text().splitlines(keepends=True)[1:] if metrics.is_file() else []
             (run_dir / "metrics.tmp").write_text(header + "".join(ln for ln in lines if int(ln.split(",")[0]) <= step))
             os.replace(run_dir / "metrics.tmp", metrics)
@@ -487,16 +575,18 @@ class RunLogger:
         if total != args.total_timesteps:
             print(f"{total:,} steps will run: whole iterations up to --total-timesteps {args.total_timesteps:,}")
         self.args, self.run_dir, self.wandb = args, run_dir, None
-        if args.track:  # before the SummaryWriter: wandb syncs only the writers created after wandb.init
+        if args.track:  # every row of metrics.csv is one wandb row, plotted against global_step
             import wandb
             self.wandb = wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=asdict(args),
-                                    name=run_dir.name, dir=str(run_dir), sync_tensorboard=True, id=run_dir.name,
-                                    resume="allow")
+                                    name=run_dir.name, dir=str(run_dir), id=run_dir.name, resume="allow")
+            self.wandb.define_metric("global_step")
+            self.wandb.define_metric("*", step_metric="global_step")
         self.file = open(metrics, "a", newline="")
         self.csv, self.tb = csv.writer(self.file, lineterminator="\n"), SummaryWriter(str(run_dir))
         self.bar = tqdm(total=total, initial=step, unit="step", mininterval=1.0)
         self.first_step, self.start, self.eval_seconds, self.last_return = step, time.time(), 0.0, float("nan")
-        self.stop_requested = False
+        self.seconds_before = ckpt.get("train_seconds", 0.0) if ckpt is not None else 0.0  # of the run resumed
+        self.stop_requested, self.duration_said = False, False
         signal.signal(signal.SIGINT, self.request_stop)
 
     def request_stop(self, *_):
@@ -504,12 +594,26 @@ class RunLogger:
         signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C stops at once, unsaved
         print("\nCtrl-C: stopping after this iteration (again: at once, without saving it)", file=sys.stderr)
 
-    def log(self, step: int, metrics: dict):
+    def log(self, step: int, metrics: dict, to_wandb: bool = True):
+        """One row per metric in metrics.csv and TensorBoard; one wandb row for them all. A non-finite loss stops
+        the run (the weights have diverged) before it is written; the last checkpoint is kept."""
+        values = {}
         for name, value in metrics.items():
-            value = float(value.detach() if torch.is_tensor(value) else value)  # a loss may still require grad
+            values[name] = float(value.detach() if torch.is_tensor(value) else value)  # a loss may require grad
+            if name.startswith("losses/") and name != "losses/explained_variance" and not np.isfinite(values[name]):
+                self.close_files()
+                fail(f"{name} is {values[name]} at step {step}: training diverged; {self.run_dir} keeps its last "
+                     "checkpoint (try a lower --learning-rate)")
+        for name, value in values.items():
             self.csv.writerow([step, f"{time.time():.3f}", name, repr(value)])
             self.tb.add_scalar(name, value, step)
         self.file.flush()
+        if self.wandb is not None and to_wandb:
+            self.wandb.log({"global_step": step, **values})
+
+    def train_seconds(self) -> float:
+        """Seconds of training (evaluations excluded), those of the run resumed included."""
+        return self.seconds_before + time.time() - self.start - self.eval_seconds
 
     def progress(self, step: int):
         """Log charts/sps (environment steps per training second) and update the progress bar."""
@@ -517,27 +621,34 @@ class RunLogger:
         self.log(step, {"charts/sps": sps})
         self.bar.update(step - self.bar.n)
         self.bar.set_postfix(sps=sps, ret=f"{self.last_return:.1f}", refresh=False)
+        if not self.duration_said and time.time() - self.start - self.eval_seconds > 20:
+            self.duration_said = True
+            hours = (self.bar.total - step) / max(sps, 1) / 3600
+            if hours > 1:
+                self.bar.write(f"at {sps:,} steps/s the rest of this run takes about {hours:.1f} hours here; "
+                               "--total-timesteps sets the budget")
 
     def evaluate(self, step: int, run_episodes):
         """Log charts/train_seconds, then one row per episode of run_episodes(): a list of episodic returns (logged as
         eval/episodic_return) or a dict {metric name: one value per episode} (multi-agent: team return, win)."""
-        self.log(step, {"charts/train_seconds": time.time() - self.start - self.eval_seconds})
+        self.log(step, {"charts/train_seconds": self.train_seconds()})
         start, results = time.time(), run_episodes()
         self.eval_seconds += time.time() - start
         for name, values in (results if isinstance(results, dict) else {"eval/episodic_return": results}).items():
             for value in values:
-                self.log(step, {name: value})
+                self.log(step, {name: value}, to_wandb=False)
+            if self.wandb is not None and len(values):  # wandb keeps one value per step: the mean, and a histogram
+                import wandb
+                self.wandb.log({"global_step": step, name: float(np.mean(values)),
+                                f"{name}_histogram": wandb.Histogram(np.asarray(values, dtype=np.float64))})
         return results
 
     def save_checkpoint(self, stateful: dict, iteration: int, global_step: int, finished: bool = False):
         """checkpoint.pt: the flags, the counters and the state_dict() of every object of `stateful`, written then
         renamed (a crash never leaves half a checkpoint), and its SHA-256 in checkpoint.sha256."""
         state = {"args": asdict(self.args), "iteration": iteration, "global_step": global_step, "finished": finished,
-                 **{name: obj.state_dict() for name, obj in stateful.items()}}
-        torch.save(plain(state), self.run_dir / "checkpoint.tmp")
-        digest = sha256(self.run_dir / "checkpoint.tmp")
-        os.replace(self.run_dir / "checkpoint.tmp", self.run_dir / "checkpoint.pt")
-        (self.run_dir / "checkpoint.sha256").write_text(digest + "\n")
+                 "train_seconds": self.train_seconds(), **{name: obj.state_dict() for name, obj in stateful.items()}}
+        save_with_digest(plain(state), self.run_dir / "checkpoint.pt")
 
     def close_files(self):
         self.bar.close(), self.file.close(), self.tb.close()
@@ -559,14 +670,38 @@ class RunLogger:
         print(f"run saved in {self.run_dir}" + (" (model.pt, checkpoint.pt)" if self.args.save_model else
                                                 " (checkpoint.pt)"))
         path = ALGOS.parent / "benchmark" / "references.toml"  # our multi-seed runs of each script, if present
-        refs = [r for r in (tomllib.loads(path.read_text())["reference"] if path.is_file() else []) if "values" in r and
-                (r["script"], r["env_id"]) == (SCRIPT, self.args.env_id) and r["score"] in ("final_eval",
-                                                                                           "final_win_rate")]
+        refs = [r for r in (tomllib.loads(path.read_text())["reference"] if path.is_file() else [])
+                if "values" in r and r["score"] in ("final_eval", "final_win_rate") and self.same_setting(r)]
         for r in sorted(refs, key=lambda r: abs(r["total_timesteps"] - self.args.total_timesteps))[:1]:
-            print(f"reference {r['id']} ({r['total_timesteps']:,} steps, {r['score']}, {len(r['values'])} seeds): "
-                  f"{np.mean(r['values']):.2f} +- {np.std(r['values']):.2f}, lowest seed {min(r['values']):.2f}")
+            values = r["values"]
+            print(f"reference {r['id']} ({r['total_timesteps']:,} steps, {r['score']}, {len(values)} seeds): "
+                  f"{np.mean(values):.2f} +- {np.std(values):.2f}, seeds from {min(values):.2f} to {max(values):.2f}")
+            results = results if isinstance(results, dict) else {"eval/episodic_return": results}
+            wanted = "win" if r["score"] == "final_win_rate" else "episodic_return"
+            name = next((n for n in results if wanted in n), None)
+            if name is None or not len(results[name]):
+                continue
+            mean = float(np.mean(results[name]))
+            if r["total_timesteps"] != self.args.total_timesteps:
+                print(f"this run: {mean:.2f} after {self.args.total_timesteps:,} steps: another budget, not compared")
+            elif min(values) <= mean <= max(values):
+                print(f"this run: {mean:.2f}, within the reference's seeds")
+            else:
+                side = "below" if mean < min(values) else "above"
+                print(f"this run: {mean:.2f}, {side} every seed of the reference")
         if not refs:
             print(f"no reference for {SCRIPT} on {self.args.env_id} to compare with")
+
+    def same_setting(self, reference: dict) -> bool:
+        """True for a reference of this script and env (and, for an offline script, of this dataset)."""
+        if (reference["script"], reference["env_id"]) != (SCRIPT, self.args.env_id):
+            return False
+        flags = reference.get("flags", [])
+        if not hasattr(self.args, "dataset") or "--dataset" not in flags:
+            return True
+        ours = Path(self.args.dataset)  # a directory, or an id such as canonrl/cartpole/medium-v0
+        theirs = Path(flags[flags.index("--dataset") + 1]).name  # runs/datasets/cartpole-medium-v0
+        return theirs in (ours.name, "-".join(ours.parts[-2:]))
 # ---- end shared: helpers ----
 
 

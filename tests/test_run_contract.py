@@ -2,10 +2,13 @@
 run with every metric, --capture-video writes a video that plays, a checkpoint is data that is checked before it is
 loaded, Ctrl-C saves a finished iteration, a finished run is not evaluated twice. Behaviour that lives in the shared
 blocks is tested on ppo.py (and dqn.py where a replay buffer matters); what each script holds is tested on every one."""
+import json
+import re
 import signal
 import struct
 import time
 
+import numpy as np
 import pytest
 import torch
 
@@ -35,32 +38,64 @@ def wandb_history(path) -> list[dict]:
             record.ParseFromString(chunk)
             chunk = b""
             if record.WhichOneof("record_type") == "history":
-                history.append({item.nested_key[0] if item.nested_key else item.key: item.value_json
-                                for item in record.history.item})
+                row = {}
+                for item in record.history.item:  # a histogram arrives as nested keys: (name, "values"), ...
+                    if len(item.nested_key) > 1:
+                        row.setdefault(item.nested_key[0], {})[item.nested_key[1]] = json.loads(item.value_json)
+                    else:
+                        row[item.nested_key[0] if item.nested_key else item.key] = item.value_json
+                history.append(row)
     return history
 
 
-def test_track_logs_every_metric_to_wandb(tmp_path):
-    out = run_script("ppo.py", PPO + ["--track"], tmp_path / "run", WANDB_MODE="offline", fork=True)
+def test_track_sends_wandb_every_value_of_metrics_csv(tmp_path):
+    """wandb keeps one value per key per step: every row of metrics.csv is its own wandb row (every training episode,
+    also two that end at the same step), and each evaluation arrives as its mean with a histogram of its episodes."""
+    flags = PPO + ["--track", "--eval-every", "256", "--eval-episodes", "3"]
+    out = run_script("ppo.py", flags, tmp_path / "run", WANDB_MODE="offline", fork=True)
     assert out.returncode == 0, out.stderr[-2000:]
     files = list((tmp_path / "run" / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(files) == 1, files
-    history = wandb_history(files[0])
-    logged = {name for record in history for name in record}
-    names = {r["name"] for r in read_rows(tmp_path / "run")}
-    assert {"eval/episodic_return", "charts/sps", "train/episodic_return", "losses/policy_loss"} <= names
-    assert names <= logged, f"metrics.csv names missing from the wandb run: {names - logged}"
-    evals = [float(r["eval/episodic_return"]) for r in history if "eval/episodic_return" in r]
-    rows = [r["value"] for r in read_rows(tmp_path / "run") if r["name"] == "eval/episodic_return"]
-    assert evals[-1] == rows[-1], "the wandb run holds the values metrics.csv holds"
+    sent, histograms = [], {}
+    for record in wandb_history(files[0]):
+        step = int(record["global_step"])
+        for name, value in record.items():
+            if isinstance(value, dict):
+                histograms[(step, name)] = value
+            elif not name.startswith("_") and name != "global_step":
+                sent.append((step, name, float(value)))
+    rows = read_rows(tmp_path / "run")
+    evals = {}
+    for r in rows:
+        if r["name"].startswith("eval/"):
+            evals.setdefault((r["global_step"], r["name"]), []).append(r["value"])
+    expected = [(r["global_step"], r["name"], r["value"]) for r in rows if not r["name"].startswith("eval/")]
+    expected += [(step, name, float(np.mean(values))) for (step, name), values in evals.items()]
+    assert sorted(sent) == sorted(expected), "wandb holds exactly the values of metrics.csv"
+    assert len(evals) == 2 and {"train/episodic_return", "losses/policy_loss", "charts/sps"} <= {n for _, n, _ in sent}
+    for (step, name), values in evals.items():
+        histogram = histograms[(step, f"{name}_histogram")]
+        assert sum(histogram["values"]) == len(values) == 3
+        assert histogram["bins"][0] <= min(values) and max(values) <= histogram["bins"][-1]
+
+
+def test_track_without_a_wandb_login_is_refused_before_anything_is_written(tmp_path):
+    home = tmp_path / "home"  # no ~/.netrc, no wandb settings
+    home.mkdir()
+    out = run_script("ppo.py", PPO + ["--track"], tmp_path / "run", fork=True, WANDB_MODE="online", HOME=str(home),
+                     WANDB_API_KEY="", WANDB_CONFIG_DIR=str(home), NETRC=str(home / "none"))
+    assert out.returncode == 2 and out.stderr.strip().splitlines() == [
+        "error: --track needs a wandb login: run `wandb login`, or set WANDB_MODE=offline to log to files only"]
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.parametrize("script", ["ppo.py", "dqn.py"])
 def test_capture_video_records_the_first_evaluation_episode(script, tmp_path):
     """--capture-video: an mp4 of evaluation episode 0 that plays: one frame per step plus the first, and it moves."""
     import imageio.v2 as imageio
-    out = run_script(script, SMOKE[script] + ["--capture-video"], tmp_path / "run", fork=True)
+    out = run_script(script, SMOKE[script] + ["--capture-video"], tmp_path / "run", fork=True, XDG_RUNTIME_DIR="")
     assert out.returncode == 0, out.stderr[-2000:]
+    assert "XDG_RUNTIME_DIR" not in out.stderr, "SDL's warning is not shown to the user"
     videos = list((tmp_path / "run" / "videos").glob("*.mp4"))
     assert [v.name for v in videos] == ["eval-episode-0.mp4"]
     frames = [frame for frame in imageio.get_reader(videos[0])]  # not list(): the reader says its length is inf
@@ -183,7 +218,7 @@ def test_ctrl_c_saves_a_finished_iteration_and_resumes_as_an_uninterrupted_run(s
     assert out.returncode == 0, out.stderr[-2000:]
     a, b = (torch.load(tmp_path / r / "checkpoint.pt", weights_only=True) for r in "ab")
     assert a["global_step"] == b["global_step"] == step and not a["finished"] and b["finished"]
-    for key in set(a) - {"args", "finished"}:
+    for key in set(a) - {"args", "finished", "train_seconds"}:  # the clock is not a state of training
         assert same_state(a[key], b[key]), f"the interrupted run's {key} is not that of a finished iteration"
     for r in "ab":
         out = run_script(script, ["--resume", str(tmp_path / r), "--total-timesteps", str(step + more)], fork=True)
@@ -213,6 +248,130 @@ def test_every_checkpointed_object_round_trips(script, smoke_runs, tmp_path, mon
     budget = int(SMOKE[script][SMOKE[script].index("--total-timesteps") + 1])
     with pytest.raises(StopIteration):
         module.main(module.Args(resume=str(run_dir), total_timesteps=2 * budget))
-    assert set(ckpt) - {"args", "iteration", "global_step", "finished"} == set(seen)
+    assert set(ckpt) - {"args", "iteration", "global_step", "finished", "train_seconds"} == set(seen)
     for name, obj in seen.items():
         assert same_state(module.plain(obj.state_dict()), ckpt[name]), f"{script}: {name} does not round-trip"
+
+
+def test_resume_extends_to_a_total_timesteps_given_even_when_it_is_the_default(tmp_path):
+    """--total-timesteps 100000 is ppo.py's default: given with --resume, it still extends the 512-step run (it was
+    ignored when a flag counted as given only where it differed from the default). Ctrl-C ends the extension."""
+    run_dir = tmp_path / "run"
+    assert run_script("ppo.py", PPO, run_dir, fork=True).returncode == 0
+    proc = start_script("ppo.py", ["--resume", str(run_dir), "--total-timesteps", "100000"], fork=True)
+    deadline = time.time() + 120
+    while max(r["global_step"] for r in read_rows(run_dir)) <= 512 and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr[-2000:]
+    assert "resume: --total-timesteps 100000 (was 512)" in stderr
+    ckpt = torch.load(run_dir / "checkpoint.pt", weights_only=True)
+    assert ckpt["args"]["total_timesteps"] == 100_000 and ckpt["global_step"] > 512
+
+
+def test_train_seconds_go_on_from_the_resumed_run(tmp_path):
+    run_dir = tmp_path / "run"
+    assert run_script("ppo.py", PPO + ["--eval-every", "256"], run_dir, fork=True).returncode == 0
+    before = [r["value"] for r in read_rows(run_dir) if r["name"] == "charts/train_seconds"]
+    out = run_script("ppo.py", ["--resume", str(run_dir), "--total-timesteps", "1024"], fork=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    seconds = [r["value"] for r in read_rows(run_dir) if r["name"] == "charts/train_seconds"]
+    assert len(seconds) > len(before) and seconds == sorted(seconds), seconds
+
+
+def test_non_finite_weights_in_a_checkpoint_with_a_matching_digest_stop_the_resume(tmp_path):
+    """Someone changed checkpoint.pt and checkpoint.sha256 together: the digest matches, the weights are NaN."""
+    import hashlib
+    run_dir = tmp_path / "run"
+    assert run_script("ppo.py", PPO, run_dir, fork=True).returncode == 0
+    ckpt = torch.load(run_dir / "checkpoint.pt", weights_only=True)
+    name = next(k for k, v in ckpt["agent"].items() if v.is_floating_point())
+    ckpt["agent"][name].fill_(float("nan"))
+    torch.save(ckpt, run_dir / "checkpoint.pt")
+    digest = hashlib.sha256((run_dir / "checkpoint.pt").read_bytes()).hexdigest()
+    (run_dir / "checkpoint.sha256").write_text(digest + "\n")
+    metrics = (run_dir / "metrics.csv").read_bytes()
+    out = run_script("ppo.py", ["--resume", str(run_dir), "--total-timesteps", "1024"], fork=True)
+    lines = [line for line in out.stderr.strip().splitlines() if not line.startswith("resume: ")]
+    assert out.returncode == 2 and len(lines) == 1 and "non-finite values in agent" in lines[0], out.stderr
+    assert (run_dir / "metrics.csv").read_bytes() == metrics
+
+
+def test_a_non_finite_loss_stops_the_run_before_it_is_written(tmp_path, capsys):
+    import signal as signals
+    ppo = load_script("ppo.py")
+    handler = signals.getsignal(signals.SIGINT)
+    try:
+        logger = ppo.RunLogger(ppo.Args(), tmp_path / "run", 1000, 0, None)
+        logger.log(1, {"losses/explained_variance": float("nan")})  # nan by definition when returns are constant
+        with pytest.raises(SystemExit) as exit_:
+            logger.log(2, {"losses/value_loss": torch.tensor(float("inf")), "charts/sps": 5})
+    finally:
+        signals.signal(signals.SIGINT, handler)
+    assert exit_.value.code == 2
+    assert "losses/value_loss is inf at step 2" in capsys.readouterr().err
+    assert [r["global_step"] for r in read_rows(tmp_path / "run")] == [1], "nothing of step 2 is appended"
+
+
+def test_a_run_says_its_duration_when_it_is_over_an_hour(tmp_path, capsys):
+    import signal as signals
+    ppo = load_script("ppo.py")
+    handler = signals.getsignal(signals.SIGINT)
+    try:
+        logger = ppo.RunLogger(ppo.Args(), tmp_path / "run", 100_000_000, 0, None)
+        logger.start -= 30  # 30 s of training for 1,000 steps: 33 steps/s
+        logger.progress(1000)
+        logger.progress(2000)
+        logger.close_files()
+    finally:
+        signals.signal(signals.SIGINT, handler)
+    said = [line for line in capsys.readouterr().out.splitlines() if "hours here" in line]
+    assert len(said) == 1 and re.match(r"at 3\d steps/s the rest of this run takes about [78]\d\d\.\d hours", said[0])
+
+
+@pytest.mark.parametrize("flags,expected", [
+    (["--learning-rate", "inf"], "--learning-rate inf is not a finite number"),
+    (["--learning-rate", "nan"], "--learning-rate nan is not a finite number"),
+])
+def test_non_finite_flags(flags, expected, tmp_path):
+    out = run_script("ppo.py", PPO + flags, tmp_path / "run", fork=True)
+    assert out.returncode == 2 and out.stderr.strip().splitlines() == [f"error: {expected}"]
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_run_dir_that_cannot_be_written(tmp_path):
+    out = run_script("ppo.py", PPO, "/proc/canonrl-x", fork=True)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 1 and "cannot be written" in lines[0], out.stderr
+
+
+def test_a_garbage_line_in_metrics_csv_is_named_before_resuming(tmp_path):
+    run_dir = tmp_path / "run"
+    assert run_script("ppo.py", PPO, run_dir, fork=True).returncode == 0
+    with open(run_dir / "metrics.csv", "a") as f:
+        f.write("garbage\n")
+    before = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()}
+    out = run_script("ppo.py", ["--resume", str(run_dir), "--total-timesteps", "1024"], fork=True)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and "metrics.csv line" in lines[-1] and "delete that line" in lines[-1], out.stderr
+    assert {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()} == before
+
+
+@pytest.mark.parametrize("script", ["bc_discrete.py"])
+def test_the_end_of_a_run_says_where_it_stands_against_the_reference_of_its_dataset(script, smoke_runs, tmp_path):
+    """bc_discrete.py on the CartPole medium data: the reference of that dataset, never the medium-replay one (it was
+    chosen by budget); a run at the reference's budget is placed within or outside its seeds."""
+    out = smoke_runs(script, tmp_path / "copy").out.stdout
+    assert "medium-replay" not in out, out
+    bc = load_script("bc_discrete.py")
+    handler = signal.getsignal(signal.SIGINT)
+    try:
+        args = bc.Args(env_id="CartPole-v1", dataset="canonrl/cartpole/medium-replay-v0", total_timesteps=5000)
+        logger = bc.RunLogger(args, tmp_path / "run", 5000, 0, None)
+        assert logger.same_setting({"script": "bc_discrete.py", "env_id": "CartPole-v1",
+                                    "flags": ["--dataset", "runs/datasets/cartpole-medium-replay-v0"]})
+        assert not logger.same_setting({"script": "bc_discrete.py", "env_id": "CartPole-v1",
+                                        "flags": ["--dataset", "runs/datasets/cartpole-medium-v0"]})
+    finally:
+        signal.signal(signal.SIGINT, handler)
