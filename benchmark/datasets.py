@@ -1,5 +1,6 @@
 """Offline-RL datasets made by this project, written as Minari datasets (no download, no remote): rollouts of a saved
-model.pt of algos/ (or of a uniform random policy), or the replay buffer of a training run's checkpoint.pt.
+model.pt of algos/ (or of a uniform random policy), or the replay buffer of a training run's checkpoint.pt. A model.pt
+or checkpoint.pt is read only if its SHA-256 matches the model.sha256 or checkpoint.sha256 saved beside it.
 
     python benchmark/datasets.py --kind expert --policy runs/sac/model.pt --expert runs/sac/model.pt --steps 100000
     python benchmark/datasets.py --kind medium --policy runs/sac_short/model.pt --expert runs/sac/model.pt
@@ -24,6 +25,7 @@ such as a published return), each over 100 episodes seeded apart from the datase
 import argparse
 import hashlib
 import json
+import math
 import os
 import sys
 import tempfile
@@ -139,9 +141,23 @@ def _actor_of(script: str, saved: dict, epsilon: float | None = None):
                        "are known")
 
 
+def check_digest(path: Path):
+    """Refuse a file (model.pt, checkpoint.pt, replay.pt) whose SHA-256 is not the one in the .sha256 file of its name
+    beside it (model.sha256: written with it by the scripts of algos/), or that has none: a changed or truncated file
+    is refused before it is read."""
+    digest_path = path.with_suffix(".sha256")
+    if not digest_path.is_file():
+        raise DatasetError(f"no {digest_path.name} beside {path}: a {path.name} is checked against {digest_path.name} "
+                           f"before it is read; save it again (a run with --save-model), or if you trust the file: "
+                           f"sha256sum {path.name} | cut -d' ' -f1 > {digest_path.name}")
+    if sha256(path) != digest_path.read_text().strip():
+        raise DatasetError(f"{path}: its SHA-256 differs from {digest_path.name} (the file changed after it was "
+                           f"saved); save it again")
+
+
 def load_policy(model_path: Path, epsilon: float | None = None):
     """(script, env id, greedy, behave) of a model.pt that a script of algos/ wrote beside its config.json.
-    model.pt is data: read with weights_only=True."""
+    model.pt is data: its SHA-256 must match model.sha256 beside it, and it is read with weights_only=True."""
     model_path, config_path = Path(model_path), Path(model_path).parent / "config.json"
     if not model_path.is_file():
         raise DatasetError(f"no model at {model_path}; train one with --save-model (e.g. python algos/sac_continuous.py"
@@ -154,6 +170,7 @@ def load_policy(model_path: Path, epsilon: float | None = None):
         raise DatasetError(f"{config_path} is not the config.json of a run of algos/ ({type(e).__name__})")
     if script not in POLICY_SCRIPTS:  # the name is checked before anything is imported: a run folder is data
         raise DatasetError(f"{model_path} is of {script!r}; dataset policies come from {', '.join(POLICY_SCRIPTS)}")
+    check_digest(model_path)
     try:
         saved = torch.load(model_path, weights_only=True)
     except Exception as e:
@@ -204,14 +221,18 @@ def random_act(env_id: str):
 
 def replay_episodes(checkpoint: Path) -> tuple[list, dict]:
     """The replay buffer of a training run's checkpoint.pt as EpisodeBuffers, oldest transition first, and the run's
-    args. An episode ends where a transition terminated or where the next transition does not start from its next
-    observation (a time limit, or the end of what the buffer holds): those ends are truncations."""
+    args. The checkpoint is data: its SHA-256 must match checkpoint.sha256 beside it (replay.sha256 for a replay.pt),
+    and it is read with weights_only=True. An episode ends where a transition terminated or where the next transition
+    does not start from its next observation (a time limit, or the end of what the buffer holds): those ends are
+    truncations."""
     from minari.data_collector import EpisodeBuffer
+    checkpoint = Path(checkpoint)
+    if not checkpoint.is_file():
+        raise DatasetError(f"no checkpoint at {checkpoint}; give the checkpoint.pt of a training run")
+    check_digest(checkpoint)
     try:
         ckpt = torch.load(checkpoint, weights_only=True)
         rb, args = ckpt["rb"], ckpt["args"]
-    except FileNotFoundError:
-        raise DatasetError(f"no checkpoint at {checkpoint}; give the checkpoint.pt of a training run")
     except Exception as e:
         raise DatasetError(f"{checkpoint} is corrupt or holds no replay buffer ({type(e).__name__})")
     if args.get("num_envs", 1) != 1:
@@ -243,6 +264,41 @@ def mean_return(env_id: str, act, seed: int = SCORE_SEED, episodes: int = SCORE_
     return float(np.mean([np.sum(ep.rewards) for ep in eps]))
 
 
+def check_dataset_id(dataset_id: str):
+    """Refuse an id that Minari would not take: (namespace/)name-vN, as minari's own DATASET_ID_RE, with its version.
+    A namespace has at least two characters; the characters are letters, digits, - and _ (and / between levels)."""
+    from minari.dataset.minari_dataset import DATASET_ID_RE
+    match = DATASET_ID_RE.fullmatch(dataset_id)
+    if match is None or match.group("version") is None:
+        raise DatasetError(f"--id {dataset_id!r} is not a Minari dataset id: [namespace/]name-vN (letters, digits, - "
+                           f"and _; a namespace of two characters or more), e.g. canonrl/hopper/medium-v0")
+
+
+def check_root(root: Path):
+    """Refuse a root where no dataset can be written: its nearest folder that exists must take a new folder. The probe
+    (a temporary folder, removed at once) leaves nothing behind."""
+    existing = root
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise DatasetError(f"--root {root}: {existing} is not a folder")
+    try:
+        tempfile.TemporaryDirectory(dir=existing).cleanup()
+    except OSError as e:
+        raise DatasetError(f"--root {root} cannot be written: no folder can be made in {existing} ({e.strerror})")
+
+
+def expert_as_number(expert: str) -> float | None:
+    """--expert as a return, or None when it is not a number (then it is a model.pt). A number must be finite."""
+    try:
+        number = float(expert)
+    except ValueError:
+        return None
+    if not math.isfinite(number):
+        raise DatasetError(f"--expert {expert}: an expert return must be a finite number (or give its model.pt)")
+    return number
+
+
 def make_dataset(kind: str, env_id: str | None = None, policy: Path | None = None, checkpoint: Path | None = None,
                  expert: str | None = None, steps: int = 100_000, seed: int = 0, root: Path | None = None,
                  dataset_id: str | None = None, epsilon: float | None = None):
@@ -254,6 +310,11 @@ def make_dataset(kind: str, env_id: str | None = None, policy: Path | None = Non
         takes = {"random": "neither --policy nor --checkpoint (give --env-id)",
                  "medium-replay": "--checkpoint (a run's checkpoint.pt) only"}.get(kind, "--policy (a model.pt) only")
         raise DatasetError(f"--kind {kind} takes {takes}")
+    if dataset_id is not None:
+        check_dataset_id(dataset_id)
+    root = Path(root or os.environ.get("MINARI_DATASETS_PATH") or Path.home() / ".minari" / "datasets").resolve()
+    check_root(root)
+    expert_number = None if expert is None else expert_as_number(expert)
     head, dirty = git_head()
     record = {"kind": kind, "seed": seed, "commit": head + ("-dirty" if dirty else "")}
     if policy is not None:
@@ -281,16 +342,16 @@ def make_dataset(kind: str, env_id: str | None = None, policy: Path | None = Non
     if env_id not in gym.registry:
         raise DatasetError(f"unknown env id {env_id!r}")
     dataset_id = dataset_id or f"canonrl/{env_id.split('-v')[0].lower()}/{kind}-v0"
-    root = Path(root or os.environ.get("MINARI_DATASETS_PATH") or Path.home() / ".minari" / "datasets").resolve()
+    check_dataset_id(dataset_id)
     if (root / dataset_id).exists():
         raise DatasetError(f"{root / dataset_id} exists: delete it or give another --id")
     if expert is None:
         raise DatasetError("--expert is needed: the model.pt whose greedy return is a normalised score of 100 "
                            "(or that return as a number)")
-    try:
-        expert_return = float(expert)
+    if expert_number is not None:
+        expert_return = expert_number
         record["expert"] = f"the return {expert_return} as given"
-    except ValueError:
+    else:
         _, e_env, e_greedy, _ = load_policy(Path(expert))
         if e_env != env_id:
             raise DatasetError(f"--expert {expert} was trained on {e_env}, the dataset is of {env_id}")
@@ -349,11 +410,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--root", type=Path, help="default MINARI_DATASETS_PATH or ~/.minari/datasets")
     p.add_argument("--id", dest="dataset_id", help="default canonrl/<env>/<kind>-v0")
     args = p.parse_args(argv)
-    if args.steps < 1:
-        p.error("--steps must be >= 1")
-    if args.epsilon is not None and not 0 <= args.epsilon <= 1:
-        p.error("--epsilon must be in [0, 1]")
     try:
+        if args.steps < 1:
+            raise DatasetError("--steps must be >= 1")
+        if args.seed < 0:
+            raise DatasetError("--seed must be >= 0 (episode e starts from env.reset(seed=seed + e))")
+        if args.epsilon is not None and not 0 <= args.epsilon <= 1:  # false for nan too
+            raise DatasetError("--epsilon must be in [0, 1]")
         path = make_dataset(args.kind, args.env_id, args.policy, args.checkpoint, args.expert, args.steps, args.seed,
                             args.root, args.dataset_id, args.epsilon)
     except DatasetError as e:

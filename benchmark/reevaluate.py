@@ -30,21 +30,49 @@ SCRIPTS = ("bc_continuous.py", "td3_bc_continuous.py", "iql_continuous.py", "cql
 
 def final_actor(run_dir: Path):
     """(script, env id, the actor of the run's checkpoint, ready to evaluate). A checkpoint of an unfinished run, of
-    another script or that does not match its SHA-256 is a ValueError."""
+    another script, that does not match its SHA-256 or that cannot be read as a checkpoint of the script (truncated,
+    not a checkpoint, another network) is a ValueError."""
     config = json.loads((run_dir / "config.json").read_text())
-    script, path = config["script"], run_dir / "checkpoint.pt"
+    script = config.get("script") if isinstance(config, dict) else None
+    path = run_dir / "checkpoint.pt"
     if script not in SCRIPTS:
         raise ValueError(f"{run_dir} is a run of {script}; this re-evaluates {', '.join(SCRIPTS)}")
     with open(path, "rb") as f:
         if hashlib.file_digest(f, "sha256").hexdigest() != (run_dir / "checkpoint.sha256").read_text().strip():
             raise ValueError(f"{path}: its SHA-256 differs from checkpoint.sha256")
-    ckpt = torch.load(path, weights_only=True)
+    try:
+        ckpt = torch.load(path, weights_only=True)
+    except Exception as e:  # a truncated or foreign file whose digest was written after it (or by hand)
+        raise ValueError(f"{path} cannot be read as a checkpoint ({type(e).__name__}); run the training again")
+    if not isinstance(ckpt, dict):
+        raise ValueError(f"{path} is not a checkpoint of {script} (it holds a {type(ckpt).__name__})")
     if not ckpt.get("finished"):
         raise ValueError(f"{run_dir} has not finished: its checkpoint is not the final policy")
-    state = ckpt["actor"]
-    actor = load_script(script).Actor(state["obs_mean"].shape[0], state["action_scale"].shape[0])
-    actor.load_state_dict(state)  # the buffers too: the dataset's observation mean and std, the action range
-    return script, ckpt["args"]["env_id"], actor
+    try:
+        state = ckpt["actor"]
+        actor = load_script(script).Actor(state["obs_mean"].shape[0], state["action_scale"].shape[0])
+        actor.load_state_dict(state)  # the buffers too: the dataset's observation mean and std, the action range
+        env_id = ckpt["args"]["env_id"]
+    except (KeyError, TypeError, AttributeError, IndexError, RuntimeError) as e:
+        raise ValueError(f"{path} holds no actor of {script} ({type(e).__name__})")
+    return script, env_id, actor
+
+
+def final_actors(run_dirs: list[Path], episodes: int, seed: int) -> list:
+    """final_actor of each run, after the flags are checked: every bad input is a ValueError (or OSError, KeyError)
+    before anything is played or printed. A run given twice (the same folder, by any path) would count twice: it is
+    refused."""
+    if episodes < 1:
+        raise ValueError(f"--episodes {episodes}: at least 1 episode per run")
+    if seed < 0:
+        raise ValueError(f"--seed {seed}: a seed is >= 0 (episode e starts from env.reset(seed=seed + e))")
+    seen = {}
+    for run_dir in run_dirs:
+        resolved = run_dir.resolve()
+        if resolved in seen:
+            raise ValueError(f"{run_dir} is given twice (as {seen[resolved]} too): each run counts once")
+        seen[resolved] = run_dir
+    return [final_actor(run_dir) for run_dir in run_dirs]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,14 +82,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=2_000_000, help="episode e starts from env.reset(seed=seed + e)")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
+    try:
+        actors = final_actors(args.run_dirs, args.episodes, args.seed)
+    except (OSError, KeyError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     means = {}
     print("| run | script | mean return | std over episodes |\n|---|---|---|---|")
-    for run_dir in args.run_dirs:
-        try:
-            script, env_id, actor = final_actor(run_dir)
-        except (OSError, KeyError, ValueError) as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
+    for run_dir, (script, env_id, actor) in zip(args.run_dirs, actors):
         returns = load_script(script).evaluate(actor, env_id, args.episodes, args.seed)
         means.setdefault(script, []).append(float(np.mean(returns)))
         print(f"| {run_dir.name} | {script} | {np.mean(returns):.2f} | {np.std(returns):.2f} |", flush=True)

@@ -1,14 +1,20 @@
 """The report of a suite run: benchmark/reports/<suite>-<device>-<date>-<HHMM>-<commit>.md (benchmark/report_path.py;
 never overwrites an earlier one), a table of our scores against the references (with their sources) and a verdict
 per cell (benchmark/stats.py), plus PNG learning curves and results.json in the folder of the same name. Written
-by benchmark/run.py after its runs."""
+by benchmark/run.py after its runs (`python benchmark/run.py --suite NAME`); this file makes no report by itself."""
+import argparse
 import datetime
 import json
 import platform
+import sys
 from collections import defaultdict
 from pathlib import Path
 
-import matplotlib
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # `python benchmark/report.py` puts benchmark/ first on the path, not the root
+    sys.path.insert(0, str(ROOT))
+
+import matplotlib  # noqa: E402
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -299,3 +305,15 @@ def write_report(suite, outcomes, missing: list[str], device: str, report_dir: P
                                                      indent=2))
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    """--help prints what this module does; run without it, a one-line error: benchmark/run.py writes the reports."""
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args(argv)
+    print("error: report.py makes no report by itself; python benchmark/run.py --suite NAME writes one after its runs",
+          file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
