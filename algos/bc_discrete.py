@@ -9,6 +9,7 @@ Run:    python benchmark/datasets.py --kind medium --policy <a dqn.py run>/model
         python algos/bc_discrete.py --dataset canonrl/cartpole/medium-v0 --total-timesteps 20000
         python benchmark/datasets.py --kind medium --policy <an impala.py run on MinAtar/Breakout-v1>/model.pt ...
         python algos/bc_discrete.py --dataset canonrl/minatar/breakout/medium-v0 --total-timesteps 10000
+Quick:  python algos/bc_discrete.py --dataset canonrl/cartpole/medium-v0 --total-timesteps 2000
 Results: benchmark/references.toml (CartPole medium, MinAtar, 5 seeds; medium-replay, 10 seeds); no CI gate
 """
 import csv, difflib, hashlib, importlib.util, json, os, random, re, signal, subprocess, sys, tempfile, time, tomllib
@@ -119,13 +120,22 @@ def open_dataset(name: str):
 
 def dataset_arrays(dataset) -> dict:
     """Every transition of every episode: obs, next_obs, actions, rewards, terminated, as float32 arrays (discrete
-    actions as int64). Only termination stops a bootstrap: an episode cut by a time limit has a future."""
+    actions as int64). Only termination stops a bootstrap: an episode cut by a time limit has a future. A data file
+    that cannot be read to its end, or that holds numbers that are not finite, is a one-line error that names it."""
     parts = {"obs": [], "next_obs": [], "actions": [], "rewards": [], "terminated": []}
-    for episode in dataset.iterate_episodes():
-        parts["obs"].append(episode.observations[:-1]), parts["next_obs"].append(episode.observations[1:])
-        parts["actions"].append(episode.actions), parts["rewards"].append(episode.rewards)
-        parts["terminated"].append(episode.terminations)
+    data_dir = dataset.storage.data_path
+    where = data_dir / "main_data.hdf5" if (data_dir / "main_data.hdf5").is_file() else data_dir  # HDF5, or Arrow
+    try:  # open_dataset read episode 0 only: damaged bytes further on show here (h5py's KeyError, OSError, ...)
+        for episode in dataset.iterate_episodes():
+            parts["obs"].append(episode.observations[:-1]), parts["next_obs"].append(episode.observations[1:])
+            parts["actions"].append(episode.actions), parts["rewards"].append(episode.rewards)
+            parts["terminated"].append(episode.terminations)
+    except (KeyError, OSError, RuntimeError, ValueError) as e:
+        reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        fail(f"dataset file {where} is damaged ({reason}); make it anew")
     arrays = {k: np.concatenate(v).astype(np.float32) for k, v in parts.items()}
+    if not all(np.isfinite(v).all() for v in arrays.values()):  # a nan or inf would reach every loss
+        fail(f"dataset file {where} holds numbers that are not finite (nan or inf); make it anew")
     if isinstance(dataset.action_space, gym.spaces.Discrete):
         arrays["actions"] = np.concatenate(parts["actions"]).astype(np.int64)
     return arrays

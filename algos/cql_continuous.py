@@ -10,6 +10,7 @@ states normalised, rewards scaled by 1000 / (max - min episode return). --total-
 
 Run:    python benchmark/datasets.py --kind medium --policy <a sac_continuous.py run>/model.pt --expert <...>/model.pt
         python algos/cql_continuous.py --dataset canonrl/pendulum/medium-v0 --total-timesteps 20000
+Quick:  python algos/cql_continuous.py --dataset canonrl/pendulum/medium-v0 --total-timesteps 2000
 Results: benchmark/references.toml (Pendulum medium, 6k steps, 3 seeds; no CI gate: 5-6 steps/s on a CPU)
 """
 import csv, difflib, hashlib, importlib.util, json, os, random, re, signal, subprocess, sys, tempfile, time, tomllib
@@ -155,9 +156,15 @@ def cql_penalty(q_data, q_random, log_density_random, q_proposed, log_density_pr
 
 
 def reward_scale(dataset) -> float:
-    """1000 / (max - min return of the dataset's episodes): the reward normalisation of CORL on D4RL MuJoCo."""
+    """1000 / (max - min return of the dataset's episodes): the reward normalisation of CORL on D4RL MuJoCo. Without
+    a spread (one episode, or equal returns) there is no scale: a one-line error, not rewards times 1e9; the
+    hyperparameters assume scaled rewards, so training on the raw ones is the user's choice (--no-normalize-reward)."""
     returns = [float(np.sum(episode.rewards)) for episode in dataset.iterate_episodes()]
-    return 1000.0 / max(max(returns) - min(returns), 1e-6)
+    spread = max(returns) - min(returns)
+    if spread <= 1e-6 * max(1.0, max(abs(r) for r in returns)):  # round-off between equal returns included
+        fail(f"--normalize-reward scales rewards by 1000 / (max - min episode return), but the {len(returns)} "
+             f"episode(s) of {dataset.spec.dataset_id} all return {returns[0]:.2f}; pass --no-normalize-reward")
+    return 1000.0 / spread
 
 
 # ---- shared: offline/dataset ----
@@ -181,13 +188,22 @@ def open_dataset(name: str):
 
 def dataset_arrays(dataset) -> dict:
     """Every transition of every episode: obs, next_obs, actions, rewards, terminated, as float32 arrays (discrete
-    actions as int64). Only termination stops a bootstrap: an episode cut by a time limit has a future."""
+    actions as int64). Only termination stops a bootstrap: an episode cut by a time limit has a future. A data file
+    that cannot be read to its end, or that holds numbers that are not finite, is a one-line error that names it."""
     parts = {"obs": [], "next_obs": [], "actions": [], "rewards": [], "terminated": []}
-    for episode in dataset.iterate_episodes():
-        parts["obs"].append(episode.observations[:-1]), parts["next_obs"].append(episode.observations[1:])
-        parts["actions"].append(episode.actions), parts["rewards"].append(episode.rewards)
-        parts["terminated"].append(episode.terminations)
+    data_dir = dataset.storage.data_path
+    where = data_dir / "main_data.hdf5" if (data_dir / "main_data.hdf5").is_file() else data_dir  # HDF5, or Arrow
+    try:  # open_dataset read episode 0 only: damaged bytes further on show here (h5py's KeyError, OSError, ...)
+        for episode in dataset.iterate_episodes():
+            parts["obs"].append(episode.observations[:-1]), parts["next_obs"].append(episode.observations[1:])
+            parts["actions"].append(episode.actions), parts["rewards"].append(episode.rewards)
+            parts["terminated"].append(episode.terminations)
+    except (KeyError, OSError, RuntimeError, ValueError) as e:
+        reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        fail(f"dataset file {where} is damaged ({reason}); make it anew")
     arrays = {k: np.concatenate(v).astype(np.float32) for k, v in parts.items()}
+    if not all(np.isfinite(v).all() for v in arrays.values()):  # a nan or inf would reach every loss
+        fail(f"dataset file {where} holds numbers that are not finite (nan or inf); make it anew")
     if isinstance(dataset.action_space, gym.spaces.Discrete):
         arrays["actions"] = np.concatenate(parts["actions"]).astype(np.int64)
     return arrays

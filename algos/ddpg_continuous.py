@@ -9,6 +9,7 @@ targets are updated on every step, as in the paper (CleanRL: every second step).
 half-range. Only termination (not a time limit) cuts the bootstrap.
 
 Run:    python algos/ddpg_continuous.py --env-id Hopper-v5 --seed 1
+Quick:  python algos/ddpg_continuous.py --env-id Pendulum-v1 --total-timesteps 5000 --learning-starts 1000
 Result: benchmark/references.toml (Pendulum-v1)
 """
 import csv, difflib, hashlib, importlib.util, json, os, random, re, signal, subprocess, sys, tempfile, time, tomllib

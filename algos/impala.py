@@ -20,6 +20,7 @@ actions) take MinAtar's own network in place of the MLP: one 3x3 convolution of 
 
 Run:    python algos/impala.py --env-id CartPole-v1 --seed 1 --num-actors 2
         python algos/impala.py --env-id MinAtar/Breakout-v1 --total-timesteps 1000000
+Quick:  python algos/impala.py --num-actors 0 --total-timesteps 20000   # a minute or less on one CPU core
 Result: benchmark/references.toml
 """
 import csv, difflib, hashlib, importlib.util, json, os, random, re, signal, socket, subprocess, sys, tempfile, time
@@ -52,7 +53,7 @@ class Args:
     ent_coef: float = 0.01  # entropy bonus coefficient (the paper's entropy cost)
     vf_coef: float = 0.5  # value loss coefficient (the paper's baseline cost)
     max_grad_norm: float = 40.0  # global gradient norm clip
-    ray_address: str | None = None  # host:port of a Ray cluster's head (`ray start --head`); default RAY_ADDRESS
+    ray_address: str | None = None  # host:port of a Ray head (`ray start --head`); default RAY_ADDRESS (with actors)
     env_id: str = "CartPole-v1"  # id of a discrete-action env with flat vector observations, or MinAtar/<Game>-v1
     total_timesteps: int = 300_000  # environment steps over all actors
     # ---- shared: args ----
@@ -412,16 +413,41 @@ def check_args(args: Args):
     batch = args.num_envs * args.num_steps
     if args.total_timesteps < batch:
         fail(f"--total-timesteps {args.total_timesteps} is less than one rollout (num_envs*num_steps = {batch})")
-    if address := ray_address(args):
-        if not args.num_actors:
-            fail(f"--ray-address (or RAY_ADDRESS) {address} needs --num-actors 1 or more (0 runs without Ray)")
-        host, _, port = address.removeprefix("ray://").rpartition(":")
-        if not host or not port.isdigit():
-            fail(f"--ray-address {address!r} is not host:port")
-        try:  # ray.init itself retries for a minute or more before giving up on an address
-            socket.create_connection((host, int(port)), 5.0).close()
-        except OSError as e:
-            fail(f"cannot reach a Ray cluster at {address}: {e.strerror or e}")
+    if args.ray_address and not args.num_actors:  # RAY_ADDRESS alone is the environment's: 0 actors need no Ray
+        fail(f"--ray-address {args.ray_address} needs --num-actors 1 or more (0 runs without Ray)")
+    if args.num_actors and (address := ray_address(args)):
+        check_ray_address(address)
+
+
+def check_ray_address(address: str, timeout: float = 5.0):
+    """fail() unless address answers as a Ray cluster's head, within seconds: ray.init retries for minutes against a
+    port that is closed or speaks another protocol (an HTTP server). The head's GCS is a gRPC server that knows
+    GetClusterId (it may refuse a driver without a token: ray.init then says so); ray:// (Ray Client) needs a gRPC
+    server."""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        fail(f"--ray-address {address!r} is not host:port")
+    try:
+        socket.create_connection((host, int(port)), timeout).close()
+    except OSError as e:
+        fail(f"cannot reach a Ray cluster at {address}: {e.strerror or e}")
+    if os.environ.get("RAY_USE_TLS", "0").lower() not in ("0", "false"):
+        return  # a TLS cluster: this plain-text probe cannot speak to it, ray.init can
+    import grpc  # gRPC for Python comes with tensorboard
+    not_ray = f"{address} does not answer as a Ray cluster (is it the port of `ray start --head`?)"
+    channel = grpc.insecure_channel(f"{host}:{port}")
+    try:
+        grpc.channel_ready_future(channel).result(timeout=timeout)  # an HTTP/2 (gRPC) server at all
+        if not address.startswith("ray://"):
+            channel.unary_unary("/ray.rpc.NodeInfoGcsService/GetClusterId")(b"", timeout=timeout)
+    except grpc.FutureTimeoutError:
+        fail(f"{not_ray}: no gRPC server there")
+    except grpc.RpcError as e:
+        if e.code() in (grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.UNAVAILABLE,
+                        grpc.StatusCode.DEADLINE_EXCEEDED):
+            fail(f"{not_ray}: its gRPC server has no Ray GCS ({e.code().name})")
+    finally:
+        channel.close()
 
 
 def ray_address(args: Args) -> str | None:

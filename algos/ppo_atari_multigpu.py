@@ -17,14 +17,19 @@ Rank 0 alone logs (its own envs' games; the losses averaged over the ranks), eva
 (config.json, metrics.csv, checkpoint.pt, model.pt); the others wait for it at the next update. A resumed run loads
 rank 0's checkpoint on every rank (on several machines, the run directory must be at the same path on each: a shared
 file system). Ctrl-C (torchrun passes it to every rank) stops every rank after the same iteration, saved by rank 0; a
-rank that dies ends the job: torchrun stops the others and exits non-zero. Without torchrun (no WORLD_SIZE in the
-environment) it is one process, ppo_atari.py step for step.
+rank that dies ends the job: torchrun stops the others and exits non-zero. Bad flags stop every rank before the process
+group starts, rank 0 alone printing the one-line error. The ranks exit 2 (bad flags) or 130 (Ctrl-C), but torchrun's
+own status is 1 after any rank's failure or a Ctrl-C, with its own traceback (ChildFailedError or SignalException).
+Without torchrun (no WORLD_SIZE in the environment) it is one process, ppo_atari.py step for step.
 
 Run:    torchrun --standalone --nproc_per_node=2 algos/ppo_atari_multigpu.py --env-id ALE/Breakout-v5 --seed 1 --cuda
         (NCCL between GPUs with --cuda, one GPU per rank; gloo between CPU processes without it)
+Quick:  torchrun --standalone --nproc_per_node=2 algos/ppo_atari_multigpu.py --total-timesteps 4096 --eval-episodes 2
+        (2 CPU processes: about 30 s on 2 cores)
 Result: no multi-seed reference yet (benchmark/references.toml)
 """
-import csv, difflib, hashlib, importlib.util, json, os, random, re, signal, subprocess, sys, tempfile, time, tomllib
+import contextlib, csv, difflib, hashlib, importlib.util, json, os, random, re, signal, subprocess, sys, tempfile, time
+import tomllib
 import warnings
 from dataclasses import asdict, dataclass
 from importlib.metadata import version
@@ -200,13 +205,15 @@ def evaluate(agent, env_id, episodes, seed, device="cpu", video_dir=None):
 
 
 def main(args: Args):
-    args, ckpt, run_dir = start_run(args, check_args)  # on every rank: the same flags, checks, seeds and checkpoint
     rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
     world_size = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun's environment; without torchrun: one process
+    with said_by_rank_0():  # bad input stops every rank before the process group starts; rank 0 alone says why
+        args, ckpt, run_dir = start_run(args, check_args)  # on every rank: the same flags, checks, seeds and checkpoint
+        if ckpt is not None and ckpt["global_step"] != ckpt["iteration"] * world_size * args.num_envs * args.num_steps:
+            ran = ckpt["global_step"] // (ckpt["iteration"] * args.num_envs * args.num_steps)
+            fail(f"{run_dir} ran {ran} process(es), not {world_size}; resume it with as many "
+                 "(torchrun --nproc_per_node)")
     device = torch.device("cuda", local_rank) if torch.cuda.is_available() and args.cuda else torch.device("cpu")
-    if ckpt is not None and ckpt["global_step"] != ckpt["iteration"] * world_size * args.num_envs * args.num_steps:
-        fail(f"{run_dir} ran {ckpt['global_step'] // (ckpt['iteration'] * args.num_envs * args.num_steps)} process(es),"
-             f" not {world_size}; resume it with as many (torchrun --nproc_per_node)")
     if world_size > 1:
         join_process_group(device)
     envs = gym.vector.SyncVectorEnv(  # same-step autoreset: a finished episode's last observation is in infos
@@ -312,6 +319,17 @@ def main(args: Args):
         save_model({"agent": agent.state_dict(), "args": asdict(args), "eval_returns": eval_returns,
                     "n_actions": n_actions}, run_dir)
     logger.close(eval_returns)
+
+
+@contextlib.contextmanager
+def said_by_rank_0():
+    """Drop what the block prints on ranks other than 0 (torchrun's RANK): every rank parses and checks the flags
+    and stops on bad ones, and one copy of the message is enough. A traceback is still printed on every rank."""
+    if int(os.environ.get("RANK", "0")) == 0:
+        yield
+        return
+    with open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull), contextlib.redirect_stderr(devnull):
+        yield
 
 
 def join_process_group(device: torch.device):
@@ -782,4 +800,6 @@ class RunLogger:
 
 
 if __name__ == "__main__":
-    main(tyro.cli(Args))
+    with said_by_rank_0():  # a flag that cannot be parsed (and --help): printed once, not once per rank
+        cli_args = tyro.cli(Args)
+    main(cli_args)

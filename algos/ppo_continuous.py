@@ -7,6 +7,7 @@ to [-10, 10]), the value loss clipped (--clip-vloss), the clip coefficient not a
 saved with the model and used, frozen, at evaluation, which takes the mean action. Defaults: CleanRL's MuJoCo settings.
 
 Run:    python algos/ppo_continuous.py --env-id Hopper-v5 --seed 1
+Quick:  python algos/ppo_continuous.py --env-id InvertedPendulum-v5 --total-timesteps 20480
 Result: InvertedPendulum-v5, 40,960 steps: 1000 on each of seeds 1-10 (benchmark/references.toml)
 """
 import csv, difflib, hashlib, importlib.util, json, os, random, re, signal, subprocess, sys, tempfile, time, tomllib

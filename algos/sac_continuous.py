@@ -8,6 +8,7 @@ tau 0.005, every network updated on every step; CleanRL: Q lr 1e-3 and a delayed
 Deviation: the log-probability leaves out the action scale (that of tanh(u) in [-1, 1]), as SB3 does.
 
 Run:    python algos/sac_continuous.py --env-id Hopper-v5 --seed 1
+Quick:  python algos/sac_continuous.py --env-id Pendulum-v1 --total-timesteps 5000 --learning-starts 1000
 Result: benchmark/references.toml (Pendulum-v1; Hopper-v5 at 100k steps beside SB3's SAC)
 """
 import csv, difflib, hashlib, importlib.util, json, math, os, random, re, signal, subprocess, sys, tempfile, time

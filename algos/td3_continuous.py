@@ -8,6 +8,7 @@ authors' repository's and CleanRL's hyperparameters: 256x256 ReLU, Adam 3e-4, ba
 action's half-range. Only termination (not a time limit) cuts the bootstrap.
 
 Run:    python algos/td3_continuous.py --env-id Hopper-v5 --seed 1
+Quick:  python algos/td3_continuous.py --env-id Pendulum-v1 --total-timesteps 5000 --learning-starts 1000
 Result: benchmark/references.toml (Pendulum-v1; Hopper-v5 at 100k steps beside SB3's TD3)
 """
 import csv, difflib, hashlib, importlib.util, json, os, random, re, signal, subprocess, sys, tempfile, time, tomllib

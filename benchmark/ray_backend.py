@@ -32,7 +32,10 @@ CONNECT_TIMEOUT = 5.0  # seconds; ray.init itself retries for a minute or more b
 
 
 def check_reachable(address: str, timeout: float = CONNECT_TIMEOUT) -> None:
-    """Raise Unreachable (one line) unless a TCP connection to the address's host:port opens."""
+    """Raise Unreachable (one line) unless the address's host:port accepts a connection and answers as a Ray head:
+    ray.init retries for minutes against a port that speaks another protocol (an HTTP server). The head's GCS is a
+    gRPC server that knows GetClusterId (it may refuse a driver without a token: ray.init then says so); ray:// (Ray
+    Client) needs a gRPC server. The same probe as impala.py's check_ray_address."""
     host, _, port = address.removeprefix("ray://").rpartition(":")
     if not host or not port.isdigit():
         raise Unreachable(f"--ray-address {address!r} is not host:port")
@@ -40,6 +43,23 @@ def check_reachable(address: str, timeout: float = CONNECT_TIMEOUT) -> None:
         socket.create_connection((host, int(port)), timeout).close()
     except OSError as e:
         raise Unreachable(f"cannot reach a Ray cluster at {address}: {e.strerror or e}") from None
+    if os.environ.get("RAY_USE_TLS", "0").lower() not in ("0", "false"):
+        return  # a TLS cluster: this plain-text probe cannot speak to it, ray.init can
+    import grpc  # gRPC for Python comes with tensorboard
+    not_ray = f"{address} does not answer as a Ray cluster (is it the port of `ray start --head`?)"
+    channel = grpc.insecure_channel(f"{host}:{port}")
+    try:
+        grpc.channel_ready_future(channel).result(timeout=timeout)  # an HTTP/2 (gRPC) server at all
+        if not address.startswith("ray://"):
+            channel.unary_unary("/ray.rpc.NodeInfoGcsService/GetClusterId")(b"", timeout=timeout)
+    except grpc.FutureTimeoutError:
+        raise Unreachable(f"{not_ray}: no gRPC server there") from None
+    except grpc.RpcError as e:
+        if e.code() in (grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.UNAVAILABLE,
+                        grpc.StatusCode.DEADLINE_EXCEEDED):
+            raise Unreachable(f"{not_ray}: its gRPC server has no Ray GCS ({e.code().name})") from None
+    finally:
+        channel.close()
 
 
 def _run_on_worker(spec: RunSpec, device: str, timeout: float | None) -> tuple[Outcome, dict[str, bytes]]:

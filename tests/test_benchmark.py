@@ -2,10 +2,12 @@
 plumbing of the speed comparison; all on runs of a few hundred steps."""
 import dataclasses
 import datetime
+import http.server
 import json
 import re
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -181,6 +183,28 @@ def test_ray_address_that_cannot_be_reached(tmp_path, capsys):
     assert "is not host:port" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         bench.main(["--suite", "smoke", "--ray-address", "127.0.0.1:1"])  # needs --backend ray
+    assert not list(tmp_path.iterdir())
+
+
+class QuietHTTPHandler(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *args):  # the requests it refuses would be logged on stderr, which the test reads
+        pass
+
+
+def test_ray_address_that_is_not_ray(tmp_path, capsys):
+    """An HTTP server at --ray-address: one line within seconds (ray.init retried for minutes), nothing written."""
+    pytest.importorskip("ray")
+    server = http.server.HTTPServer(("127.0.0.1", 0), QuietHTTPHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        address = f"127.0.0.1:{server.server_port}"
+        argv = ["--suite", "smoke", "--backend", "ray", "--ray-address", address, "--out", str(tmp_path)]
+        assert bench.main(argv) == 2
+    finally:
+        server.shutdown()
+        server.server_close()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {address} does not answer as a Ray cluster"), err
     assert not list(tmp_path.iterdir())
 
 

@@ -159,3 +159,23 @@ def test_resume_missing_or_corrupt(script, tmp_path):
     assert out.returncode == 2 and "corrupt" in out.stderr and len(out.stderr.strip().splitlines()) == 1
     assert (tmp_path / "bad" / "metrics.csv").read_text().endswith("1,0,train/x,1\n"), "existing logs must be kept"
     assert (tmp_path / "bad" / "checkpoint.pt").read_bytes() == b"not a checkpoint"
+
+
+def quick_command(script: str) -> list[str]:
+    """The flags of the `Quick:` command of the script's docstring (a backslash continues it on the next line)."""
+    doc = ast.get_docstring(ast.parse((ALGOS / script).read_text()))
+    text = doc[doc.index("\nQuick:"):].split("\n", 2)
+    line = text[1] + (" " + text[2].split("\n")[0] if text[1].endswith("\\") else "")
+    words = line.replace("\\", " ").split("#")[0].split()
+    return words[words.index(f"algos/{script}") + 1:]
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_the_docstring_shows_a_short_command(script):
+    """Every docstring shows one command of a small budget (a minute or so on one CPU core), with flags the script
+    has: the default budgets are the papers' (hours to days on a CPU)."""
+    flags = quick_command(script)
+    names = [f[2:].replace("-", "_") for f in flags if f.startswith("--")]
+    assert names and set(names) <= set(args_fields(script)), names
+    budget = int(flags[flags.index("--total-timesteps") + 1])
+    assert budget <= 20_480, f"{script}: --total-timesteps {budget} is not a short run"

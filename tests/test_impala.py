@@ -1,9 +1,12 @@
 """impala.py: V-trace against hand-computed values and the n-step return it reduces to on-policy; the Ray actors
 (policy lag, an actor killed mid-run and replaced); a run whose actors fail stops with its checkpoint saved;
 --ray-address errors. The run contract with one in-process actor is the generic tests' (conftest.SMOKE)."""
+import concurrent.futures
+import http.server
 import math
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -175,6 +178,54 @@ def test_a_ray_address_that_cannot_be_used_is_one_line_before_training(flags, en
     assert out.returncode == 2 and len(lines) == 1 and lines[0].startswith("error:"), out.stderr
     assert expected in lines[0]
     assert not (tmp_path / "run").exists()
+
+
+class QuietHTTPHandler(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *args):  # not a line on the test's stderr per refused request
+        pass
+
+
+@pytest.fixture
+def not_ray(request):
+    """host:port of a server that accepts connections but is no Ray head: an HTTP server or a gRPC server without
+    Ray's services, in a thread of this process."""
+    if request.param == "http":
+        server = http.server.HTTPServer(("127.0.0.1", 0), QuietHTTPHandler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        yield f"127.0.0.1:{server.server_port}"
+        server.shutdown()
+        server.server_close()
+    else:
+        grpc = pytest.importorskip("grpc")
+        server = grpc.server(concurrent.futures.ThreadPoolExecutor(1))
+        port = server.add_insecure_port("127.0.0.1:0")
+        server.start()
+        yield f"127.0.0.1:{port}"
+        server.stop(None)
+
+
+@pytest.mark.parametrize("not_ray", ["http", "grpc"], indirect=True)
+def test_an_address_that_is_not_ray_is_one_line_within_seconds(not_ray, tmp_path):
+    """ray.init retried for minutes against a port that accepts connections but speaks no Ray (an HTTP server, a
+    gRPC server of another service). (about 6 s for HTTP: the probe's 5 s timeout; 1 s for gRPC)"""
+    start = time.time()
+    out = run_script("impala.py", ["--ray-address", not_ray, "--num-actors", "1"], tmp_path / "run", timeout=30,
+                     fork=True)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 1, out.stderr[-3000:]
+    assert lines[0].startswith(f"error: {not_ray} does not answer as a Ray cluster"), lines
+    assert time.time() - start < 20
+    assert not (tmp_path / "run").exists()
+
+
+def test_ray_address_in_the_environment_does_not_stop_a_run_without_ray(tmp_path):
+    """RAY_ADDRESS (exported for other programs) is used only when there are Ray actors: --num-actors 0 needs no
+    Ray and runs. (about 2 s)"""
+    flags = ["--num-actors", "0", "--num-envs", "2", "--num-steps", "20", "--total-timesteps", "80",
+             "--eval-episodes", "1"]
+    out = run_script("impala.py", flags, tmp_path, fork=True, RAY_ADDRESS="127.0.0.1:1")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert read_metrics(tmp_path)["eval/episodic_return"][0].size == 1
 
 
 def test_a_minatar_game_trains_with_minatars_network_and_reloads(tmp_path):

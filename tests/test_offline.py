@@ -1,9 +1,11 @@
 """The offline family: the dataset maker (benchmark/datasets.py) and the Minari round trip, the losses of the offline
-scripts, and their bad input (a missing dataset, one of the wrong action space, an empty one)."""
+scripts, and their bad input (a missing dataset, one of the wrong action space, an empty or damaged one, a reward
+scale without a spread of returns)."""
 import json
 import shutil
 import warnings
 
+import h5py
 import minari
 import numpy as np
 import pytest
@@ -131,6 +133,7 @@ def test_the_maker_refuses_bad_input(tmp_path, capsys):
     assert "--expert is needed" in capsys.readouterr().err
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "checkpoint.pt").write_bytes(b"not a checkpoint")
+    (tmp_path / "bad" / "checkpoint.sha256").write_text(datasets.sha256(tmp_path / "bad" / "checkpoint.pt") + "\n")
     assert datasets.main(["--kind", "medium-replay", "--checkpoint", str(tmp_path / "bad" / "checkpoint.pt"),
                           "--expert", "1", "--root", str(tmp_path)]) == 2
     assert "is corrupt" in capsys.readouterr().err
@@ -151,8 +154,8 @@ def test_td3_bc_scales_the_q_term_to_the_bc_term(td3_bc):
 
 @pytest.mark.parametrize("script", ["td3_bc_continuous.py", "bc_continuous.py"])
 def test_bad_datasets_are_one_line_errors(script, tmp_path, monkeypatch):
-    """A missing dataset, one of discrete actions, an empty one (given by its id), a corrupt one and an env other than
-    the dataset's: exit 2, one line, before any file is written."""
+    """A missing dataset, one of discrete actions, an empty one (given by its id), a corrupt one, one damaged after its
+    first episode and an env other than the dataset's: exit 2, one line, before any file is written."""
     cartpole = datasets.make_dataset("random", "CartPole-v1", expert="500", steps=50, seed=0, root=tmp_path / "d")
     monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "d"))
     with warnings.catch_warnings(action="ignore"):
@@ -160,12 +163,28 @@ def test_bad_datasets_are_one_line_errors(script, tmp_path, monkeypatch):
     corrupt = tmp_path / "corrupt"
     shutil.copytree(OFFLINE_DATASET, corrupt)
     (corrupt / "data" / "main_data.hdf5").write_bytes(b"not hdf5")
+    damaged = damaged_copy(OFFLINE_DATASET, tmp_path / "damaged")
     cases = [(["--dataset", str(tmp_path / "nowhere")], "no dataset"),
              (["--dataset", str(cartpole)], "needs continuous (Box) actions"),
              (["--dataset", "canonrl/pendulum/empty-v0"], "is empty"),
              (["--dataset", str(corrupt)], "cannot be read"),
+             (["--dataset", str(damaged)], f"dataset file {damaged / 'data' / 'main_data.hdf5'} is damaged"),
              (["--dataset", str(OFFLINE_DATASET), "--env-id", "MountainCarContinuous-v0"], "the dataset's env")]
     assert_one_line_errors(script, cases, tmp_path)
+
+
+def damaged_copy(source, dest):
+    """A copy of the dataset `source` in which 64 bytes are flipped at the object header of its last episode's rewards
+    (found with h5py): the file opens and its first episode reads (what open_dataset checks), a later read fails (h5py
+    raises KeyError)."""
+    shutil.copytree(source, dest)
+    path = dest / "data" / "main_data.hdf5"
+    with h5py.File(path, "r") as f:
+        start = h5py.h5o.get_info(f[f"episode_{len(f) - 1}/rewards"].id).addr
+    data = bytearray(path.read_bytes())
+    data[start:start + 64] = bytes(b ^ 0xFF for b in data[start:start + 64])
+    path.write_bytes(bytes(data))
+    return dest
 
 
 def assert_one_line_errors(script, cases, tmp_path) -> list[str]:
@@ -182,17 +201,33 @@ def assert_one_line_errors(script, cases, tmp_path) -> list[str]:
     return errors
 
 
+@pytest.mark.parametrize("script", ["iql_continuous.py", "cql_continuous.py"])
+def test_reward_normalisation_without_a_spread_of_returns_is_a_one_line_error(script, tmp_path):
+    """--normalize-reward (the default) scales rewards by 1000 / (max - min episode return): a dataset of one episode
+    has no spread, and the scale was 1e9 (losses of 1e19). It is a one-line error before any file is written, and
+    --no-normalize-reward, which it suggests, trains on the rewards as they are. (about 5 s)"""
+    one = datasets.make_dataset("random", "Pendulum-v1", expert="-150", steps=150, seed=0, root=tmp_path / "d")
+    [error] = assert_one_line_errors(script, [(["--dataset", str(one)], "--normalize-reward scales rewards")],
+                                     tmp_path)
+    assert "the 1 episode(s) of canonrl/pendulum/random-v0 all return" in error and "--no-normalize-reward" in error
+    out = run_script(script, ["--dataset", str(one), "--no-normalize-reward", "--total-timesteps", "10",
+                              "--eval-episodes", "1"], tmp_path / "run", fork=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+
+
 @pytest.mark.parametrize("script", ["cql_discrete.py", "bc_discrete.py"])
 def test_bad_datasets_of_the_discrete_scripts_are_one_line_errors(script, tmp_path, monkeypatch):
-    """A missing dataset, one of continuous actions, an empty one and an env other than the dataset's: exit 2, one
-    line naming the scripts that take continuous actions, before any file is written."""
+    """A missing dataset, one of continuous actions, an empty one, an env other than the dataset's and a damaged one:
+    exit 2, one line (naming the scripts that take continuous actions), before any file is written."""
     monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "d"))
     with warnings.catch_warnings(action="ignore"):
         minari.create_dataset_from_buffers("canonrl/cartpole/empty-v0", [], env="CartPole-v1", data_format="hdf5")
+    damaged = damaged_copy(OFFLINE_DISCRETE_DATASET, tmp_path / "damaged")
     cases = [(["--dataset", str(tmp_path / "nowhere")], "no dataset"),
              (["--dataset", str(OFFLINE_DATASET)], "needs discrete actions"),
              (["--dataset", "canonrl/cartpole/empty-v0"], "is empty"),
-             (["--dataset", str(OFFLINE_DISCRETE_DATASET), "--env-id", "Acrobot-v1"], "the dataset's env")]
+             (["--dataset", str(OFFLINE_DISCRETE_DATASET), "--env-id", "Acrobot-v1"], "the dataset's env"),
+             (["--dataset", str(damaged)], f"dataset file {damaged / 'data' / 'main_data.hdf5'} is damaged")]
     errors = assert_one_line_errors(script, cases, tmp_path)
     assert errors[1].endswith("use cql_continuous.py or iql_continuous.py"), errors[1]  # the scripts that take it
 

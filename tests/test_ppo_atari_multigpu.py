@@ -1,8 +1,9 @@
 """ppo_atari_multigpu.py: one process (plain python, no torchrun) is ppo_atari.py step for step; under torchrun with 2
 gloo processes on the CPU the ranks hold identical weights after every optimizer step (fresh and resumed), only rank 0
-writes the run directory and the global step counts both ranks' steps; a rank that dies ends the job non-zero within
-seconds. The generic tests (smoke, determinism, run contract, resume, Ctrl-C, CLI) run it as one process, like any
-script (tests/conftest.py).
+writes the run directory (and draws the progress bar) and the global step counts both ranks' steps; a rank that dies
+ends the job non-zero within seconds; bad flags are said once, by rank 0, before the process group starts. The generic
+tests (smoke, determinism, run contract, resume, Ctrl-C, CLI) run it as one process, like any script
+(tests/conftest.py).
 
 How identical weights are checked: the script is run unchanged under a real torchrun, through a launcher (written
 below) that registers torch's global optimizer step hook (torch.optim.optimizer.register_optimizer_step_post_hook)
@@ -86,11 +87,12 @@ def test_two_ranks_identical_weights_and_run_contract(two_rank_run):
     assert len(rank0) == 4 and rank0 == rank1, "the ranks' weights differ after an optimizer step"
     assert len(set(rank0)) == 4, "every step changes the weights"
     assert "2 process(es) x 2 envs x 64 steps = 256 steps per update" in out.stdout
+    assert out.stderr.count(" 0/512 [") == 1, "one progress bar (rank 0's)"
     run = tmp / "run"
     files = sorted(p.name for p in run.iterdir())
     assert [f for f in files if not f.startswith("events.out.tfevents.")] == [
-        "checkpoint.pt", "checkpoint.sha256", "config.json", "metrics.csv", "model.pt"]
-    assert len(files) == 6, "one TensorBoard writer (rank 0's)"
+        "checkpoint.pt", "checkpoint.sha256", "config.json", "metrics.csv", "model.pt", "model.sha256"]
+    assert len(files) == 7, "one TensorBoard writer (rank 0's)"
     assert sorted(p.name for p in tmp.iterdir()) == ["launcher.py", "rank0.txt", "rank1.txt", "run"], \
         "rank 1 writes nothing (no runs/ directory of its own either)"
     metrics = read_metrics(run)
@@ -108,6 +110,23 @@ def test_resume_under_torchrun_keeps_the_ranks_identical(two_rank_run, tmp_path)
     steps = list(read_metrics(tmp_path / "run")["losses/policy_loss"][0])
     assert steps == [256, 512, 768, 1024], "the resumed updates continue the global step"
     assert not (tmp_path / "runs").exists()
+
+
+def test_bad_flags_under_torchrun_are_said_once_before_the_process_group(tmp_path):
+    """A flag out of range, and one that cannot be parsed: rank 0 alone prints the error (one line; tyro's box once),
+    every rank exits 2 before the process group starts, nothing is written. torchrun then reports the failed ranks with
+    its own traceback and exits 1, whatever the ranks' status (documented in the script and the README). (10-20 s:
+    two torchrun starts)"""
+    for flags, said in ((["--num-envs", "0"], "error: --num-envs 0 is out of range: it must satisfy x >= 1"),
+                        (["--num-envs", "abc"], "Error parsing --num-envs")):
+        cmd, kw = torchrun(ALGOS / SCRIPT, flags + ["--run-dir", "run"], tmp_path)
+        out = subprocess.run(cmd, capture_output=True, timeout=120, **kw)
+        assert out.stderr.count(said) == 1, out.stderr[-3000:]
+        errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
+        assert errors == ([said] if said.startswith("error:") else []), errors
+        assert out.returncode == 1 and "ChildFailedError" in out.stderr, out.stderr[-3000:]
+        assert "exitcode  : 2 " in out.stderr and "exitcode  : 1 " not in out.stderr, out.stderr[-3000:]
+        assert not (tmp_path / "run").exists() and not (tmp_path / "runs").exists()
 
 
 def workers(pid):
