@@ -8,8 +8,8 @@ settings, as CleanRL's c51_atari.py: 51 atoms in [-10, 10], Adam 2.5e-4 with eps
 steps; the rest (preprocessing, replay of single frames, exploration, evaluation) is dqn_atari.py's.
 
 Run:    python algos/c51_atari.py --env-id ALE/Breakout-v5 --seed 1 --cuda
-Quick:  python algos/c51_atari.py --env-id MinAtar/Breakout-v1 --total-timesteps 5000 \
-            --learning-starts 1000 --buffer-size 5000
+Quick:  python algos/c51_atari.py --env-id MinAtar/Breakout-v1 --total-timesteps 2000 \
+            --learning-starts 1000 --buffer-size 2000
 Results: benchmark/references.toml
 """
 import csv, difflib, hashlib, importlib.util, json, os, random, re, signal, subprocess, sys, tempfile, time, tomllib

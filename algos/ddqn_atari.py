@@ -8,8 +8,8 @@ CleanRL's dqn_atari.py hyperparameters included; the paper's tuned variant also 
 exploration at 0.01: `--target-network-frequency 7500 --end-e 0.01`.
 
 Run:    python algos/ddqn_atari.py --env-id ALE/Breakout-v5 --seed 1 --cuda
-Quick:  python algos/ddqn_atari.py --env-id MinAtar/Breakout-v1 --total-timesteps 5000 \
-            --learning-starts 1000 --buffer-size 5000
+Quick:  python algos/ddqn_atari.py --env-id MinAtar/Breakout-v1 --total-timesteps 2000 \
+            --learning-starts 1000 --buffer-size 2000
 Results: benchmark/references.toml
 """
 import csv, difflib, hashlib, importlib.util, json, os, random, re, signal, subprocess, sys, tempfile, time, tomllib

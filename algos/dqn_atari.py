@@ -9,8 +9,8 @@ pipeline on the 10x10 grid drawn as 84x84 frames: a game learns in minutes on a 
 Run:    python algos/dqn_atari.py --env-id ALE/Breakout-v5 --seed 1 --cuda
         python algos/dqn_atari.py --env-id MinAtar/Breakout-v1 --total-timesteps 20000 --learning-starts 2000 \
             --buffer-size 20000 --learning-rate 2.5e-4 --eval-every 5000 --eval-episodes 20 --seed 1  # README's result
-Quick:  python algos/dqn_atari.py --env-id MinAtar/Breakout-v1 --total-timesteps 5000 \
-            --learning-starts 1000 --buffer-size 5000
+Quick:  python algos/dqn_atari.py --env-id MinAtar/Breakout-v1 --total-timesteps 2000 \
+            --learning-starts 1000 --buffer-size 2000
 Results: benchmark/references.toml
 """
 import csv, difflib, hashlib, importlib.util, json, os, random, re, signal, subprocess, sys, tempfile, time, tomllib

@@ -10,8 +10,8 @@ implicit_quantile.gin (which also has 3-step targets, Adam 6.25e-5, eps 1.5e-4);
 0.01 / 32 from implicit_quantile_icml.gin, the paper's (which has 50k, 10k and 1M steps for those three).
 
 Run:    python algos/iqn_atari.py --env-id ALE/Breakout-v5 --seed 1 --cuda
-Quick:  python algos/iqn_atari.py --env-id MinAtar/Breakout-v1 --total-timesteps 5000 \
-            --learning-starts 1000 --buffer-size 5000
+Quick:  python algos/iqn_atari.py --env-id MinAtar/Breakout-v1 --total-timesteps 2000 \
+            --learning-starts 1000 --buffer-size 2000
 Results: benchmark/references.toml
 """
 import csv, difflib, hashlib, importlib.util, json, os, random, re, signal, subprocess, sys, tempfile, time, tomllib

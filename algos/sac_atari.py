@@ -10,8 +10,8 @@ Alpha starts at 0.2 (--alpha); CleanRL's tuned alpha starts at 1.0 (log alpha = 
 The actor and temperature losses sum over the actions (eqs. 11-12); CleanRL averages them (Adam nearly cancels it).
 
 Run:    python algos/sac_atari.py --env-id ALE/Breakout-v5 --seed 1 --cuda
-Quick:  python algos/sac_atari.py --env-id MinAtar/Breakout-v1 --total-timesteps 5000 \
-            --learning-starts 1000 --buffer-size 5000
+Quick:  python algos/sac_atari.py --env-id MinAtar/Breakout-v1 --total-timesteps 2000 \
+            --learning-starts 1000 --buffer-size 2000
 Results: benchmark/references.toml
 """
 import csv, difflib, hashlib, importlib.util, json, os, random, re, signal, subprocess, sys, tempfile, time, tomllib

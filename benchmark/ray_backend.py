@@ -23,7 +23,7 @@ import uuid
 from pathlib import Path
 
 from benchmark.run import ROOT, Outcome, RunSpec, Unreachable, execute, keep_or_clear
-from benchmark.runs import pack_dir, unpack_dir
+from benchmark.runs import load_script, pack_dir, unpack_dir
 
 # what workers do not need: run outputs, environments, history, reports (gitignore syntax, relative to ROOT)
 EXCLUDES = ["runs/", ".venv/", ".ci/venv/", ".git/", "benchmark/reports/", "wandb/", "videos/", "__pycache__/",
@@ -32,34 +32,16 @@ CONNECT_TIMEOUT = 5.0  # seconds; ray.init itself retries for a minute or more b
 
 
 def check_reachable(address: str, timeout: float = CONNECT_TIMEOUT) -> None:
-    """Raise Unreachable (one line) unless the address's host:port accepts a connection and answers as a Ray head:
-    ray.init retries for minutes against a port that speaks another protocol (an HTTP server). The head's GCS is a
-    gRPC server that knows GetClusterId (it may refuse a driver without a token: ray.init then says so); ray:// (Ray
-    Client) needs a gRPC server. The same probe as impala.py's check_ray_address."""
-    host, _, port = address.removeprefix("ray://").rpartition(":")
-    if not host or not port.isdigit():
-        raise Unreachable(f"--ray-address {address!r} is not host:port")
-    try:
-        socket.create_connection((host, int(port)), timeout).close()
-    except OSError as e:
-        raise Unreachable(f"cannot reach a Ray cluster at {address}: {e.strerror or e}") from None
-    if os.environ.get("RAY_USE_TLS", "0").lower() not in ("0", "false"):
-        return  # a TLS cluster: this plain-text probe cannot speak to it, ray.init can
-    import grpc  # gRPC for Python comes with tensorboard
-    not_ray = f"{address} does not answer as a Ray cluster (is it the port of `ray start --head`?)"
-    channel = grpc.insecure_channel(f"{host}:{port}")
-    try:
-        grpc.channel_ready_future(channel).result(timeout=timeout)  # an HTTP/2 (gRPC) server at all
-        if not address.startswith("ray://"):
-            channel.unary_unary("/ray.rpc.NodeInfoGcsService/GetClusterId")(b"", timeout=timeout)
-    except grpc.FutureTimeoutError:
-        raise Unreachable(f"{not_ray}: no gRPC server there") from None
-    except grpc.RpcError as e:
-        if e.code() in (grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.UNAVAILABLE,
-                        grpc.StatusCode.DEADLINE_EXCEEDED):
-            raise Unreachable(f"{not_ray}: its gRPC server has no Ray GCS ({e.code().name})") from None
-    finally:
-        channel.close()
+    """Raise Unreachable (one line) unless the address's host:port accepts a connection and answers as a Ray head
+    (ray.init retries for minutes against a port that speaks another protocol, an HTTP server): impala.py's own
+    check_ray_address, whose one-line error becomes Unreachable here."""
+    impala = load_script("impala.py")
+
+    def unreachable(message: str, *scripts: str):
+        raise Unreachable(message)
+
+    impala.fail = unreachable  # check_ray_address looks fail() up in its module when it calls it
+    impala.check_ray_address(address, timeout)
 
 
 def _run_on_worker(spec: RunSpec, device: str, timeout: float | None) -> tuple[Outcome, dict[str, bytes]]:
