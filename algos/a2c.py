@@ -9,7 +9,7 @@ Defaults: rl-zoo's CartPole-v1 (SB3's A2C defaults, 8 envs, no entropy bonus); t
 ppo.py, so vf_coef 1.0 is SB3's 0.5.
 
 Run:    python algos/a2c.py --env-id CartPole-v1 --seed 1
-Quick:  python algos/a2c.py --total-timesteps 20000   # a minute or less on one CPU core
+Quick:  python algos/a2c.py --total-timesteps 20000
 Result: benchmark/references.toml
 """
 import csv, difflib, hashlib, importlib.util, json, os, random, re, signal, subprocess, sys, tempfile, time, tomllib

@@ -10,7 +10,7 @@ as dqn.py: a higher rate over a long run leaves a policy that fails under traini
 about 100k steps rl-zoo's 2.3e-3 learns faster (`--learning-rate 2.3e-3 --total-timesteps 100000`, the CI gate).
 
 Run:    python algos/c51.py --env-id CartPole-v1 --seed 1
-Quick:  python algos/c51.py --total-timesteps 20000 --learning-rate 2.3e-3   # a minute or less on one CPU core
+Quick:  python algos/c51.py --total-timesteps 20000 --learning-rate 2.3e-3
 Results: benchmark/references.toml
 """
 import csv, difflib, hashlib, importlib.util, json, os, random, re, signal, subprocess, sys, tempfile, time, tomllib

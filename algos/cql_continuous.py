@@ -10,7 +10,7 @@ states normalised, rewards scaled by 1000 / (max - min episode return). --total-
 
 Run:    python benchmark/datasets.py --kind medium --policy <a sac_continuous.py run>/model.pt --expert <...>/model.pt
         python algos/cql_continuous.py --dataset canonrl/pendulum/medium-v0 --total-timesteps 20000
-Quick:  python algos/cql_continuous.py --dataset canonrl/pendulum/medium-v0 --total-timesteps 2000
+Quick:  python algos/cql_continuous.py --dataset canonrl/pendulum/medium-v0 --total-timesteps 500
 Results: benchmark/references.toml (Pendulum medium, 6k steps, 3 seeds; no CI gate: 5-6 steps/s on a CPU)
 """
 import csv, difflib, hashlib, importlib.util, json, os, random, re, signal, subprocess, sys, tempfile, time, tomllib

@@ -11,7 +11,7 @@ perfect on its own, fails under training's 4% random actions. For short budgets,
 (`--learning-rate 2.3e-3 --total-timesteps 100000`, the CI gate); 5e-4 is too slow to solve CartPole in 100k steps.
 
 Run:    python algos/dqn.py --env-id CartPole-v1 --seed 1
-Quick:  python algos/dqn.py --total-timesteps 20000 --learning-rate 2.3e-3   # a minute or less on one CPU core
+Quick:  python algos/dqn.py --total-timesteps 20000 --learning-rate 2.3e-3
 Results: benchmark/references.toml
 """
 import csv, difflib, hashlib, importlib.util, json, os, random, re, signal, subprocess, sys, tempfile, time, tomllib

@@ -20,7 +20,7 @@ actions) take MinAtar's own network in place of the MLP: one 3x3 convolution of 
 
 Run:    python algos/impala.py --env-id CartPole-v1 --seed 1 --num-actors 2
         python algos/impala.py --env-id MinAtar/Breakout-v1 --total-timesteps 1000000
-Quick:  python algos/impala.py --num-actors 0 --total-timesteps 20000   # a minute or less on one CPU core
+Quick:  python algos/impala.py --num-actors 0 --total-timesteps 20000
 Result: benchmark/references.toml
 """
 import csv, difflib, hashlib, importlib.util, json, os, random, re, signal, socket, subprocess, sys, tempfile, time

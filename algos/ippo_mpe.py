@@ -8,7 +8,7 @@ the metric is the per-agent mean of the episodic return; evaluation is greedy. D
 neither Huber nor clipped (the paper's defaults use both).
 
 Run:    python algos/ippo_mpe.py --env-id simple_spread_v3 --seed 1
-Quick:  python algos/ippo_mpe.py --env-id simple_spread_v3 --total-timesteps 20000   # a minute or less on one CPU core
+Quick:  python algos/ippo_mpe.py --env-id simple_spread_v3 --total-timesteps 20000
 Result: simple_spread_v3, 100k steps: -18.4 to -20.9 on seeds 1-20, random play -26.1 (benchmark/references.toml)
 """
 import csv, difflib, hashlib, importlib.util, json, os, random, re, signal, subprocess, sys, tempfile, time, tomllib

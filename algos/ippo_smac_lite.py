@@ -8,7 +8,7 @@ Deviations: the value loss is a plain MSE, neither Huber nor clipped (the paper'
 agent's critic input is not zeroed (the paper's is).
 
 Run:    python algos/ippo_smac_lite.py --env-id 3m --seed 1
-Quick:  python algos/ippo_smac_lite.py --env-id 3m --total-timesteps 20000   # a minute or less on one CPU core
+Quick:  python algos/ippo_smac_lite.py --env-id 3m --total-timesteps 20000
 Result: 3m, 300k steps: greedy win rate over 64 battles 0.98-1.0 on seeds 1-15 (benchmark/references.toml)
 """
 import csv, difflib, hashlib, importlib.util, json, os, random, re, signal, subprocess, sys, tempfile, time, tomllib

@@ -9,7 +9,7 @@ global_step counts joint steps; the metrics are per-agent (and per-team) means o
 Deviation: the gradient clip (0.5) is on each network's global norm; the authors' code clips each variable's.
 
 Run:    python algos/maddpg_mpe.py --env-id simple_spread_v3 --seed 1
-Quick:  python algos/maddpg_mpe.py --env-id simple_spread_v3 --total-timesteps 5000   # a minute or less on one CPU core
+Quick:  python algos/maddpg_mpe.py --env-id simple_spread_v3 --total-timesteps 5000 --learning-starts 2000
 Result: simple_spread_v3, 100k steps: -18.7 to -20.8 on seeds 1-10, random play -26.1 (benchmark/references.toml)
 """
 import csv, difflib, hashlib, importlib.util, json, os, random, re, signal, subprocess, sys, tempfile, time, tomllib

@@ -8,7 +8,7 @@ mean of the episodic return; evaluation is greedy. Deviation: the value loss is 
 (the paper's defaults use both).
 
 Run:    python algos/mappo_mpe.py --env-id simple_spread_v3 --seed 1
-Quick:  python algos/mappo_mpe.py --env-id simple_spread_v3 --total-timesteps 20000   # a minute or less on one CPU core
+Quick:  python algos/mappo_mpe.py --env-id simple_spread_v3 --total-timesteps 20000
 Result: simple_spread_v3, 100k steps: -17.7 to -20.4 on seeds 1-10, random play -26.1 (benchmark/references.toml)
 """
 import csv, difflib, hashlib, importlib.util, json, os, random, re, signal, subprocess, sys, tempfile, time, tomllib

@@ -7,7 +7,7 @@ defaults (8 envs x 128 steps, lr 2.5e-4 annealed, clip 0.1 not annealed, entropy
 have none. A step is one agent step (4 frames); returns are unclipped scores of whole games (all lives).
 
 Run:    python algos/ppo_atari.py --env-id ALE/Breakout-v5 --seed 1 --cuda
-Quick:  python algos/ppo_atari.py --total-timesteps 4096 --num-envs 4   # a minute or less on one CPU core
+Quick:  python algos/ppo_atari.py --total-timesteps 4096 --num-envs 4
 Result: no multi-seed reference yet (benchmark/references.toml)
 """
 import csv, difflib, hashlib, importlib.util, json, os, random, re, signal, subprocess, sys, tempfile, time, tomllib

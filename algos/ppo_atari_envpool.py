@@ -7,7 +7,7 @@ step's action: the update leaves such steps out. Returns are unclipped scores of
 (4 frames) of one env, envpool's reset steps included. No --capture-video (envpool renders no frames).
 
 Run:    python algos/ppo_atari_envpool.py --env-id ALE/Breakout-v5 --seed 1 --cuda
-Quick:  python algos/ppo_atari_envpool.py --total-timesteps 4096 --num-envs 4   # a minute or less on one CPU core
+Quick:  python algos/ppo_atari_envpool.py --total-timesteps 4096 --num-envs 4
 Result: no multi-seed reference yet (benchmark/references.toml)
 """
 import csv, difflib, hashlib, importlib.util, json, os, random, re, signal, subprocess, sys, tempfile, time, tomllib

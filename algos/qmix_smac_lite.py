@@ -9,7 +9,7 @@ Only a termination (not a time limit) cuts the bootstrap; global_step counts bat
 Deviation: replay episodes are drawn with replacement (pymarl draws a batch without).
 
 Run:    python algos/qmix_smac_lite.py --env-id 3m --seed 1
-Quick:  python algos/qmix_smac_lite.py --env-id 3m --total-timesteps 5000   # a minute or less on one CPU core
+Quick:  python algos/qmix_smac_lite.py --env-id 3m --total-timesteps 5000
 Result: benchmark/references.toml (3m: greedy win rate over 64 battles)
 """
 import csv, difflib, hashlib, importlib.util, json, os, random, re, signal, subprocess, sys, tempfile, time, tomllib

@@ -9,7 +9,7 @@ over the available actions, gradient clip 10. Only a termination (not a time lim
 Deviation: replay episodes are drawn with replacement (pymarl draws a batch without).
 
 Run:    python algos/vdn_smac_lite.py --env-id 3m --seed 1
-Quick:  python algos/vdn_smac_lite.py --env-id 3m --total-timesteps 5000   # a minute or less on one CPU core
+Quick:  python algos/vdn_smac_lite.py --env-id 3m --total-timesteps 5000
 Result: benchmark/references.toml (3m: greedy win rate over 64 battles)
 """
 import csv, difflib, hashlib, importlib.util, json, os, random, re, signal, subprocess, sys, tempfile, time, tomllib

@@ -7,8 +7,9 @@ Args), its own ranges, its action-space check."""
 import ast
 
 import pytest
+import tyro
 
-from benchmark.runs import ALGOS, run_script
+from benchmark.runs import ALGOS, load_script, run_script
 from conftest import ENV_TYPO, FAMILY, REPRESENTATIVE, SCRIPTS, SMOKE, WRONG_ENV, smoke_env
 
 SHARED_FLAGS = ["--env-id", "--seed", "--total-timesteps", "--cuda", "--no-cuda", "--torch-deterministic", "--track",
@@ -179,3 +180,10 @@ def test_the_docstring_shows_a_short_command(script):
     assert names and set(names) <= set(args_fields(script)), names
     budget = int(flags[flags.index("--total-timesteps") + 1])
     assert budget <= 20_480, f"{script}: --total-timesteps {budget} is not a short run"
+    if FAMILY[script] == "offline":  # its dataset is made by the docstring's Run: command first
+        return
+    module = load_script(script)
+    try:
+        module.check_args(tyro.cli(module.Args, args=flags))  # flags that fit together (an error exits)
+    except SystemExit as e:
+        pytest.fail(f"{script}: the Quick: command is refused (exit {e.code})")
