@@ -62,18 +62,23 @@ SMOKE = {
                 "--batch-size", "32", "--eval-episodes", "2"] for script in sorted(OFFLINE - OFFLINE_DISCRETE)},
     **{script: ["--env-id", "CartPole-v1", "--dataset", str(OFFLINE_DISCRETE_DATASET), "--total-timesteps", "300",
                 "--batch-size", "32", "--eval-episodes", "2"] for script in sorted(OFFLINE_DISCRETE)},
+    # language models: 4 updates of 8 prompts x 4 completions of the committed base, 20 held-out prompts
+    "grpo_lm.py": ["--env-id", "addition-v0", "--total-timesteps", "32", "--num-prompts", "8", "--group-size", "4",
+                   "--eval-prompts", "20"],
 }
 # The multi-agent scripts. smac_lite: --env-id is a map; they log the team return and the win rate. MPE: an mpe2 task;
 # they log the per-agent mean return.
 SMAC_LITE = {"mappo_smac_lite.py", "ippo_smac_lite.py", "qmix_smac_lite.py", "vdn_smac_lite.py"}
 MPE = {"mappo_mpe.py", "ippo_mpe.py", "maddpg_mpe.py"}
 MULTI_AGENT = SMAC_LITE | MPE
-ENV_TYPO = {**{s: ("3mm", "3m") for s in SMAC_LITE}, **{s: ("simple_spred_v3", "simple_spread_v3") for s in MPE}}
+ENV_TYPO = {**{s: ("3mm", "3m") for s in SMAC_LITE}, **{s: ("simple_spred_v3", "simple_spread_v3") for s in MPE},
+            "grpo_lm.py": ("additon-v0", "addition-v0")}
 # An env of the action space the script does not handle, and a word its error line must contain.
 DISCRETE = {"ppo.py", "a2c.py", "impala.py", "dqn.py", "c51.py", "dqn_atari.py", "ddqn_atari.py", "c51_atari.py",
             "iqn_atari.py", "ppo_atari.py", "ppo_atari_envpool.py", "ppo_atari_multigpu.py", "sac_atari.py",
-            *OFFLINE_DISCRETE}
-WRONG_ENV = {s: ("Hopper-v4", "discrete") if s in DISCRETE else ("CartPole-v1", "map") if s in SMAC_LITE else
+            "grpo_lm.py", *OFFLINE_DISCRETE}
+WRONG_ENV = {s: ("CartPole-v1", "task") if s == "grpo_lm.py" else ("Hopper-v4", "discrete") if s in DISCRETE else
+             ("CartPole-v1", "map") if s in SMAC_LITE else
              ("CartPole-v1", "task") if s in MPE else ("CartPole-v1", "continuous") for s in SMOKE}
 # The budget of the Ctrl-C test: long enough that the run is still training when Ctrl-C comes (after its first
 # update), short enough that the resumed run finishes in seconds.
@@ -84,7 +89,7 @@ LONG = {"ppo.py": 30_000, "a2c.py": 10_000, "impala.py": 10_000, "dqn.py": 10_00
         "mappo_smac_lite.py": 2048, "ippo_smac_lite.py": 2048, "qmix_smac_lite.py": 2000, "vdn_smac_lite.py": 2000,
         "mappo_mpe.py": 2048, "ippo_mpe.py": 2048, "maddpg_mpe.py": 2000, "bc_continuous.py": 3000,
         "td3_bc_continuous.py": 2000, "iql_continuous.py": 2000, "cql_continuous.py": 1000, "bc_discrete.py": 3000,
-        "cql_discrete.py": 3000}
+        "cql_discrete.py": 3000, "grpo_lm.py": 800}
 
 
 # Families of scripts by the env code they share (the env check and its errors; the shared blocks are byte-identical in
@@ -95,9 +100,11 @@ FAMILY = {**{s: "classic" for s in ("ppo.py", "a2c.py", "impala.py", "dqn.py", "
                                   "ppo_atari.py", "ppo_atari_envpool.py", "ppo_atari_multigpu.py")},
           **{s: "continuous" for s in ("ppo_continuous.py", "ddpg_continuous.py", "sac_continuous.py",
                                        "td3_continuous.py")},
-          **{s: "smac_lite" for s in SMAC_LITE}, **{s: "mpe" for s in MPE}, **{s: "offline" for s in OFFLINE}}
+          **{s: "smac_lite" for s in SMAC_LITE}, **{s: "mpe" for s in MPE}, **{s: "offline" for s in OFFLINE},
+          "grpo_lm.py": "lm"}
 REPRESENTATIVE = {"classic": "ppo.py", "atari": "dqn_atari.py", "continuous": "sac_continuous.py",
-                  "smac_lite": "mappo_smac_lite.py", "mpe": "maddpg_mpe.py", "offline": "td3_bc_continuous.py"}
+                  "smac_lite": "mappo_smac_lite.py", "mpe": "maddpg_mpe.py", "offline": "td3_bc_continuous.py",
+                  "lm": "grpo_lm.py"}
 
 
 def smoke_env(script: str) -> str:

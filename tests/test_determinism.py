@@ -5,7 +5,7 @@ state: two forked runs would agree even where a script forgets to seed something
 from benchmark.runs import read_rows, run_script
 from conftest import SMOKE, SMOKE_RUN
 
-CLOCK = {"charts/sps", "charts/train_seconds"}  # values measured with the clock
+CLOCK = {"charts/sps", "charts/train_seconds", "charts/tokens_per_s"}  # values measured with the clock
 
 
 def comparable(run_dir):

@@ -36,6 +36,15 @@ def actor_states(state: dict) -> list[dict]:
     return [parts[i] for i in sorted(parts)]
 
 
+def reloaded_lm(module, saved: dict, episodes: int) -> list[float]:
+    """grpo_lm.py: the run's --model with the saved weights, greedy on the run's held-out prompts."""
+    args = module.Args(**saved["args"])
+    policy, tokenizer = module.load_policy(args.model)
+    policy.load_state_dict(saved["policy"])
+    task = module.load_task(module.task_path(args))
+    return module.evaluate(policy, tokenizer, task["heldout"][:episodes], args.max_new_tokens or task["max_new_tokens"])
+
+
 # Rebuild each script's policy from model.pt alone and evaluate it as the script does at the end of training:
 # script -> (module, saved, env_id, episodes, seed) -> returns
 RELOAD = {
@@ -73,6 +82,7 @@ RELOAD = {
        for script in ("ddpg_continuous.py", "sac_continuous.py", "td3_continuous.py", *OFFLINE - OFFLINE_DISCRETE)},
     "bc_discrete.py": lambda m, s, *a: m.evaluate(loaded(m, "Actor", s, "actor", "obs_shape", "n_actions"), *a),
     "cql_discrete.py": lambda m, s, *a: m.evaluate(loaded(m, "QNetwork", s, "q_network", "obs_shape", "n_actions"), *a),
+    "grpo_lm.py": lambda m, s, env, episodes, _: reloaded_lm(m, s, episodes),
 }
 
 
