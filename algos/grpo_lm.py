@@ -9,8 +9,9 @@ prompt trained on; --save-model writes <run_dir>/model (from_pretrained) beside 
 
 Run:    python algos/grpo_lm.py --seed 1
 Quick:  python algos/grpo_lm.py --total-timesteps 1600
-Result: addition-v0, 4800 prompts: greedy held-out accuracy 0.314 (base) -> 0.458 +- 0.029
+Results: benchmark/references.toml (ours-grpo_lm-addition-v0-4800), README.md
 """
+
 import copy
 import csv
 import difflib
@@ -32,6 +33,7 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Literal
 
+import gymnasium as gym  # the shared env check's; a task is not a Gymnasium env
 import numpy as np
 import torch
 import torch.nn as nn
@@ -133,7 +135,7 @@ def completion_texts(tokenizer, completions: torch.Tensor) -> list[str | None]:
     texts = []
     for row in completions.tolist():
         if tokenizer.eos_token_id in row:
-            texts.append(tokenizer.decode(row[:row.index(tokenizer.eos_token_id)]))
+            texts.append(tokenizer.decode(row[: row.index(tokenizer.eos_token_id)]))
         else:
             texts.append(None)
     return texts
@@ -152,25 +154,37 @@ class Policy(nn.Module):
     def forward(self, ids, mask, past_key_values=None, positions=None):
         if positions is None:
             positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        return self.lm(input_ids=ids, attention_mask=mask, position_ids=positions,
-                       past_key_values=past_key_values, use_cache=past_key_values is not None)
+        return self.lm(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=past_key_values,
+            use_cache=past_key_values is not None,
+        )
 
     def token_logprobs(self, ids, mask, n_prompt: int, temperature: float = 1.0):
         """Log-probabilities and entropies of the tokens ids[:, n_prompt:] (the completions) under
         the policy at `temperature`, one forward pass over prompt and completion."""
-        logits = self(ids, mask).logits[:, n_prompt - 1:-1].float() / temperature
+        logits = self(ids, mask).logits[:, n_prompt - 1 : -1].float() / temperature
         logp = torch.log_softmax(logits, dim=-1)
         token_logp = logp.gather(-1, ids[:, n_prompt:, None]).squeeze(-1)
         entropy = -(logp.exp() * logp).sum(-1)
         return token_logp, entropy
 
     @torch.no_grad()
-    def generate(self, prompt_ids, prompt_mask, max_new_tokens: int, greedy: bool = False,
-                 temperature: float = 1.0):
+    def generate(
+        self,
+        prompt_ids,
+        prompt_mask,
+        max_new_tokens: int,
+        greedy: bool = False,
+        temperature: float = 1.0,
+    ):
         """Sample (or, greedy, take the most probable) completions token by token with a KV cache.
         Returns completions (B, max_new_tokens) padded after the end token, their mask (1 up to
         and including the end token) and each sampled token's log-probability (0 where masked)."""
         from transformers import DynamicCache
+
         cache, mask, step_ids = DynamicCache(), prompt_mask, prompt_ids
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         done = torch.zeros(len(prompt_ids), dtype=torch.bool, device=prompt_ids.device)
@@ -217,8 +231,18 @@ def k3_kl(logp, ref_logp):
     return log_ratio.exp() - log_ratio - 1
 
 
-def clipped_loss(logp, old_logp, advantages, mask, clip_low: float, clip_high: float,
-                 loss_type: str, max_new_tokens: int, ref_logp=None, beta: float = 0.0):
+def clipped_loss(
+    logp,
+    old_logp,
+    advantages,
+    mask,
+    clip_low: float,
+    clip_high: float,
+    loss_type: str,
+    max_new_tokens: int,
+    ref_logp=None,
+    beta: float = 0.0,
+):
     """The clipped token-level objective of GRPO (Shao et al. 2024, eq. 3), negated, + beta * k3 KL.
     logp, old_logp, mask, ref_logp: (B, T) over completion tokens; advantages (B,), one each.
     Normalisation (what the per-token terms are averaged over):
@@ -242,9 +266,12 @@ def clipped_loss(logp, old_logp, advantages, mask, clip_low: float, clip_high: f
     with torch.no_grad():  # a token is clipped where the clip removed its gradient (as TRL counts)
         clipped = ((ratio < 1 - clip_low) & (adv < 0)) | ((ratio > 1 + clip_high) & (adv > 0))
         n = mask.sum().clamp(min=1)
-        stats = {"policy_loss": loss, "kl": (kl * mask).sum() / n,
-                 "clipfrac": (clipped * mask).sum() / n,
-                 "approx_kl": (((ratio - 1) - (logp - old_logp)) * mask).sum() / n}
+        stats = {
+            "policy_loss": loss,
+            "kl": (kl * mask).sum() / n,
+            "clipfrac": (clipped * mask).sum() / n,
+            "approx_kl": (((ratio - 1) - (logp - old_logp)) * mask).sum() / n,
+        }
     return loss, {k: v.detach() for k, v in stats.items()}
 
 
@@ -256,12 +283,13 @@ def encode_prompts(tokenizer, prompts: list[str], device):
 
 
 @torch.no_grad()
-def evaluate(policy, tokenizer, pairs: list, max_new_tokens: int, device="cpu",
-             batch_size: int = 500):
+def evaluate(
+    policy, tokenizer, pairs: list, max_new_tokens: int, device="cpu", batch_size: int = 500
+):
     """Greedy completions of held-out [prompt, answer] pairs; returns one reward per prompt."""
     rewards = []
     for start in range(0, len(pairs), batch_size):
-        chunk = pairs[start:start + batch_size]
+        chunk = pairs[start : start + batch_size]
         ids, mask = encode_prompts(tokenizer, [p for p, _ in chunk], device)
         completions, _, _ = policy.generate(ids, mask, max_new_tokens, greedy=True)
         texts = completion_texts(tokenizer, completions)
@@ -269,8 +297,16 @@ def evaluate(policy, tokenizer, pairs: list, max_new_tokens: int, device="cpu",
     return rewards
 
 
-def sample_groups(policy, tokenizer, prompt_ids, prompt_mask, answers: list[str], group_size: int,
-                  max_new_tokens: int, temperature: float) -> dict:
+def sample_groups(
+    policy,
+    tokenizer,
+    prompt_ids,
+    prompt_mask,
+    answers: list[str],
+    group_size: int,
+    max_new_tokens: int,
+    temperature: float,
+) -> dict:
     """group_size completions of each prompt: per completion its prompt ids and mask, the
     completion, its mask, its token log-probabilities at sampling and whether it was truncated
     (no end token); per prompt the rewards of its group (P, G)."""
@@ -281,8 +317,15 @@ def sample_groups(policy, tokenizer, prompt_ids, prompt_mask, answers: list[str]
     targets = [a for a in answers for _ in range(group_size)]
     rewards = torch.tensor([reward(t, a) for t, a in zip(texts, targets)], device=ids.device)
     truncated = torch.tensor([t is None for t in texts], device=ids.device)
-    return {"ids": ids, "mask": mask, "completions": completions, "c_mask": c_mask, "logp": logp,
-            "truncated": truncated, "rewards": rewards.view(-1, group_size)}
+    return {
+        "ids": ids,
+        "mask": mask,
+        "completions": completions,
+        "c_mask": c_mask,
+        "logp": logp,
+        "truncated": truncated,
+        "rewards": rewards.view(-1, group_size),
+    }
 
 
 def keep_groups(rounds: list, num_prompts: int, group_size: int) -> dict:
@@ -294,7 +337,7 @@ def keep_groups(rounds: list, num_prompts: int, group_size: int) -> dict:
             batch[key] = torch.cat([b[key][keep] for b, keep in rounds])[:num_prompts]
         else:
             parts = [b[key][keep.repeat_interleave(group_size)] for b, keep in rounds]
-            batch[key] = torch.cat(parts)[:num_prompts * group_size]
+            batch[key] = torch.cat(parts)[: num_prompts * group_size]
     return batch
 
 
@@ -303,6 +346,7 @@ def load_policy(model: str, device="cpu"):
     to the repository: the default base)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging
+
     logging.disable_progress_bar()  # the weights of a small model load at once
     path = find(model)
     tokenizer = AutoTokenizer.from_pretrained(path)
@@ -326,7 +370,7 @@ def main(args: Args):
     reference = copy.deepcopy(policy).eval().requires_grad_(False)  # the frozen base: KL and --beta
     optimizer = torch.optim.Adam(policy.parameters(), lr=args.learning_rate)
     np_rng = np.random.default_rng(args.seed)  # which train prompts each update samples
-    heldout = task["heldout"][:args.eval_prompts]
+    heldout = task["heldout"][: args.eval_prompts]
     train_ids, train_mask = encode_prompts(tokenizer, [p for p, _ in task["train"]], device)
     answers = [a for _, a in task["train"]]
     minibatch = args.num_prompts * args.group_size // args.num_minibatches
@@ -352,9 +396,16 @@ def main(args: Args):
         rounds, rewards_seen, lengths = [], [], []
         for _ in range(args.max_sampling_rounds if args.dynamic_sampling else 1):
             idx = torch.as_tensor(np_rng.choice(len(answers), args.num_prompts, replace=False))
-            sampled = sample_groups(policy, tokenizer, train_ids[idx], train_mask[idx],
-                                    [answers[i] for i in idx], args.group_size, max_new_tokens,
-                                    args.temperature)
+            sampled = sample_groups(
+                policy,
+                tokenizer,
+                train_ids[idx],
+                train_mask[idx],
+                [answers[i] for i in idx],
+                args.group_size,
+                max_new_tokens,
+                args.temperature,
+            )
             keep = torch.ones(args.num_prompts, dtype=torch.bool, device=device)
             if args.dynamic_sampling:  # DAPO eq. 11: a group of equal rewards has no signal
                 keep = sampled["rewards"].std(1) > 0
@@ -379,12 +430,22 @@ def main(args: Args):
         for epoch in range(args.update_epochs):
             perm = torch.randperm(n, device=device)
             for start in range(0, n, minibatch):
-                mb = perm[start:start + minibatch]
-                logp, entropy = policy.token_logprobs(full_ids[mb], full_mask[mb], n_prompt,
-                                                      args.temperature)
-                loss, stats = clipped_loss(logp, b["logp"][mb], advantages[mb], loss_mask[mb],
-                                           args.clip_eps, clip_high, args.loss_type,
-                                           max_new_tokens, ref_logp[mb], args.beta)
+                mb = perm[start : start + minibatch]
+                logp, entropy = policy.token_logprobs(
+                    full_ids[mb], full_mask[mb], n_prompt, args.temperature
+                )
+                loss, stats = clipped_loss(
+                    logp,
+                    b["logp"][mb],
+                    advantages[mb],
+                    loss_mask[mb],
+                    args.clip_eps,
+                    clip_high,
+                    args.loss_type,
+                    max_new_tokens,
+                    ref_logp[mb],
+                    args.beta,
+                )
                 optimizer.zero_grad()
                 loss.backward()
                 nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)
@@ -395,16 +456,24 @@ def main(args: Args):
         logger.last_return = float(all_rewards.mean())
         global_step = iteration * args.num_prompts
         seconds = max(time.time() - sampling_start - logger.eval_seconds, 1e-9)
-        logger.log(global_step, {
-            "train/episodic_return": all_rewards.mean(),
-            "train/episodic_length": torch.cat(lengths).float().mean(),
-            "charts/truncated": b["truncated"].float().mean(),
-            "charts/kept_groups": len(b["rewards"]) / (len(all_rewards) / args.group_size),
-            "charts/tokens_per_s": tokens_done / seconds,
-            **{f"losses/{k}": v for k, v in stats.items()}})
+        logger.log(
+            global_step,
+            {
+                "train/episodic_return": all_rewards.mean(),
+                "train/episodic_length": torch.cat(lengths).float().mean(),
+                "charts/truncated": b["truncated"].float().mean(),
+                "charts/kept_groups": len(b["rewards"]) / (len(all_rewards) / args.group_size),
+                "charts/tokens_per_s": tokens_done / seconds,
+                **{f"losses/{k}": v for k, v in stats.items()},
+            },
+        )
         logger.progress(global_step)
-        if args.eval_every and iteration < num_iterations and heldout and (
-                global_step % args.eval_every < args.num_prompts):
+        if (
+            args.eval_every
+            and iteration < num_iterations
+            and heldout
+            and (global_step % args.eval_every < args.num_prompts)
+        ):
             log_eval(logger, global_step, logger.evaluate(global_step, run_eval))
         every = max(1, args.checkpoint_every // args.num_prompts)
         if iteration % every == 0 or logger.stop_requested:
@@ -417,8 +486,14 @@ def main(args: Args):
     if args.save_model:
         policy.lm.save_pretrained(run_dir / "model")
         tokenizer.save_pretrained(run_dir / "model")
-        save_model({"policy": policy.state_dict(), "args": asdict(args),
-                    "eval_returns": results["eval/episodic_return"]}, run_dir)
+        save_model(
+            {
+                "policy": policy.state_dict(),
+                "args": asdict(args),
+                "eval_returns": results["eval/episodic_return"],
+            },
+            run_dir,
+        )
     logger.close(results)
 
 
@@ -426,8 +501,13 @@ def log_eval(logger, step: int, results: dict):
     """eval/accuracy (share of held-out prompts answered exactly), eval/reward (mean reward)."""
     rewards = results["eval/episodic_return"]
     if len(rewards):
-        logger.log(step, {"eval/accuracy": float(np.mean(np.asarray(rewards) == 1.0)),
-                          "eval/reward": float(np.mean(rewards))})
+        logger.log(
+            step,
+            {
+                "eval/accuracy": float(np.mean(np.asarray(rewards) == 1.0)),
+                "eval/reward": float(np.mean(rewards)),
+            },
+        )
         logger.bar.set_postfix(acc=f"{np.mean(rewards):.3f}", refresh=False)
 
 
@@ -436,27 +516,45 @@ def task_path(args: Args) -> Path:
 
 
 def check_args(args: Args):
-    check_ranges(args, {"learning_rate": "x > 0", "num_prompts": "x >= 1", "group_size": "x >= 2",
-                        "update_epochs": "x >= 1", "num_minibatches": "x >= 1", "clip_eps": "x > 0",
-                        "clip_eps_high": "x > 0", "beta": "x >= 0", "max_sampling_rounds": "x >= 1",
-                        "max_new_tokens": "x >= 1", "temperature": "x > 0",
-                        "max_grad_norm": "x > 0", "eval_prompts": "x >= 0"})
+    check_ranges(
+        args,
+        {
+            "learning_rate": "x > 0",
+            "num_prompts": "x >= 1",
+            "group_size": "x >= 2",
+            "update_epochs": "x >= 1",
+            "num_minibatches": "x >= 1",
+            "clip_eps": "x > 0",
+            "clip_eps_high": "x > 0",
+            "beta": "x >= 0",
+            "max_sampling_rounds": "x >= 1",
+            "max_new_tokens": "x >= 1",
+            "temperature": "x > 0",
+            "max_grad_norm": "x > 0",
+            "eval_prompts": "x >= 0",
+        },
+    )
     if args.capture_video:
         fail(f"--capture-video: {SCRIPT} has no video to record (its env is a text task)")
     if args.eval_episodes != Args().eval_episodes:
         fail(f"--eval-episodes does not apply to {SCRIPT}: --eval-prompts sets the prompts")
     if (args.num_prompts * args.group_size) % args.num_minibatches:
-        fail(f"--num-minibatches {args.num_minibatches} does not divide the batch num_prompts * "
-             f"group_size = {args.num_prompts * args.group_size}")
+        fail(
+            f"--num-minibatches {args.num_minibatches} does not divide the batch num_prompts * "
+            f"group_size = {args.num_prompts * args.group_size}"
+        )
     if args.total_timesteps < args.num_prompts:
-        fail(f"--total-timesteps {args.total_timesteps} is less than one update "
-             f"(--num-prompts {args.num_prompts})")
+        fail(
+            f"--total-timesteps {args.total_timesteps} is less than one update "
+            f"(--num-prompts {args.num_prompts})"
+        )
     check_task(args)
 
 
 def check_task(args: Args):
     """The model's config and tokenizer, then the task file, before anything is written."""
     from transformers import AutoConfig, AutoTokenizer
+
     try:
         config = AutoConfig.from_pretrained(find(args.model))
         tokenizer = AutoTokenizer.from_pretrained(find(args.model))
@@ -475,15 +573,19 @@ def check_task(args: Args):
     if args.env_id != names:
         close = difflib.get_close_matches(args.env_id, [names], n=1)
         hint = f"; did you mean '{close[0]}'?" if close else ""
-        fail(f"{args.env_id} is not the task of {path} (it holds task '{names}'){hint}",
-             *other_family(args.env_id))
+        fail(
+            f"{args.env_id} is not the task of {path} (it holds task '{names}'){hint}",
+            *other_family(args.env_id),
+        )
     if len(task["train"]) < args.num_prompts:
         fail(f"--num-prompts {args.num_prompts} exceeds the {len(task['train'])} train prompts")
     longest = max(len(x) for x in tokenizer(prompts, add_special_tokens=False)["input_ids"])
     context = getattr(config, "max_position_embeddings", None)
     if context is not None and longest + max_new_tokens > context:
-        fail(f"prompts of up to {longest} tokens + --max-new-tokens {max_new_tokens} exceed the "
-             f"model's context of {context} tokens")
+        fail(
+            f"prompts of up to {longest} tokens + --max-new-tokens {max_new_tokens} exceed the "
+            f"model's context of {context} tokens"
+        )
 
 
 # ---- shared: helpers ----

@@ -10,6 +10,7 @@ weights holds the prompts and answers; base.json the recipe, commit, seed and he
 
     python benchmark/lm_task.py --out benchmark/policies/lm-addition-base
 """
+
 import argparse
 import json
 import random
@@ -61,34 +62,45 @@ def make_tokenizer() -> PreTrainedTokenizerFast:
     tok = Tokenizer(models.WordLevel(vocab, unk_token=PAD))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     tok.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, eos_token=EOS,
-                                   padding_side="left")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token=PAD, eos_token=EOS, padding_side="left"
+    )
 
 
 def make_model(tokenizer, seed: int) -> LlamaForCausalLM:
     """A 3-layer, 128-wide Llama (0.8M parameters) with a 32-token context."""
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=128, intermediate_size=512,
-                         num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4,
-                         max_position_embeddings=32, pad_token_id=tokenizer.pad_token_id,
-                         eos_token_id=tokenizer.eos_token_id, bos_token_id=None,
-                         tie_word_embeddings=False)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=128,
+        intermediate_size=512,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=32,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+        tie_word_embeddings=False,
+    )
     return LlamaForCausalLM(config)
 
 
 def sft_batch(tokenizer, prompts: list[str]):
     """input_ids, attention_mask, labels of prompt + answer + end; prompt and padding get -100."""
-    ids = [tokenizer.encode(p) + tokenizer.encode(answer(p)) + [tokenizer.eos_token_id]
-           for p in prompts]
+    ids = [
+        tokenizer.encode(p) + tokenizer.encode(answer(p)) + [tokenizer.eos_token_id]
+        for p in prompts
+    ]
     width = max(len(x) for x in ids)
     input_ids = torch.full((len(ids), width), tokenizer.pad_token_id)
     labels = torch.full((len(ids), width), -100)
     mask = torch.zeros((len(ids), width), dtype=torch.long)
     for i, (x, p) in enumerate(zip(ids, prompts)):
         n = len(tokenizer.encode(p))
-        input_ids[i, :len(x)] = torch.tensor(x)
-        labels[i, n:len(x)] = torch.tensor(x[n:])
-        mask[i, :len(x)] = 1
+        input_ids[i, : len(x)] = torch.tensor(x)
+        labels[i, n : len(x)] = torch.tensor(x[n:])
+        mask[i, : len(x)] = 1
     return input_ids, mask, labels
 
 
@@ -103,9 +115,9 @@ def greedy_accuracy(model, tokenizer, prompts: list[str]) -> float:
         ids = torch.cat([ids, logits.argmax(-1, keepdim=True)], dim=1)
         mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
     total = 0.0
-    for p, c in zip(prompts, ids[:, enc["input_ids"].shape[1]:].tolist()):
+    for p, c in zip(prompts, ids[:, enc["input_ids"].shape[1] :].tolist()):
         eos = tokenizer.eos_token_id
-        total += reward(tokenizer.decode(c[:c.index(eos)]) if eos in c else None, p)
+        total += reward(tokenizer.decode(c[: c.index(eos)]) if eos in c else None, p)
     return total / len(prompts)
 
 
@@ -139,26 +151,37 @@ def train_base(steps: int, batch_size: int, lr: float, seed: int, target: float)
 
 def write_task(out: Path, train: list[str], heldout: list[str]):
     """task.json: name, reward rule, completion budget, [prompt, answer] of both sets."""
-    task = {"name": TASK, "reward": REWARD_RULE, "max_new_tokens": MAX_NEW_TOKENS,
-            "train": [[q, answer(q)] for q in train], "heldout": [[q, answer(q)] for q in heldout]}
+    task = {
+        "name": TASK,
+        "reward": REWARD_RULE,
+        "max_new_tokens": MAX_NEW_TOKENS,
+        "train": [[q, answer(q)] for q in train],
+        "heldout": [[q, answer(q)] for q in heldout],
+    }
     (out / "task.json").write_text(json.dumps(task, separators=(",", ":")) + "\n")
 
 
 def commit() -> str:
     """The short commit of HEAD, with -dirty when this file differs from it."""
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    diff = subprocess.run(["git", "status", "--porcelain", __file__], capture_output=True,
-                          text=True)
+    diff = subprocess.run(
+        ["git", "status", "--porcelain", __file__], capture_output=True, text=True
+    )
     return head.stdout.strip() + ("-dirty" if diff.stdout.strip() else "")
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--out", type=Path, required=True, help="directory to write")
     p.add_argument("--steps", type=int, default=2000, help="most SFT steps")
-    p.add_argument("--target", type=float, default=0.3,
-                   help="stop once the greedy accuracy on 200 train prompts reaches this")
+    p.add_argument(
+        "--target",
+        type=float,
+        default=0.3,
+        help="stop once the greedy accuracy on 200 train prompts reaches this",
+    )
     p.add_argument("--batch-size", type=int, default=64, help="examples per SFT step")
     p.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate")
     p.add_argument("--seed", type=int, default=1, help="seed of the initialisation and batches")
@@ -174,14 +197,26 @@ def main():
     model.save_pretrained(a.out)
     tokenizer.save_pretrained(a.out)
     write_task(a.out, train, heldout)
-    command = (f"python benchmark/lm_task.py --out {a.out} --steps {a.steps} --target {a.target} "
-               f"--batch-size {a.batch_size} --lr {a.lr} --seed {a.seed}")
-    recipe = {"task": TASK, "command": command, "commit": commit(), "seed": a.seed,
-              "task_seed": TASK_SEED, "sft_steps": steps, "batch_size": a.batch_size, "lr": a.lr,
-              "parameters": sum(p.numel() for p in model.parameters()),
-              "heldout_greedy_accuracy": accuracy, "heldout_prompts": len(heldout),
-              "train_seconds": round(seconds, 1), "torch": torch.__version__,
-              "transformers": transformers.__version__}
+    command = (
+        f"python benchmark/lm_task.py --out {a.out} --steps {a.steps} --target {a.target} "
+        f"--batch-size {a.batch_size} --lr {a.lr} --seed {a.seed}"
+    )
+    recipe = {
+        "task": TASK,
+        "command": command,
+        "commit": commit(),
+        "seed": a.seed,
+        "task_seed": TASK_SEED,
+        "sft_steps": steps,
+        "batch_size": a.batch_size,
+        "lr": a.lr,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "heldout_greedy_accuracy": accuracy,
+        "heldout_prompts": len(heldout),
+        "train_seconds": round(seconds, 1),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+    }
     (a.out / "base.json").write_text(json.dumps(recipe, indent=2) + "\n")
     print(f"greedy held-out accuracy {accuracy:.3f} after {steps} SFT steps ({seconds:.0f} s)")
 

@@ -2,6 +2,7 @@
 normalisations, k3 KL, the leave-one-out baseline), no gradient through prompt or padding tokens,
 log-probabilities at sampling equal to a forward pass, its own bad input, and a run of the DAPO
 flags that leaves the run contract, resumes and saves a from_pretrained directory."""
+
 import json
 import math
 import shutil
@@ -9,9 +10,9 @@ import statistics
 
 import pytest
 import torch
+from conftest import SMOKE
 
 from benchmark.runs import ALGOS, load_script, read_metrics, read_rows, run_script
-from conftest import SMOKE
 
 BASE = ALGOS.parent / "benchmark" / "policies" / "lm-addition-base"
 
@@ -37,7 +38,7 @@ def test_group_advantages_by_brute_force(grpo):
         for i, r in enumerate(row):
             assert got[p, i].item() == pytest.approx((r - mean) / (std + 1e-4), abs=1e-5)
             assert got_unscaled[p, i].item() == pytest.approx(r - mean, abs=1e-6)
-            others = row[:i] + row[i + 1:]
+            others = row[:i] + row[i + 1 :]
             assert got_rloo[p, i].item() == pytest.approx(r - sum(others) / len(others), abs=1e-6)
     assert torch.equal(got[1], torch.zeros(4)), "a group of equal rewards has no advantage"
 
@@ -89,12 +90,25 @@ def test_clipped_loss_against_a_token_loop(grpo, loss_type, beta):
     lengths = [6, 3, 1, 4, 0]  # a completion may be all padding (masked out by overlong filtering)
     mask = torch.tensor([[1] * n + [0] * (6 - n) for n in lengths])
     loss, stats = grpo.clipped_loss(logp, old, adv, mask, 0.2, 0.28, loss_type, 6, ref, beta)
-    expected = loop_loss(logp.tolist(), old.tolist(), adv.tolist(), mask.tolist(), 0.2, 0.28,
-                         loss_type, 6, ref.tolist(), beta)
+    expected = loop_loss(
+        logp.tolist(),
+        old.tolist(),
+        adv.tolist(),
+        mask.tolist(),
+        0.2,
+        0.28,
+        loss_type,
+        6,
+        ref.tolist(),
+        beta,
+    )
     assert loss.item() == pytest.approx(expected, rel=1e-9)
-    clipped = [((r < 0.8 and a < 0) or (r > 1.28 and a > 0))
-               for b, a in enumerate(adv.tolist()) for r, m in
-               zip((logp[b] - old[b]).exp().tolist(), mask[b].tolist()) if m]
+    clipped = [
+        ((r < 0.8 and a < 0) or (r > 1.28 and a > 0))
+        for b, a in enumerate(adv.tolist())
+        for r, m in zip((logp[b] - old[b]).exp().tolist(), mask[b].tolist())
+        if m
+    ]
     assert stats["clipfrac"].item() == pytest.approx(sum(clipped) / len(clipped))
 
 
@@ -105,9 +119,10 @@ def test_the_three_normalisations_differ_as_the_papers_say(grpo):
     mask = torch.tensor([[1, 1, 1, 1], [1, 0, 0, 0]])
     grads = {}
     for loss_type in ("grpo", "token", "dr_grpo"):
-        loss, _ = grpo.clipped_loss(logp, logp.detach(), torch.ones(2), mask, 0.2, 0.2, loss_type,
-                                    4)
-        grads[loss_type], = torch.autograd.grad(loss, logp)
+        loss, _ = grpo.clipped_loss(
+            logp, logp.detach(), torch.ones(2), mask, 0.2, 0.2, loss_type, 4
+        )
+        (grads[loss_type],) = torch.autograd.grad(loss, logp)
     assert grads["grpo"][0, 0].item() == pytest.approx(-1 / 8)
     assert grads["grpo"][1, 0].item() == pytest.approx(-1 / 2)
     assert torch.allclose(grads["token"][mask.bool()], torch.full((5,), -1 / 5))
@@ -153,7 +168,7 @@ def test_prompt_and_padding_tokens_get_no_gradient(grpo, base):
     grad = logits["head"].grad.abs().sum(-1)  # (B, prompt + completion) positions
     n = ids.shape[1]
     scored = torch.zeros_like(grad, dtype=torch.bool)
-    scored[:, n - 1:-1] = c_mask.bool()  # position t predicts token t + 1
+    scored[:, n - 1 : -1] = c_mask.bool()  # position t predicts token t + 1
     assert (grad[~scored] == 0).all(), "a prompt or padding position received gradient"
     assert (grad[scored] > 0).all()
 
@@ -162,19 +177,23 @@ def test_keep_groups_drops_groups_and_fills_the_batch(grpo):
     def fake(first):
         rewards = torch.tensor([[1.0, 1.0], [0.0, 1.0], [0.0, 0.0]]) + first
         return {"x": torch.arange(6) + 10 * first, "rewards": rewards}
+
     rounds = [(fake(0), torch.tensor([False, True, False])), (fake(1), torch.tensor([True] * 3))]
     batch = grpo.keep_groups(rounds, 2, 2)
     assert batch["x"].tolist() == [2, 3, 10, 11]
     assert batch["rewards"].tolist() == [[0.0, 1.0], [2.0, 2.0]]
 
 
-@pytest.mark.parametrize("flags,expected", [
-    (["--group-size", "1"], "--group-size 1"),
-    (["--model", "/nonexistent/model"], "does not load"),
-    (["--max-new-tokens", "30"], "context of 32"),
-    (["--capture-video"], "--capture-video"),
-    (["--eval-episodes", "3"], "--eval-prompts"),
-])
+@pytest.mark.parametrize(
+    "flags,expected",
+    [
+        (["--group-size", "1"], "--group-size 1"),
+        (["--model", "/nonexistent/model"], "does not load"),
+        (["--max-new-tokens", "30"], "context of 32"),
+        (["--capture-video"], "--capture-video"),
+        (["--eval-episodes", "3"], "--eval-prompts"),
+    ],
+)
 def test_bad_input_is_one_line(flags, expected, tmp_path):
     out = run_script("grpo_lm.py", flags, tmp_path / "run", fork=True)
     lines = out.stderr.strip().splitlines()
@@ -194,17 +213,41 @@ def test_a_tokenizer_without_end_token_is_refused(tmp_path):
 
 
 def test_dapo_run_leaves_the_contract_resumes_and_saves(grpo, tmp_path):
-    flags = SMOKE["grpo_lm.py"] + ["--clip-eps-high", "0.28", "--loss-type", "token",
-                                   "--dynamic-sampling", "--mask-truncated", "--beta", "0.04",
-                                   "--update-epochs", "2", "--num-minibatches", "2",
-                                   "--eval-every", "16", "--save-model"]
+    flags = SMOKE["grpo_lm.py"] + [
+        "--clip-eps-high",
+        "0.28",
+        "--loss-type",
+        "token",
+        "--dynamic-sampling",
+        "--mask-truncated",
+        "--beta",
+        "0.04",
+        "--update-epochs",
+        "2",
+        "--num-minibatches",
+        "2",
+        "--eval-every",
+        "16",
+        "--save-model",
+    ]
     run_dir = tmp_path / "run"
     out = run_script("grpo_lm.py", flags, run_dir, fork=True)
     assert out.returncode == 0, out.stderr[-2000:]
     metrics = read_metrics(run_dir)
-    for name in ("eval/accuracy", "eval/reward", "eval/episodic_return", "train/episodic_return",
-                 "train/episodic_length", "losses/policy_loss", "losses/kl", "losses/clipfrac",
-                 "losses/entropy", "charts/tokens_per_s", "charts/kept_groups", "charts/sps"):
+    for name in (
+        "eval/accuracy",
+        "eval/reward",
+        "eval/episodic_return",
+        "train/episodic_return",
+        "train/episodic_length",
+        "losses/policy_loss",
+        "losses/kl",
+        "losses/clipfrac",
+        "losses/entropy",
+        "charts/tokens_per_s",
+        "charts/kept_groups",
+        "charts/sps",
+    ):
         assert name in metrics, name
     steps, accuracy = metrics["eval/accuracy"]
     assert steps.tolist() == [0, 16, 32], "evaluated first, every --eval-every and at the end"
