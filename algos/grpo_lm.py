@@ -486,6 +486,8 @@ def main(args: Args):
     if args.save_model:
         policy.lm.save_pretrained(run_dir / "model")
         tokenizer.save_pretrained(run_dir / "model")
+        # the task beside the weights: --model <run_dir>/model runs on it without --task
+        (run_dir / "model" / "task.json").write_text(task_path(args).read_text())
         save_model(
             {
                 "policy": policy.state_dict(),

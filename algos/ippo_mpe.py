@@ -1,17 +1,29 @@
-"""IPPO on MPE (mpe2's simple_spread_v3 by default): independent PPO, each agent's critic sees only its own observation.
+"""IPPO on MPE (mpe2's simple_spread_v3 by default): independent PPO.
 
-de Witt et al. 2020, "Is Independent Learning All You Need in the StarCraft Multi-Agent Challenge?", as the IPPO
-baseline of Yu et al. 2022: mappo_mpe.py with one change, the critic's input (the agent's own observation and id
-instead of the global state). Everything else is MAPPO's: one recurrent actor shared by all agents, value
-normalisation, GAE on each agent's own rewards, the 25-step time limit bootstrapped. global_step counts joint steps;
-the metric is the per-agent mean of the episodic return; evaluation is greedy. Deviation: the value loss is a plain MSE,
-neither Huber nor clipped (the paper's defaults use both).
+de Witt et al. 2020, "Is Independent Learning All You Need in the StarCraft Multi-Agent Challenge?",
+as Yu et al. 2022's IPPO baseline: mappo_mpe.py with one change, the critic sees the agent's own
+observation and id, not the global state. global_step counts joint steps; the metric is the
+per-agent mean return. Deviation: the value loss is a plain MSE (the paper's is Huber and clipped).
 
 Run:    python algos/ippo_mpe.py --env-id simple_spread_v3 --seed 1
 Quick:  python algos/ippo_mpe.py --env-id simple_spread_v3 --total-timesteps 20000
-Result: simple_spread_v3, 100k steps: -18.4 to -20.9 on seeds 1-20, random play -26.1 (benchmark/references.toml)
+Results: benchmark/references.toml
 """
-import csv, difflib, hashlib, importlib.util, json, os, random, re, signal, subprocess, sys, tempfile, time, tomllib
+
+import csv
+import difflib
+import hashlib
+import importlib.util
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
 import warnings
 from dataclasses import asdict, dataclass
 from importlib.metadata import version
@@ -29,85 +41,159 @@ from tqdm import tqdm
 
 @dataclass
 class Args:
-    learning_rate: float = 7e-4  # Adam learning rate (actor and critic)
-    anneal_lr: bool = False  # anneal the learning rate linearly to 0
-    anneal_clip: bool = False  # anneal the clip coefficient linearly to 0
-    num_steps: int = 25  # steps per env per rollout (25: one episode)
-    gamma: float = 0.99  # discount factor
-    gae_lambda: float = 0.95  # lambda of GAE
-    num_minibatches: int = 1  # minibatches per epoch, split by env (must divide num_envs)
-    update_epochs: int = 10  # epochs over each rollout
-    clip_coef: float = 0.2  # surrogate clipping coefficient
-    ent_coef: float = 0.01  # entropy bonus coefficient
-    vf_coef: float = 1.0  # value loss coefficient
-    max_grad_norm: float = 10.0  # global gradient norm clip
-    hidden_dim: int = 64  # width of the actor's layer and GRU, and of the critic's layers
-    env_id: str = "simple_spread_v3"  # mpe2 task (the cooperative ones: see TASKS)
-    total_timesteps: int = 300_000  # joint steps over all envs
-    num_envs: int = 64  # mpe2 parallel_envs stepped in turn (the MAPPO paper used 128 for MPE; 32 let IPPO collapse)
+    learning_rate: float = 7e-4
+    """Adam learning rate (actor and critic)"""
+    anneal_lr: bool = False
+    """anneal the learning rate linearly to 0"""
+    anneal_clip: bool = False
+    """anneal the clip coefficient linearly to 0"""
+    num_steps: int = 25
+    """steps per env per rollout (25: one episode)"""
+    gamma: float = 0.99
+    """discount factor"""
+    gae_lambda: float = 0.95
+    """lambda of GAE"""
+    num_minibatches: int = 1
+    """minibatches per epoch, split by env (must divide num_envs)"""
+    update_epochs: int = 10
+    """epochs over each rollout"""
+    clip_coef: float = 0.2
+    """surrogate clipping coefficient"""
+    ent_coef: float = 0.01
+    """entropy bonus coefficient"""
+    vf_coef: float = 1.0
+    """value loss coefficient"""
+    max_grad_norm: float = 10.0
+    """global gradient norm clip"""
+    hidden_dim: int = 64
+    """width of the actor's layer and GRU, and of the critic's layers"""
+    env_id: str = "simple_spread_v3"
+    """mpe2 task (the cooperative ones: see TASKS)"""
+    total_timesteps: int = 300_000
+    """joint steps over all envs"""
+    num_envs: int = 64
+    """mpe2 parallel_envs stepped in turn (the MAPPO paper used 128 for MPE; 32 let IPPO
+    collapse)"""
     # ---- shared: args ----
-    seed: int = 1  # seed of torch, numpy, random and the envs
-    cuda: bool = False  # run on CUDA when available (the CNN scripts gain from it; small MLPs are fastest on a CPU)
-    torch_deterministic: bool = True  # torch.backends.cudnn.deterministic and one CPU thread
-    track: bool = False  # log to Weights & Biases (works offline with WANDB_MODE=offline)
-    wandb_project_name: str = "canonrl"  # wandb project
-    wandb_entity: str | None = None  # wandb entity (team)
-    capture_video: bool = False  # record episode 0 of the final evaluation to <run_dir>/videos
-    save_model: bool = False  # save <run_dir>/model.pt at the end
-    eval_episodes: int = 10  # evaluation episodes (the policy evaluate() runs) at the end and each --eval-every
-    eval_every: int = 0  # also evaluate every this many steps (0: only at the end); logs charts/train_seconds too
-    run_dir: str | None = None  # where the run is written (default runs/<env>__<script>__<seed>__<time>); must be new
-    resume: str | None = None  # continue the run in this directory (its flags; --total-timesteps may extend it)
-    checkpoint_every: int = 50_000  # save <run_dir>/checkpoint.pt every this many steps (and at the end and on Ctrl-C)
+    seed: int = 1
+    """seed of torch, numpy, random and the envs"""
+    cuda: bool = False
+    """run on CUDA when available (the CNN scripts gain from it; small MLPs are fastest on a CPU)"""
+    torch_deterministic: bool = True
+    """torch.backends.cudnn.deterministic and one CPU thread"""
+    track: bool = False
+    """log to Weights & Biases (works offline with WANDB_MODE=offline)"""
+    wandb_project_name: str = "canonrl"
+    """wandb project"""
+    wandb_entity: str | None = None
+    """wandb entity (team)"""
+    capture_video: bool = False
+    """record episode 0 of the final evaluation to <run_dir>/videos"""
+    save_model: bool = False
+    """save <run_dir>/model.pt at the end"""
+    eval_episodes: int = 10
+    """evaluation episodes (the policy evaluate() runs) at the end and each --eval-every"""
+    eval_every: int = 0
+    """also evaluate every this many steps (0: only at the end); logs charts/train_seconds too"""
+    run_dir: str | None = None
+    """where the run is written (default runs/<env>__<script>__<seed>__<time>); must be new"""
+    resume: str | None = None
+    """continue the run in this directory (its flags; --total-timesteps may extend it)"""
+    checkpoint_every: int = 50_000
+    """save <run_dir>/checkpoint.pt every this many steps (and at the end and on Ctrl-C)"""
     # ---- end shared: args ----
 
 
 MAX_CYCLES = 25  # steps per episode (mpe2's default; MAPPO's and JaxMARL's)
-TASKS = {  # the cooperative mpe2 tasks whose agents have the same observation and action sizes: their settings
-    "simple_spread_v3": {"N": 3, "local_ratio": 0.5},  # N agents cover N landmarks without colliding
-    "simple_reference_v3": {"local_ratio": 0.5},  # 2 agents; each says which landmark the other must reach
+# the cooperative mpe2 tasks whose agents have the same observation and action sizes: their settings
+TASKS = {
+    # N agents cover N landmarks without colliding
+    "simple_spread_v3": {"N": 3, "local_ratio": 0.5},
+    # 2 agents; each says which landmark the other must reach
+    "simple_reference_v3": {"local_ratio": 0.5},
     "simple_formation_v1": {"N": 4},  # N agents form a circle around a landmark
     "simple_line_v1": {"N": 4},  # N agents spread along a line
 }
-NOT_SUPPORTED = {  # the other mpe2 tasks, and why one actor shared by a cooperative team does not fit them
-    "simple_v3": "one agent", "simple_speaker_listener_v4": "its agents' observation and action sizes differ",
-    "collect_treasure_v1": "its agents' observation sizes differ", **{t: "competitive" for t in (
-        "simple_adversary_v3", "simple_crypto_v3", "simple_push_v3", "simple_tag_v3", "simple_world_comm_v3")}}
+# the other mpe2 tasks, and why one actor shared by a cooperative team does not fit them
+NOT_SUPPORTED = {
+    "simple_v3": "one agent",
+    "simple_speaker_listener_v4": "its agents' observation and action sizes differ",
+    "collect_treasure_v1": "its agents' observation sizes differ",
+    **{
+        t: "competitive"
+        for t in (
+            "simple_adversary_v3",
+            "simple_crypto_v3",
+            "simple_push_v3",
+            "simple_tag_v3",
+            "simple_world_comm_v3",
+        )
+    },
+}
 
 
 # ---- shared: mpe/MPEEnvs ----
-ADVERSARIES = ("adversary", "leadadversary", "eve")  # the competitive tasks' adversary teams (agent name prefixes)
+# the competitive tasks' adversary teams (agent name prefixes)
+ADVERSARIES = ("adversary", "leadadversary", "eve")
 
 
 class MPEEnvs:
-    """num_envs mpe2 parallel_envs of one task (its settings in TASKS), stepped in turn. The agents' observations come
-    concatenated, agent after agent, as one joint observation (num_envs, sum of obs_dims) tensor, which is mpe2's
-    state() (MPE is numpy: one host copy per step). Env i's k-th episode (from 0) is seeded with
-    seed + i + num_envs * k. With auto_reset, a finished env is reset in the same step, its last observation kept in
-    info["final_obs"] for the bootstrap; without it (evaluation), it is left finished."""
+    """num_envs mpe2 parallel_envs of one task (its settings in TASKS), stepped in turn. The agents'
+    observations come concatenated, agent after agent, as one joint observation (num_envs, sum of
+    obs_dims) tensor, which is mpe2's state() (MPE is numpy: one host copy per step). Env i's k-th
+    episode (from 0) is seeded with seed + i + num_envs * k. With auto_reset, a finished env is
+    reset in the same step, its last observation kept in info["final_obs"] for the bootstrap;
+    without it (evaluation), it is left finished."""
 
-    def __init__(self, env_id: str, num_envs: int, device, continuous_actions: bool, auto_reset=True,
-                 render_env0=False):
+    def __init__(
+        self,
+        env_id: str,
+        num_envs: int,
+        device,
+        continuous_actions: bool,
+        auto_reset=True,
+        render_env0=False,
+    ):
         module = importlib.import_module(f"mpe2.{env_id}")
-        self.envs = [module.parallel_env(max_cycles=MAX_CYCLES, continuous_actions=continuous_actions,
-                                         **TASKS[env_id], render_mode="rgb_array" if render_env0 and i == 0 else None)
-                     for i in range(num_envs)]
+        self.envs = [
+            module.parallel_env(
+                max_cycles=MAX_CYCLES,
+                continuous_actions=continuous_actions,
+                **TASKS[env_id],
+                render_mode="rgb_array" if render_env0 and i == 0 else None,
+            )
+            for i in range(num_envs)
+        ]
         self.agents, env = self.envs[0].possible_agents, self.envs[0]
         self.n_agents, self.device, self.auto_reset = len(self.agents), device, auto_reset
-        spaces, self.continuous_actions = [env.action_space(a) for a in self.agents], continuous_actions
+        spaces, self.continuous_actions = (
+            [env.action_space(a) for a in self.agents],
+            continuous_actions,
+        )
         self.obs_dims = [env.observation_space(a).shape[0] for a in self.agents]
-        self.action_dims = [s.shape[0] if continuous_actions else int(s.n) for s in spaces]  # discrete: the actions
-        self.low, self.high = (np.concatenate([getattr(s, x) for s in spaces]) if continuous_actions else None
-                               for x in ("low", "high"))
+        # discrete: the actions
+        self.action_dims = [s.shape[0] if continuous_actions else int(s.n) for s in spaces]
+        self.low, self.high = (
+            np.concatenate([getattr(s, x) for s in spaces]) if continuous_actions else None
+            for x in ("low", "high")
+        )
         self.adversary = np.array([a.split("_")[0] in ADVERSARIES for a in self.agents])
-        self.splits = np.cumsum(self.action_dims)[:-1]  # where each agent's action starts in a continuous joint action
+        # where each agent's action starts in a continuous joint action
+        self.splits = np.cumsum(self.action_dims)[:-1]
         self.seed, self.episodes = 0, np.zeros(num_envs, dtype=np.int64)
         self.obs = np.zeros((num_envs, sum(self.obs_dims)), dtype=np.float32)
-        self.returns, self.lengths = np.zeros((num_envs, self.n_agents)), np.zeros(num_envs, dtype=np.int64)
+        self.returns, self.lengths = (
+            np.zeros((num_envs, self.n_agents)),
+            np.zeros(num_envs, dtype=np.int64),
+        )
 
     def _reset(self, i: int):
         obs, _ = self.envs[i].reset(seed=self.seed + i + len(self.envs) * int(self.episodes[i]))
-        self.obs[i], self.returns[i], self.lengths[i] = np.concatenate([obs[a] for a in self.agents]), 0.0, 0
+        self.obs[i], self.returns[i], self.lengths[i] = (
+            np.concatenate([obs[a] for a in self.agents]),
+            0.0,
+            0,
+        )
         self.episodes[i] += 1
 
     def reset(self, seed: int):
@@ -118,24 +204,36 @@ class MPEEnvs:
         return torch.as_tensor(self.obs.copy(), device=self.device)
 
     def step(self, actions):
-        """actions: a numpy array, (num_envs, n_agents) action indices or, with continuous actions, (num_envs, sum of
-        action_dims). Returns the joint observations (a tensor) and numpy arrays: reward (num_envs, n_agents), each
-        agent's own; terminated (num_envs,): the task ended the episode (no bootstrap); done (num_envs,): ended by
-        termination or time limit; info: final_obs (the true last joint observation where done), episode_return
-        (num_envs, n_agents: each agent's return of the finished episode) and episode_length, which hold where done."""
+        """actions: a numpy array, (num_envs, n_agents) action indices or, with continuous actions,
+        (num_envs, sum of action_dims). Returns the joint observations (a tensor) and numpy arrays:
+        reward (num_envs, n_agents), each agent's own; terminated (num_envs,): the task ended the
+        episode (no bootstrap); done (num_envs,): ended by termination or time limit; info:
+        final_obs (the true last joint observation where done), episode_return (num_envs, n_agents:
+        each agent's return of the finished episode) and episode_length, which hold where done."""
         n = len(self.envs)
-        reward, terminated, done = np.zeros((n, self.n_agents), np.float32), np.zeros(n, bool), np.zeros(n, bool)
+        reward, terminated, done = (
+            np.zeros((n, self.n_agents), np.float32),
+            np.zeros(n, bool),
+            np.zeros(n, bool),
+        )
         final_obs, ep_return, ep_length = self.obs.copy(), np.zeros((n, self.n_agents)), np.zeros(n)
         for i, env in enumerate(self.envs):
             if not env.agents:  # finished, and not reset (evaluation)
                 continue
-            agent_actions = np.split(actions[i], self.splits) if self.continuous_actions else actions[i].tolist()
+            agent_actions = (
+                np.split(actions[i], self.splits)
+                if self.continuous_actions
+                else actions[i].tolist()
+            )
             obs, rew, term, trunc, _ = env.step(dict(zip(self.agents, agent_actions)))
             self.obs[i] = final_obs[i] = np.concatenate([obs[a] for a in self.agents])
             reward[i] = [rew[a] for a in self.agents]
             self.returns[i] += reward[i]
             self.lengths[i] += 1
-            terminated[i], done[i] = any(term.values()), all(term[a] or trunc[a] for a in self.agents)
+            terminated[i], done[i] = (
+                any(term.values()),
+                all(term[a] or trunc[a] for a in self.agents),
+            )
             if done[i]:
                 ep_return[i], ep_length[i] = self.returns[i], self.lengths[i]
                 if self.auto_reset:
@@ -146,6 +244,8 @@ class MPEEnvs:
     def render(self):
         """Env 0's frame (it must have been made with render_env0)."""
         return self.envs[0].render()
+
+
 # ---- end shared: mpe/MPEEnvs ----
 
 
@@ -156,24 +256,31 @@ def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
 
 
 class Agent(nn.Module):
-    """Actor shared by all agents: [obs, agent id] -> hidden (ReLU) -> GRU cell -> logits over the actions.
-    Critic, shared too: [obs, agent id] (what the agent itself sees) -> hidden -> hidden (ReLU) -> value."""
+    """Actor shared by all agents: [obs, agent id] -> hidden (ReLU) -> GRU cell -> logits over the
+    actions. Critic, shared too: [obs, agent id] (what the agent itself sees) -> hidden -> hidden
+    (ReLU) -> value."""
 
     def __init__(self, obs_dim: int, state_dim: int, n_agents: int, n_actions: int, hidden: int):
         super().__init__()
         self.actor_in = nn.Sequential(layer_init(nn.Linear(obs_dim + n_agents, hidden)), nn.ReLU())
         self.gru = nn.GRUCell(hidden, hidden)
-        self.actor_out = layer_init(nn.Linear(hidden, n_actions), std=0.01)  # std 0.01: a near-uniform first policy
+        # std 0.01: a near-uniform first policy
+        self.actor_out = layer_init(nn.Linear(hidden, n_actions), std=0.01)
         self.critic = nn.Sequential(
-            layer_init(nn.Linear(obs_dim + n_agents, hidden)), nn.ReLU(),
-            layer_init(nn.Linear(hidden, hidden)), nn.ReLU(), layer_init(nn.Linear(hidden, 1), std=1.0))
+            layer_init(nn.Linear(obs_dim + n_agents, hidden)),
+            nn.ReLU(),
+            layer_init(nn.Linear(hidden, hidden)),
+            nn.ReLU(),
+            layer_init(nn.Linear(hidden, 1), std=1.0),
+        )
 
     def get_value(self, critic_in):
         """The critic's (normalised) value of each agent's observation."""
         return self.critic(critic_in).squeeze(-1)
 
     def actor_step(self, actor_in, hidden, start):
-        """One GRU step of every agent (inputs (..., agents, features)); memory is zeroed where an episode starts."""
+        """One GRU step of every agent (inputs (..., agents, features)); memory is zeroed where an
+        episode starts."""
         x, hidden = self.actor_in(actor_in), hidden * (1.0 - start)[..., None, None]
         return self.gru(x.flatten(0, -2), hidden.flatten(0, -2)).view_as(hidden)
 
@@ -182,7 +289,8 @@ class Agent(nn.Module):
         return Categorical(logits=self.actor_out(hidden), validate_args=False)
 
     def get_greedy_action(self, hidden):
-        """The most probable action of each agent (given its GRU state): the policy evaluate() runs."""
+        """The most probable action of each agent (given its GRU state): the policy evaluate()
+        runs."""
         return self.policy(hidden).logits.argmax(-1)
 
 
@@ -191,13 +299,15 @@ def actor_inputs(obs, agent_ids):
 
 
 def critic_inputs(state, obs, agent_ids):
-    """IPPO's critic input: the agent's own observation and its id (the global state is not used)."""
+    """IPPO's critic input: the agent's own observation and its id (the global state is not
+    used)."""
     return torch.cat([obs, agent_ids.expand(*obs.shape[:-1], -1)], -1)
 
 
 class ValueNorm(nn.Module):
-    """Running mean and variance of the value targets (MAPPO's value normalisation): the critic learns normalised
-    returns, so its loss keeps one scale while the returns change as the agents learn."""
+    """Running mean and variance of the value targets (MAPPO's value normalisation): the critic
+    learns normalised returns, so its loss keeps one scale while the returns change as the agents
+    learn."""
 
     def __init__(self):
         super().__init__()
@@ -208,8 +318,12 @@ class ValueNorm(nn.Module):
     def update(self, x):  # the parallel update of Chan et al., as gymnasium's RunningMeanStd
         delta, n = x.mean() - self.mean, x.numel()
         total = self.count + n
-        self.var.copy_((self.var * self.count + x.var(correction=0) * n + delta ** 2 * self.count * n / total) / total)
-        self.mean.add_(delta * n / total), self.count.copy_(total)
+        self.var.copy_(
+            (self.var * self.count + x.var(correction=0) * n + delta**2 * self.count * n / total)
+            / total
+        )
+        self.mean.add_(delta * n / total)
+        self.count.copy_(total)
 
     def normalize(self, x):
         return (x - self.mean) / self.var.sqrt().clamp(min=1e-5)
@@ -220,48 +334,91 @@ class ValueNorm(nn.Module):
 
 # ---- shared: gae/compute_gae ----
 def compute_gae(rewards, values, dones, next_value, gamma, gae_lambda):
-    """GAE (Schulman et al. 2016, eq. 16) on tensors of shape (T, N). dones[t]: the episode ended at step t
-    (terminated or truncated; a truncation was already bootstrapped into rewards[t]). Returns (advantages, returns)."""
+    """GAE (Schulman et al. 2016, eq. 16) on tensors of shape (T, N). dones[t]: the episode ended at
+    step t (terminated or truncated; a truncation was already bootstrapped into rewards[t]). Returns
+    (advantages, returns)."""
     advantages, last = torch.zeros_like(rewards), torch.zeros_like(next_value)
     for t in reversed(range(len(rewards))):
-        next_values, nonterminal = next_value if t == len(rewards) - 1 else values[t + 1], 1.0 - dones[t]
+        next_values, nonterminal = (
+            next_value if t == len(rewards) - 1 else values[t + 1],
+            1.0 - dones[t],
+        )
         delta = rewards[t] + gamma * next_values * nonterminal - values[t]
         advantages[t] = last = delta + gamma * gae_lambda * nonterminal * last
     return advantages, advantages + values
+
+
 # ---- end shared: gae/compute_gae ----
 
 
 # ---- shared: ppo/ppo_loss ----
-def ppo_loss(logprob, entropy, value, old_logprobs, old_values, advantages, returns, clip_coef, ent_coef, vf_coef,
-             clip_vloss: float | None = None, mask=None):
-    """Clipped surrogate objective (PPO paper, eq. 7) + value MSE - entropy bonus, from a minibatch's new
-    log-probabilities, entropies and values; returns (loss, statistics). clip_vloss: the value error is the
-    larger of V's and that of V kept within clip_vloss of old_values (baselines' ppo2, CleanRL); None: not clipped.
-    mask: each term averaged over the entries where it is 1 only (multi-agent: living agents); None: over all."""
-    mean = (lambda x: x.mean()) if mask is None else (lambda x: (x * mask).sum() / mask.sum().clamp(min=1))
+def ppo_loss(
+    logprob,
+    entropy,
+    value,
+    old_logprobs,
+    old_values,
+    advantages,
+    returns,
+    clip_coef,
+    ent_coef,
+    vf_coef,
+    clip_vloss: float | None = None,
+    mask=None,
+):
+    """Clipped surrogate objective (PPO paper, eq. 7) + value MSE - entropy bonus, from a
+    minibatch's new log-probabilities, entropies and values; returns (loss, statistics). clip_vloss:
+    the value error is the larger of V's and that of V kept within clip_vloss of old_values
+    (baselines' ppo2, CleanRL); None: not clipped. mask: each term averaged over the entries where
+    it is 1 only (multi-agent: living agents); None: over all."""
+    mean = (
+        (lambda x: x.mean())
+        if mask is None
+        else (lambda x: (x * mask).sum() / mask.sum().clamp(min=1))
+    )
     logratio = logprob - old_logprobs
     ratio = logratio.exp()
-    pg_loss = -mean(torch.min(advantages * ratio, advantages * ratio.clamp(1 - clip_coef, 1 + clip_coef)))
+    pg_loss = -mean(
+        torch.min(advantages * ratio, advantages * ratio.clamp(1 - clip_coef, 1 + clip_coef))
+    )
     v_error = (value - returns) ** 2
     if clip_vloss is not None:
-        v_error = torch.max(v_error, (old_values + (value - old_values).clamp(-clip_vloss, clip_vloss) - returns) ** 2)
+        v_error = torch.max(
+            v_error,
+            (old_values + (value - old_values).clamp(-clip_vloss, clip_vloss) - returns) ** 2,
+        )
     v_loss, entropy = 0.5 * mean(v_error), mean(entropy)
     loss = pg_loss + vf_coef * v_loss - ent_coef * entropy
-    with torch.no_grad():  # approx_kl: the k3 estimator of Schulman's note "Approximating KL divergence"
-        stats = {"policy_loss": pg_loss, "value_loss": v_loss, "entropy": entropy, "approx_kl":
-                 mean((ratio - 1) - logratio), "clipfrac": mean(((ratio - 1).abs() > clip_coef).float())}
+    # approx_kl: the k3 estimator of Schulman's note "Approximating KL divergence"
+    with torch.no_grad():
+        stats = {
+            "policy_loss": pg_loss,
+            "value_loss": v_loss,
+            "entropy": entropy,
+            "approx_kl": mean((ratio - 1) - logratio),
+            "clipfrac": mean(((ratio - 1).abs() > clip_coef).float()),
+        }
     return loss, {k: v.detach() for k, v in stats.items()}
+
+
 # ---- end shared: ppo/ppo_loss ----
 
 
 @torch.no_grad()
 def evaluate(agent, env_id, episodes, seed, device="cpu", frames=None):
-    """Greedy (argmax) play of one episode in each of `episodes` envs (env i seeded with seed + i); returns
-    {"eval/episodic_return_agent_mean": [...]}, one value (the per-agent mean of the return) per episode. frames: a
-    list that receives episode 0's frames (--capture-video)."""
+    """Greedy (argmax) play of one episode in each of `episodes` envs (env i seeded with seed + i);
+    returns {"eval/episodic_return_agent_mean": [...]}, one value (the per-agent mean of the return)
+    per episode. frames: a list that receives episode 0's frames (--capture-video)."""
     if episodes == 0:
         return {"eval/episodic_return_agent_mean": []}
-    env = MPEEnvs(env_id, episodes, device, continuous_actions=False, auto_reset=False, render_env0=frames is not None)
+    env = MPEEnvs(
+        env_id,
+        episodes,
+        device,
+        continuous_actions=False,
+        auto_reset=False,
+        render_env0=frames is not None,
+    )
     state, agent_ids = env.reset(seed), torch.eye(env.n_agents, device=device)
     hidden = torch.zeros(episodes, env.n_agents, agent.gru.hidden_size, device=device)
     finished, returns = np.zeros(episodes, dtype=bool), np.zeros(episodes, dtype=np.float32)
@@ -269,7 +426,9 @@ def evaluate(agent, env_id, episodes, seed, device="cpu", frames=None):
     if frames is not None:
         frames.append(env.render()[::2, ::2])  # 350 x 350 pixels
     while not finished.all():
-        hidden = agent.actor_step(actor_inputs(state.view(episodes, env.n_agents, -1), agent_ids), hidden, no_start)
+        hidden = agent.actor_step(
+            actor_inputs(state.view(episodes, env.n_agents, -1), agent_ids), hidden, no_start
+        )
         state, _, _, done, info = env.step(agent.get_greedy_action(hidden).cpu().numpy())
         returns[done] = info["episode_return"][done].mean(-1)  # the per-agent mean
         if frames is not None and not finished[0]:
@@ -283,18 +442,25 @@ def main(args: Args):
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     env = MPEEnvs(args.env_id, args.num_envs, device, continuous_actions=False)
     N, A, T = args.num_envs, env.n_agents, args.num_steps
-    obs_dim, state_dim, n_actions = env.obs_dims[0], sum(env.obs_dims), env.action_dims[0]  # the same for every agent
+    # the same for every agent
+    obs_dim, state_dim, n_actions = env.obs_dims[0], sum(env.obs_dims), env.action_dims[0]
     agent_ids = torch.eye(A, device=device)  # row i: agent i's one-hot id
     agent = Agent(obs_dim, state_dim, A, n_actions, args.hidden_dim).to(device)
     value_norm = ValueNorm().to(device)
-    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)  # fused: faster
-    batch_size, mb_envs, num_iterations = N * T, N // args.num_minibatches, args.total_timesteps // (N * T)
+    # fused: faster
+    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
+    batch_size, mb_envs, num_iterations = (
+        N * T,
+        N // args.num_minibatches,
+        args.total_timesteps // (N * T),
+    )
     iteration = 0
 
     def run_eval(frames=None):  # evaluation episodes are seeded apart from training
         return evaluate(agent, args.env_id, args.eval_episodes, args.seed + 10**9, device, frames)
 
-    stateful = {"agent": agent, "optimizer": optimizer, "value_norm": value_norm, "rng": RNGs()}  # saved and resumed
+    # saved and resumed
+    stateful = {"agent": agent, "optimizer": optimizer, "value_norm": value_norm, "rng": RNGs()}
     if ckpt is not None:
         load_states(stateful, ckpt, run_dir)  # envs are not saved: they are seeded anew on reset
         iteration = ckpt["iteration"]
@@ -308,14 +474,23 @@ def main(args: Args):
     starts, dones, ep_return, ep_length = (torch.zeros((T, N), device=device) for _ in range(4))
     state = env.reset(seed=args.seed + global_step)  # a resumed run starts fresh episodes
     obs = state.view(N, A, obs_dim)  # the joint observation is the global state
-    hidden, start = torch.zeros((N, A, args.hidden_dim), device=device), torch.ones(N, device=device)
+    hidden, start = (
+        torch.zeros((N, A, args.hidden_dim), device=device),
+        torch.ones(N, device=device),
+    )
     for iteration in range(iteration + 1, num_iterations + 1):
         frac = 1.0 - (iteration - 1.0) / num_iterations
-        optimizer.param_groups[0]["lr"] = frac * args.learning_rate if args.anneal_lr else args.learning_rate
+        optimizer.param_groups[0]["lr"] = (
+            frac * args.learning_rate if args.anneal_lr else args.learning_rate
+        )
         clip_coef = frac * args.clip_coef if args.anneal_clip else args.clip_coef
-        first_hidden, first_step = hidden.clone(), global_step  # the update replays the GRU from here
+        # the update replays the GRU from here
+        first_hidden, first_step = hidden.clone(), global_step
         for step in range(T):
-            actor_in[step], critic_in[step] = actor_inputs(obs, agent_ids), critic_inputs(state, obs, agent_ids)
+            actor_in[step], critic_in[step] = (
+                actor_inputs(obs, agent_ids),
+                critic_inputs(state, obs, agent_ids),
+            )
             starts[step] = start
             with torch.no_grad():
                 hidden = agent.actor_step(actor_in[step], hidden, start)
@@ -324,47 +499,92 @@ def main(args: Args):
                 logprobs[step] = dist.log_prob(actions[step])
                 values[step] = value_norm.denormalize(agent.get_value(critic_in[step]))
             state, reward, terminated, done, info = env.step(actions[step].cpu().numpy())
-            obs, final_state = state.view(N, A, obs_dim), torch.as_tensor(info["final_obs"], device=device)
-            with torch.no_grad():  # a time limit is not part of the task: bootstrap with V(final state)
-                final_value = value_norm.denormalize(agent.get_value(
-                    critic_inputs(final_state, final_state.view(N, A, obs_dim), agent_ids)))
+            obs, final_state = (
+                state.view(N, A, obs_dim),
+                torch.as_tensor(info["final_obs"], device=device),
+            )
+            # a time limit is not part of the task: bootstrap with V(final state)
+            with torch.no_grad():
+                final_value = value_norm.denormalize(
+                    agent.get_value(
+                        critic_inputs(final_state, final_state.view(N, A, obs_dim), agent_ids)
+                    )
+                )
             truncated = torch.as_tensor(done & ~terminated, device=device)
-            rewards[step] = torch.as_tensor(reward, device=device) + args.gamma * final_value * truncated[:, None]
+            rewards[step] = (
+                torch.as_tensor(reward, device=device)
+                + args.gamma * final_value * truncated[:, None]
+            )
             dones[step] = start = torch.as_tensor(done, device=device).float()
-            ep_return[step] = torch.as_tensor(info["episode_return"].mean(-1), device=device)  # per-agent mean
+            # per-agent mean
+            ep_return[step] = torch.as_tensor(info["episode_return"].mean(-1), device=device)
             ep_length[step] = torch.as_tensor(info["episode_length"], device=device)
             global_step += N
         with torch.no_grad():
-            next_value = value_norm.denormalize(agent.get_value(critic_inputs(state, obs, agent_ids)))
-        advantages, returns = compute_gae(rewards, values, dones[..., None], next_value, args.gamma,
-                                          args.gae_lambda)  # per agent; dones broadcast over the agents
+            next_value = value_norm.denormalize(
+                agent.get_value(critic_inputs(state, obs, agent_ids))
+            )
+        advantages, returns = compute_gae(
+            rewards,
+            values,
+            dones[..., None],
+            next_value,
+            args.gamma,
+            # per agent; dones broadcast over the agents
+            args.gae_lambda,
+        )
         value_norm.update(returns)
         targets = value_norm.normalize(returns)
         for epoch in range(args.update_epochs):
             perm = torch.randperm(N, device=device)
-            for mb in perm.split(mb_envs):  # whole env sequences: the GRU is replayed from first_hidden
+            # whole env sequences: the GRU is replayed from first_hidden
+            for mb in perm.split(mb_envs):
                 h, hiddens = first_hidden[mb], []
                 for t in range(T):
                     hiddens.append(h := agent.actor_step(actor_in[t, mb], h, starts[t, mb]))
                 dist, value = agent.policy(torch.stack(hiddens)), agent.get_value(critic_in[:, mb])
                 mb_advantages = advantages[:, mb]
-                loss, stats = ppo_loss(dist.log_prob(actions[:, mb]), dist.entropy(), value, logprobs[:, mb], None,
-                                       (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8),
-                                       targets[:, mb], clip_coef, args.ent_coef, args.vf_coef)
+                loss, stats = ppo_loss(
+                    dist.log_prob(actions[:, mb]),
+                    dist.entropy(),
+                    value,
+                    logprobs[:, mb],
+                    None,
+                    (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8),
+                    targets[:, mb],
+                    clip_coef,
+                    args.ent_coef,
+                    args.vf_coef,
+                )
                 optimizer.zero_grad()
                 loss.backward()
                 nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
                 optimizer.step()
-        ended, ret, length = (x.cpu().numpy() for x in (dones > 0, ep_return, ep_length))  # one copy
+        # one copy
+        ended, ret, length = (x.cpu().numpy() for x in (dones > 0, ep_return, ep_length))
         for t, i in zip(*np.nonzero(ended)):  # every episode that ended in the rollout
-            logger.log(first_step + (t + 1) * N, {"train/episodic_return_agent_mean": ret[t, i],
-                                                  "train/episodic_length": length[t, i]})
+            logger.log(
+                first_step + (t + 1) * N,
+                {
+                    "train/episodic_return_agent_mean": ret[t, i],
+                    "train/episodic_length": length[t, i],
+                },
+            )
         if ended.any():
             logger.last_return = ret[ended].mean()
-        logger.log(global_step, {"charts/learning_rate": optimizer.param_groups[0]["lr"],
-                                 **{f"losses/{k}": v for k, v in stats.items()}})
+        logger.log(
+            global_step,
+            {
+                "charts/learning_rate": optimizer.param_groups[0]["lr"],
+                **{f"losses/{k}": v for k, v in stats.items()},
+            },
+        )
         logger.progress(global_step)
-        if args.eval_every and iteration < num_iterations and global_step % args.eval_every < batch_size:
+        if (
+            args.eval_every
+            and iteration < num_iterations
+            and global_step % args.eval_every < batch_size
+        ):
             logger.evaluate(global_step, run_eval)
         if iteration % max(1, args.checkpoint_every // batch_size) == 0 or logger.stop_requested:
             logger.save_checkpoint(stateful, iteration, global_step)
@@ -375,43 +595,80 @@ def main(args: Args):
     logger.save_checkpoint(stateful, num_iterations, global_step, finished=True)
     if frames:
         import imageio.v2 as imageio
+
         (run_dir / "videos").mkdir(exist_ok=True)
         imageio.mimsave(run_dir / "videos" / "eval_episode0.gif", frames, duration=100, loop=0)
     if args.save_model:
-        save_model({"agent": agent.state_dict(), "args": asdict(args), "eval_returns": eval_results,
-                    "obs_dim": obs_dim, "state_dim": state_dim, "n_agents": A, "n_actions": n_actions,
-                    "hidden": args.hidden_dim}, run_dir)
+        save_model(
+            {
+                "agent": agent.state_dict(),
+                "args": asdict(args),
+                "eval_returns": eval_results,
+                "obs_dim": obs_dim,
+                "state_dim": state_dim,
+                "n_agents": A,
+                "n_actions": n_actions,
+                "hidden": args.hidden_dim,
+            },
+            run_dir,
+        )
     logger.close(eval_results)
 
 
 def check_args(args: Args):
     check_task(args.env_id, "ppo.py", "ppo_continuous.py")
-    check_ranges(args, {"num_envs": "x >= 1", "num_steps": "x >= 1", "num_minibatches": "x >= 1",
-                        "update_epochs": "x >= 1", "learning_rate": "x > 0", "gamma": "0 <= x <= 1",
-                        "gae_lambda": "0 <= x <= 1", "clip_coef": "x > 0", "ent_coef": "x >= 0", "vf_coef": "x >= 0",
-                        "max_grad_norm": "x > 0", "hidden_dim": "x >= 1"})
+    check_ranges(
+        args,
+        {
+            "num_envs": "x >= 1",
+            "num_steps": "x >= 1",
+            "num_minibatches": "x >= 1",
+            "update_epochs": "x >= 1",
+            "learning_rate": "x > 0",
+            "gamma": "0 <= x <= 1",
+            "gae_lambda": "0 <= x <= 1",
+            "clip_coef": "x > 0",
+            "ent_coef": "x >= 0",
+            "vf_coef": "x >= 0",
+            "max_grad_norm": "x > 0",
+            "hidden_dim": "x >= 1",
+        },
+    )
     if args.num_envs % args.num_minibatches:
-        fail(f"--num-minibatches {args.num_minibatches} does not divide --num-envs {args.num_envs} (split by env)")
+        fail(
+            f"--num-minibatches {args.num_minibatches} does not "
+            f"divide --num-envs {args.num_envs} (split by env)"
+        )
     if args.total_timesteps < args.num_envs * args.num_steps:
-        fail(f"--total-timesteps {args.total_timesteps} is less than one rollout (num_envs*num_steps = "
-             f"{args.num_envs * args.num_steps})")
+        fail(
+            f"--total-timesteps {args.total_timesteps} is less than one "
+            f"rollout (num_envs*num_steps = {args.num_envs * args.num_steps})"
+        )
 
 
 # ---- shared: mpe/check_task ----
 def check_task(env_id: str, *single_agent_scripts: str):
-    """A task of TASKS, or one error line that names the scripts that take env_id (single_agent_scripts: those
-    suggested for a Gymnasium id)."""
+    """A task of TASKS, or one error line that names the scripts that take env_id
+    (single_agent_scripts: those suggested for a Gymnasium id)."""
     if env_id in TASKS:
         return
     if env_id in NOT_SUPPORTED:
-        fail(f"mpe2 task '{env_id}' is not supported by {SCRIPT} ({NOT_SUPPORTED[env_id]}); the tasks: "
-             f"{', '.join(TASKS)}")
-    if (scripts := other_family(env_id) or (single_agent_scripts if env_id in gym.registry else ())) and (
-            not re.fullmatch(r"(simple\w*|collect_treasure)_v\d+", env_id)):
+        fail(
+            f"mpe2 task '{env_id}' is not supported by {SCRIPT} "
+            f"({NOT_SUPPORTED[env_id]}); the tasks: {', '.join(TASKS)}"
+        )
+    if (
+        scripts := other_family(env_id) or (single_agent_scripts if env_id in gym.registry else ())
+    ) and (not re.fullmatch(r"(simple\w*|collect_treasure)_v\d+", env_id)):
         fail(f"{env_id} is not an mpe2 task (the tasks of {SCRIPT}: {', '.join(TASKS)})", *scripts)
     close = difflib.get_close_matches(env_id, [*TASKS, *NOT_SUPPORTED], n=1)
-    fail(f"unknown mpe2 task '{env_id}'" + (f"; did you mean '{close[0]}'?" if close and close[0] in TASKS else "") +
-         f"; the tasks: {', '.join(TASKS)}")
+    fail(
+        f"unknown mpe2 task '{env_id}'"
+        + (f"; did you mean '{close[0]}'?" if close and close[0] in TASKS else "")
+        + f"; the tasks: {', '.join(TASKS)}"
+    )
+
+
 # ---- end shared: mpe/check_task ----
 
 
@@ -420,55 +677,78 @@ SCRIPT, ALGOS = Path(__file__).name, Path(__file__).resolve().parent
 
 
 def fail(msg: str, *scripts: str):
-    """Bad input: one line on stderr, exit status 2. It suggests those of `scripts` that exist beside this one."""
+    """Bad input: one line on stderr, exit status 2. It suggests those of `scripts` that exist
+    beside this one."""
     found = [s for s in scripts if s != SCRIPT and (ALGOS / s).is_file()]
     print(f"error: {msg}" + (f"; use {' or '.join(found)}" if found else ""), file=sys.stderr)
     sys.exit(2)
 
 
 def other_family(env_id: str) -> tuple[str, ...]:
-    """The scripts that take env_id, an id of another family of envs (Atari, MinAtar, mpe2, smac_lite)."""
+    """The scripts that take env_id, an id of another family of envs (Atari, MinAtar, mpe2,
+    smac_lite)."""
     if env_id.startswith("ALE/") or env_id.endswith("NoFrameskip-v4"):
         return "ppo_atari.py", "dqn_atari.py"
     if env_id.startswith("MinAtar/"):
         return "dqn_atari.py", "ddqn_atari.py"
     if re.fullmatch(r"(simple\w*|collect_treasure)_v\d+", env_id):
         return "mappo_mpe.py", "maddpg_mpe.py"
-    if importlib.util.find_spec("smac_lite") and env_id in importlib.import_module("smac_lite.maps").MAPS:
+    if (
+        importlib.util.find_spec("smac_lite")
+        and env_id in importlib.import_module("smac_lite.maps").MAPS
+    ):
         return "mappo_smac_lite.py", "qmix_smac_lite.py"
     return ()
 
 
 def env_spaces(env_id: str):
-    """(observation space, action space) of env_id, or a one-line error. The env is made in a temporary directory
-    with stderr muted: MuJoCo prints warnings and leaves MUJOCO_LOG.TXT behind, which must not precede an error."""
+    """(observation space, action space) of env_id, or a one-line error. The env is made in a
+    temporary directory with stderr muted: MuJoCo prints warnings and leaves MUJOCO_LOG.TXT behind,
+    which must not precede an error."""
     if env_id not in gym.registry:
         if scripts := other_family(env_id):
             fail(f"{env_id} is not an env of {SCRIPT}", *scripts)
         close = difflib.get_close_matches(env_id, list(gym.registry), n=1)
         fail(f"unknown env id '{env_id}'" + (f"; did you mean '{close[0]}'?" if close else ""))
     cwd, stderr_fd = os.getcwd(), os.dup(2)
-    with tempfile.TemporaryDirectory() as tmp, open(os.devnull, "w") as null, warnings.catch_warnings(action="ignore"):
-        os.chdir(tmp), os.dup2(null.fileno(), 2)
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        open(os.devnull, "w") as null,
+        warnings.catch_warnings(action="ignore"),
+    ):
+        os.chdir(tmp)
+        os.dup2(null.fileno(), 2)
         try:
             with gym.make(env_id) as env:
                 return env.observation_space, env.action_space
         except Exception as e:
-            error = f"cannot make env '{env_id}': {type(e).__name__}: {(str(e).strip() or ' ').splitlines()[0]}"
+            error = (
+                f"cannot make env '{env_id}': {type(e).__name__}: "
+                f"{(str(e).strip() or ' ').splitlines()[0]}"
+            )
         finally:
-            os.dup2(stderr_fd, 2), os.close(stderr_fd), os.chdir(cwd)
+            os.dup2(stderr_fd, 2)
+            os.close(stderr_fd)
+            os.chdir(cwd)
     fail(error)
 
 
 def check_ranges(args, rules: dict):
-    """Fail on the first flag outside its range; a rule is a condition on x, the flag's value (e.g. "0 <= x <= 1")."""
-    rules = {"total_timesteps": "x >= 1", "eval_episodes": "x >= 0", "eval_every": "x >= 0",
-             "checkpoint_every": "x >= 1", **rules}
+    """Fail on the first flag outside its range; a rule is a condition on x, the flag's value (e.g.
+    "0 <= x <= 1")."""
+    rules = {
+        "total_timesteps": "x >= 1",
+        "eval_episodes": "x >= 0",
+        "eval_every": "x >= 0",
+        "checkpoint_every": "x >= 1",
+        **rules,
+    }
     for name, x in asdict(args).items():
         if isinstance(x, float) and not np.isfinite(x):
             fail(f"--{name.replace('_', '-')} {x} is not a finite number")
     for name, rule in rules.items():
-        if (x := getattr(args, name)) is not None and not eval(rule, {"x": x}):  # the rules are literals of this file
+        # the rules are literals of this file
+        if (x := getattr(args, name)) is not None and not eval(rule, {"x": x}):
             fail(f"--{name.replace('_', '-')} {x} is out of range: it must satisfy {rule}")
 
 
@@ -478,9 +758,10 @@ def sha256(path: Path) -> str:
 
 
 def start_run(args, check_args):
-    """Resume (--resume DIR: the run's saved flags; --total-timesteps may extend it), check the flags, choose the run
-    directory (a new run never writes into one that holds files), seed everything. Returns (args, checkpoint, dir).
-    A checkpoint is data: its SHA-256 must match checkpoint.sha256, and it is read with weights_only=True."""
+    """Resume (--resume DIR: the run's saved flags; --total-timesteps may extend it), check the
+    flags, choose the run directory (a new run never writes into one that holds files), seed
+    everything. Returns (args, checkpoint, dir). A checkpoint is data: its SHA-256 must match
+    checkpoint.sha256, and it is read with weights_only=True."""
     ckpt = None
     if args.resume:
         path = Path(args.resume) / "checkpoint.pt"
@@ -492,26 +773,48 @@ def start_run(args, check_args):
             ckpt = torch.load(path, weights_only=True)
             saved = Args(**ckpt["args"])
         except Exception as e:
-            fail(f"{path} is corrupt or not a {SCRIPT} checkpoint ({type(e).__name__}); delete it or start anew")
-        given = [k for k, v in asdict(args).items() if k in given_flags() or v != getattr(Args(), k)]
-        given = [k for k in given if k not in ("resume", "run_dir") and getattr(args, k) != getattr(saved, k)]
+            fail(
+                f"{path} is corrupt or not a {SCRIPT} checkpoint "
+                f"({type(e).__name__}); delete it or start anew"
+            )
+        given = [
+            k for k, v in asdict(args).items() if k in given_flags() or v != getattr(Args(), k)
+        ]
+        given = [
+            k
+            for k in given
+            if k not in ("resume", "run_dir") and getattr(args, k) != getattr(saved, k)
+        ]
         if "total_timesteps" in given:
             if args.total_timesteps < ckpt["global_step"]:
-                fail(f"--total-timesteps {args.total_timesteps} is below the {ckpt['global_step']} steps already done")
-            print(f"resume: --total-timesteps {args.total_timesteps} (was {saved.total_timesteps})", file=sys.stderr)
+                fail(
+                    f"--total-timesteps {args.total_timesteps} is below "
+                    f"the {ckpt['global_step']} steps already done"
+                )
+            print(
+                f"resume: --total-timesteps {args.total_timesteps} (was {saved.total_timesteps})",
+                file=sys.stderr,
+            )
             saved.total_timesteps = args.total_timesteps
         elif ckpt["finished"]:
-            print(f"the run in {path.parent} is finished; give a larger --total-timesteps to extend it")
+            print(
+                f"the run in {path.parent} is finished; give "
+                "a larger --total-timesteps to extend it"
+            )
             sys.exit(0)
         if ignored := [f"--{k.replace('_', '-')}" for k in given if k != "total_timesteps"]:
-            print(f"resume: the run's saved flags are kept; ignored: {' '.join(ignored)}", file=sys.stderr)
+            print(
+                f"resume: the run's saved flags are kept; ignored: {' '.join(ignored)}",
+                file=sys.stderr,
+            )
         args = saved
         args.resume = args.run_dir = str(path.parent)
         check_metrics(path.parent / "metrics.csv")
     check_args(args)
     if args.track:
         check_wandb()
-    if args.capture_video and not os.environ.get("XDG_RUNTIME_DIR"):  # SDL warns on every render without it
+    # SDL warns on every render without it
+    if args.capture_video and not os.environ.get("XDG_RUNTIME_DIR"):
         os.environ["XDG_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="canonrl-xdg-")
     name = f"{args.env_id.replace('/', '-')}__{SCRIPT[:-3]}__{args.seed}__{time.time():.0f}"
     run_dir = Path(args.run_dir or f"runs/{name}")
@@ -519,18 +822,24 @@ def start_run(args, check_args):
         fail(f"--run-dir {run_dir} is a file; pass a directory")
     if ckpt is None and run_dir.is_dir() and any(run_dir.iterdir()):
         if (run_dir / "metrics.csv").is_file():
-            fail(f"--run-dir {run_dir} holds a run; continue it with --resume {run_dir} or choose a new --run-dir")
+            fail(
+                f"--run-dir {run_dir} holds a run; continue it "
+                f"with --resume {run_dir} or choose a new --run-dir"
+            )
         fail(f"--run-dir {run_dir} is not empty and holds no run; choose a new --run-dir")
     check_writable(run_dir)
-    random.seed(args.seed), np.random.seed(args.seed), torch.manual_seed(args.seed)
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
-    torch.set_num_threads(1 if args.torch_deterministic else torch.get_num_threads())  # 1: fastest for small nets
+    # 1: fastest for small nets
+    torch.set_num_threads(1 if args.torch_deterministic else torch.get_num_threads())
     return args, ckpt, run_dir
 
 
 def given_flags() -> set[str]:
-    """The Args fields named on the command line (--name, --name=value, --no-name): on --resume, a flag given there
-    counts even when its value is the default."""
+    """The Args fields named on the command line (--name, --name=value, --no-name): on --resume, a
+    flag given there counts even when its value is the default."""
     names = set()
     for token in sys.argv[1:]:
         if token.startswith("--"):
@@ -541,37 +850,53 @@ def given_flags() -> set[str]:
 
 
 def check_metrics(path: Path):
-    """Fail on a line of metrics.csv that is not global_step,wall_time,name,value (before --resume rewrites it)."""
+    """Fail on a line of metrics.csv that is not global_step,wall_time,name,value (before --resume
+    rewrites it)."""
     lines = path.read_text().splitlines()[1:] if path.is_file() else []
     for number, line in enumerate(lines, start=2):
         fields = line.split(",")
         if len(fields) != 4 or not fields[0].isdigit():
-            fail(f"{path} line {number} is not 'global_step,wall_time,name,value'; delete that line and resume again")
+            fail(
+                f"{path} line {number} is not 'global_step,wall_time,name,value'; "
+                "delete that line and resume again"
+            )
 
 
 def check_wandb():
     """--track needs a wandb login, or WANDB_MODE=offline: checked before anything is written."""
     from wandb.sdk import wandb_setup
     from wandb.sdk.lib import wbauth
+
     try:
         settings = wandb_setup.singleton().settings
     except Exception as e:
         fail(f"--track: wandb cannot start ({type(e).__name__}: {str(e).strip().splitlines()[0]})")
     if settings.mode in ("offline", "dryrun", "disabled"):
         return
-    if not (os.getenv("WANDB_API_KEY") or wbauth.read_netrc_auth(host=settings.base_url) or settings.api_key):
-        fail("--track needs a wandb login: run `wandb login`, or set WANDB_MODE=offline to log to files only")
+    if not (
+        os.getenv("WANDB_API_KEY")
+        or wbauth.read_netrc_auth(host=settings.base_url)
+        or settings.api_key
+    ):
+        fail(
+            "--track needs a wandb login: run `wandb login`, "
+            "or set WANDB_MODE=offline to log to files only"
+        )
 
 
 def check_writable(run_dir: Path):
-    """Fail unless files can be written in run_dir; the folders made to find out are removed again."""
+    """Fail unless files can be written in run_dir; the folders made to find out are removed
+    again."""
     made = [p for p in [run_dir, *run_dir.parents] if not p.exists()]
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=run_dir):
             pass
     except OSError as e:
-        fail(f"--run-dir {run_dir} cannot be written ({e.strerror or type(e).__name__}); choose another --run-dir")
+        fail(
+            f"--run-dir {run_dir} cannot be written "
+            f"({e.strerror or type(e).__name__}); choose another --run-dir"
+        )
     finally:
         for p in made:
             if p.is_dir() and not any(p.iterdir()):
@@ -590,20 +915,26 @@ def finite(state) -> bool:
 
 
 def load_states(stateful: dict, ckpt: dict, run_dir: Path):
-    """Resume every object of `stateful` ({name: object with load_state_dict}) from the checkpoint."""
+    """Resume every object of `stateful` ({name: object with load_state_dict}) from the
+    checkpoint."""
     for name, obj in stateful.items():
-        weights = isinstance(obj, (torch.nn.Module, torch.optim.Optimizer))  # a buffer may hold unwritten slots
+        # a buffer may hold unwritten slots
+        weights = isinstance(obj, (torch.nn.Module, torch.optim.Optimizer))
         if weights and not finite(ckpt.get(name)):
             fail(f"{run_dir / 'checkpoint.pt'} holds non-finite values in {name}; start anew")
         try:
             obj.load_state_dict(ckpt[name])
         except Exception as e:
-            fail(f"{run_dir / 'checkpoint.pt'} does not fit this run's {name} ({type(e).__name__}); start anew")
+            fail(
+                f"{run_dir / 'checkpoint.pt'} does not fit this "
+                f"run's {name} ({type(e).__name__}); start anew"
+            )
 
 
 def save_with_digest(state: dict, path: Path):
-    """torch.save(state) to path, written then renamed (a crash never leaves half a file), and its SHA-256 beside it
-    (checkpoint.pt: checkpoint.sha256, model.pt: model.sha256): a file is checked against it before it is read."""
+    """torch.save(state) to path, written then renamed (a crash never leaves half a file), and its
+    SHA-256 beside it (checkpoint.pt: checkpoint.sha256, model.pt: model.sha256): a file is checked
+    against it before it is read."""
     torch.save(state, path.with_suffix(".tmp"))
     digest = sha256(path.with_suffix(".tmp"))
     os.replace(path.with_suffix(".tmp"), path)
@@ -616,12 +947,19 @@ def save_model(state: dict, run_dir: Path):
 
 
 def plain(obj):
-    """obj with numpy arrays as tensors and numpy scalars as numbers: what torch.load(weights_only=True) reads."""
+    """obj with numpy arrays as tensors and numpy scalars as numbers: what
+    torch.load(weights_only=True) reads."""
     if isinstance(obj, dict):
         return {k: plain(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return type(obj)(plain(v) for v in obj)
-    return torch.from_numpy(obj) if isinstance(obj, np.ndarray) else obj.item() if isinstance(obj, np.generic) else obj
+    return (
+        torch.from_numpy(obj)
+        if isinstance(obj, np.ndarray)
+        else obj.item()
+        if isinstance(obj, np.generic)
+        else obj
+    )
 
 
 class RNGs:
@@ -631,7 +969,10 @@ class RNGs:
         self.np_rngs = np_rngs
 
     def state_dict(self):
-        return {"torch": torch.get_rng_state(), "numpy": [rng.bit_generator.state for rng in self.np_rngs]}
+        return {
+            "torch": torch.get_rng_state(),
+            "numpy": [rng.bit_generator.state for rng in self.np_rngs],
+        }
 
     def load_state_dict(self, state):
         torch.set_rng_state(state["torch"])
@@ -640,56 +981,94 @@ class RNGs:
 
 
 class RunLogger:
-    """What a run shows and leaves behind: config.json, metrics.csv (global_step, wall_time, name, value; append-only),
-    TensorBoard events, a wandb run with --track, the progress bar, checkpoint.pt. Resuming drops the rows logged after
-    the checkpoint (those steps are redone): no step is logged twice. The training clock stops during evaluations.
-    Ctrl-C sets stop_requested: the script finishes its iteration, saves it and calls exit_interrupted()."""
+    """What a run shows and leaves behind: config.json, metrics.csv (global_step, wall_time, name,
+    value; append-only), TensorBoard events, a wandb run with --track, the progress bar,
+    checkpoint.pt. Resuming drops the rows logged after the checkpoint (those steps are redone): no
+    step is logged twice. The training clock stops during evaluations. Ctrl-C sets stop_requested:
+    the script finishes its iteration, saves it and calls exit_interrupted()."""
 
     def __init__(self, args, run_dir: Path, total: int, step: int, ckpt: dict | None):
         run_dir.mkdir(parents=True, exist_ok=True)
         metrics, header = run_dir / "metrics.csv", "global_step,wall_time,name,value\n"
         if ckpt is not None:
             lines = metrics.read_text().splitlines(keepends=True)[1:] if metrics.is_file() else []
-            (run_dir / "metrics.tmp").write_text(header + "".join(ln for ln in lines if int(ln.split(",")[0]) <= step))
+            (run_dir / "metrics.tmp").write_text(
+                header + "".join(ln for ln in lines if int(ln.split(",")[0]) <= step)
+            )
             os.replace(run_dir / "metrics.tmp", metrics)
         else:
-            git = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ALGOS)
-            config = {"script": SCRIPT, "args": asdict(args), "git_commit": git.stdout.strip() or None,
-                      "versions": {p: version(p) for p in ("torch", "gymnasium", "numpy")}}
+            git = subprocess.run(
+                ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ALGOS
+            )
+            config = {
+                "script": SCRIPT,
+                "args": asdict(args),
+                "git_commit": git.stdout.strip() or None,
+                "versions": {p: version(p) for p in ("torch", "gymnasium", "numpy")},
+            }
             (run_dir / "config.json").write_text(json.dumps(config, indent=2))
             metrics.write_text(header)
         if total != args.total_timesteps:
-            print(f"{total:,} steps will run: whole iterations up to --total-timesteps {args.total_timesteps:,}")
+            print(
+                f"{total:,} steps will run: whole iterations up "
+                f"to --total-timesteps {args.total_timesteps:,}"
+            )
         self.args, self.run_dir, self.wandb = args, run_dir, None
         if args.track:  # every row of metrics.csv is one wandb row, plotted against global_step
             import wandb
-            self.wandb = wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=asdict(args),
-                                    name=run_dir.name, dir=str(run_dir), id=run_dir.name, resume="allow")
+
+            self.wandb = wandb.init(
+                project=args.wandb_project_name,
+                entity=args.wandb_entity,
+                config=asdict(args),
+                name=run_dir.name,
+                dir=str(run_dir),
+                id=run_dir.name,
+                resume="allow",
+            )
             self.wandb.define_metric("global_step")
             self.wandb.define_metric("*", step_metric="global_step")
         self.file = open(metrics, "a", newline="")
         self.csv, self.tb = csv.writer(self.file, lineterminator="\n"), SummaryWriter(str(run_dir))
         self.bar = tqdm(total=total, initial=step, unit="step", mininterval=1.0)
-        self.first_step, self.start, self.eval_seconds, self.last_return = step, time.time(), 0.0, float("nan")
-        self.seconds_before = ckpt.get("train_seconds", 0.0) if ckpt is not None else 0.0  # of the run resumed
+        self.first_step, self.start, self.eval_seconds, self.last_return = (
+            step,
+            time.time(),
+            0.0,
+            float("nan"),
+        )
+        # of the run resumed
+        self.seconds_before = ckpt.get("train_seconds", 0.0) if ckpt is not None else 0.0
         self.stop_requested, self.duration_said = False, False
         signal.signal(signal.SIGINT, self.request_stop)
 
     def request_stop(self, *_):
         self.stop_requested = True
-        signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C stops at once, unsaved
-        print("\nCtrl-C: stopping after this iteration (again: at once, without saving it)", file=sys.stderr)
+        # a second Ctrl-C stops at once, unsaved
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        print(
+            "\nCtrl-C: stopping after this iteration (again: at once, without saving it)",
+            file=sys.stderr,
+        )
 
     def log(self, step: int, metrics: dict, to_wandb: bool = True):
-        """One row per metric in metrics.csv and TensorBoard; one wandb row for them all. A non-finite loss stops
-        the run (the weights have diverged) before it is written; the last checkpoint is kept."""
+        """One row per metric in metrics.csv and TensorBoard; one wandb row for them all. A
+        non-finite loss stops the run (the weights have diverged) before it is written; the last
+        checkpoint is kept."""
         values = {}
         for name, value in metrics.items():
-            values[name] = float(value.detach() if torch.is_tensor(value) else value)  # a loss may require grad
-            if name.startswith("losses/") and name != "losses/explained_variance" and not np.isfinite(values[name]):
+            # a loss may require grad
+            values[name] = float(value.detach() if torch.is_tensor(value) else value)
+            if (
+                name.startswith("losses/")
+                and name != "losses/explained_variance"
+                and not np.isfinite(values[name])
+            ):
                 self.close_files()
-                fail(f"{name} is {values[name]} at step {step}: training diverged; {self.run_dir} keeps its last "
-                     "checkpoint (try a lower --learning-rate)")
+                fail(
+                    f"{name} is {values[name]} at step {step}: training diverged; "
+                    f"{self.run_dir} keeps its last checkpoint (try a lower --learning-rate)"
+                )
         for name, value in values.items():
             self.csv.writerow([step, f"{time.time():.3f}", name, repr(value)])
             self.tb.add_scalar(name, value, step)
@@ -703,7 +1082,9 @@ class RunLogger:
 
     def progress(self, step: int):
         """Log charts/sps (environment steps per training second) and update the progress bar."""
-        sps = int((step - self.first_step) / max(time.time() - self.start - self.eval_seconds, 1e-9))
+        sps = int(
+            (step - self.first_step) / max(time.time() - self.start - self.eval_seconds, 1e-9)
+        )
         self.log(step, {"charts/sps": sps})
         self.bar.update(step - self.bar.n)
         self.bar.set_postfix(sps=sps, ret=f"{self.last_return:.1f}", refresh=False)
@@ -711,33 +1092,56 @@ class RunLogger:
             self.duration_said = True
             hours = (self.bar.total - step) / max(sps, 1) / 3600
             if hours > 1:
-                self.bar.write(f"at {sps:,} steps/s the rest of this run takes about {hours:.1f} hours here; "
-                               "--total-timesteps sets the budget")
+                self.bar.write(
+                    f"at {sps:,} steps/s the rest of this run takes about "
+                    f"{hours:.1f} hours here; --total-timesteps sets the budget"
+                )
 
     def evaluate(self, step: int, run_episodes):
-        """Log charts/train_seconds, then one row per episode of run_episodes(): a list of episodic returns (logged as
-        eval/episodic_return) or a dict {metric name: one value per episode} (multi-agent: team return, win)."""
+        """Log charts/train_seconds, then one row per episode of run_episodes(): a list of episodic
+        returns (logged as eval/episodic_return) or a dict {metric name: one value per episode}
+        (multi-agent: team return, win)."""
         self.log(step, {"charts/train_seconds": self.train_seconds()})
         start, results = time.time(), run_episodes()
         self.eval_seconds += time.time() - start
-        for name, values in (results if isinstance(results, dict) else {"eval/episodic_return": results}).items():
+        for name, values in (
+            results if isinstance(results, dict) else {"eval/episodic_return": results}
+        ).items():
             for value in values:
                 self.log(step, {name: value}, to_wandb=False)
-            if self.wandb is not None and len(values):  # wandb keeps one value per step: the mean, and a histogram
+            # wandb keeps one value per step: the mean, and a histogram
+            if self.wandb is not None and len(values):
                 import wandb
-                self.wandb.log({"global_step": step, name: float(np.mean(values)),
-                                f"{name}_histogram": wandb.Histogram(np.asarray(values, dtype=np.float64))})
+
+                self.wandb.log(
+                    {
+                        "global_step": step,
+                        name: float(np.mean(values)),
+                        f"{name}_histogram": wandb.Histogram(np.asarray(values, dtype=np.float64)),
+                    }
+                )
         return results
 
-    def save_checkpoint(self, stateful: dict, iteration: int, global_step: int, finished: bool = False):
-        """checkpoint.pt: the flags, the counters and the state_dict() of every object of `stateful`, written then
-        renamed (a crash never leaves half a checkpoint), and its SHA-256 in checkpoint.sha256."""
-        state = {"args": asdict(self.args), "iteration": iteration, "global_step": global_step, "finished": finished,
-                 "train_seconds": self.train_seconds(), **{name: obj.state_dict() for name, obj in stateful.items()}}
+    def save_checkpoint(
+        self, stateful: dict, iteration: int, global_step: int, finished: bool = False
+    ):
+        """checkpoint.pt: the flags, the counters and the state_dict() of every object of
+        `stateful`, written then renamed (a crash never leaves half a checkpoint), and its SHA-256
+        in checkpoint.sha256."""
+        state = {
+            "args": asdict(self.args),
+            "iteration": iteration,
+            "global_step": global_step,
+            "finished": finished,
+            "train_seconds": self.train_seconds(),
+            **{name: obj.state_dict() for name, obj in stateful.items()},
+        }
         save_with_digest(plain(state), self.run_dir / "checkpoint.pt")
 
     def close_files(self):
-        self.bar.close(), self.file.close(), self.tb.close()
+        self.bar.close()
+        self.file.close()
+        self.tb.close()
         if self.wandb is not None:
             self.wandb.finish()
 
@@ -747,21 +1151,40 @@ class RunLogger:
         sys.exit(130)
 
     def close(self, results):
-        """Close the files; the last lines say the evaluation, where the run is and the script's reference."""
+        """Close the files; the last lines say the evaluation, where the run is and the script's
+        reference."""
         self.bar.update(self.bar.total - self.bar.n)
         self.close_files()
-        for name, values in (results if isinstance(results, dict) else {"eval/episodic_return": results}).items():
+        for name, values in (
+            results if isinstance(results, dict) else {"eval/episodic_return": results}
+        ).items():
             if len(values):
-                print(f"{name}: {np.mean(values):.2f} +- {np.std(values):.2f} over {len(values)} episodes")
-        print(f"run saved in {self.run_dir}" + (" (model.pt, checkpoint.pt)" if self.args.save_model else
-                                                " (checkpoint.pt)"))
-        path = ALGOS.parent / "benchmark" / "references.toml"  # our multi-seed runs of each script, if present
-        refs = [r for r in (tomllib.loads(path.read_text())["reference"] if path.is_file() else [])
-                if "values" in r and r["score"] in ("final_eval", "final_win_rate") and self.same_setting(r)]
-        for r in sorted(refs, key=lambda r: abs(r["total_timesteps"] - self.args.total_timesteps))[:1]:
+                print(
+                    f"{name}: {np.mean(values):.2f} +- "
+                    f"{np.std(values):.2f} over {len(values)} episodes"
+                )
+        print(
+            f"run saved in {self.run_dir}"
+            + (" (model.pt, checkpoint.pt)" if self.args.save_model else " (checkpoint.pt)")
+        )
+        # our multi-seed runs of each script, if present
+        path = ALGOS.parent / "benchmark" / "references.toml"
+        refs = [
+            r
+            for r in (tomllib.loads(path.read_text())["reference"] if path.is_file() else [])
+            if "values" in r
+            and r["score"] in ("final_eval", "final_win_rate")
+            and self.same_setting(r)
+        ]
+        for r in sorted(refs, key=lambda r: abs(r["total_timesteps"] - self.args.total_timesteps))[
+            :1
+        ]:
             values = r["values"]
-            print(f"reference {r['id']} ({r['total_timesteps']:,} steps, {r['score']}, {len(values)} seeds): "
-                  f"{np.mean(values):.2f} +- {np.std(values):.2f}, seeds from {min(values):.2f} to {max(values):.2f}")
+            print(
+                f"reference {r['id']} ({r['total_timesteps']:,} steps, {r['score']}, "
+                f"{len(values)} seeds): {np.mean(values):.2f} +- {np.std(values):.2f}, "
+                f"seeds from {min(values):.2f} to {max(values):.2f}"
+            )
             results = results if isinstance(results, dict) else {"eval/episodic_return": results}
             wanted = "win" if r["score"] == "final_win_rate" else "episodic_return"
             name = next((n for n in results if wanted in n), None)
@@ -769,7 +1192,10 @@ class RunLogger:
                 continue
             mean = float(np.mean(results[name]))
             if r["total_timesteps"] != self.args.total_timesteps:
-                print(f"this run: {mean:.2f} after {self.args.total_timesteps:,} steps: another budget, not compared")
+                print(
+                    f"this run: {mean:.2f} after {self.args.total_timesteps:,} "
+                    "steps: another budget, not compared"
+                )
             elif min(values) <= mean <= max(values):
                 print(f"this run: {mean:.2f}, within the reference's seeds")
             else:
@@ -779,7 +1205,8 @@ class RunLogger:
             print(f"no reference for {SCRIPT} on {self.args.env_id} to compare with")
 
     def same_setting(self, reference: dict) -> bool:
-        """True for a reference of this script and env (and, for an offline script, of this dataset)."""
+        """True for a reference of this script and env (and, for an offline script, of this
+        dataset)."""
         if (reference["script"], reference["env_id"]) != (SCRIPT, self.args.env_id):
             return False
         flags = reference.get("flags", [])
@@ -788,6 +1215,8 @@ class RunLogger:
         ours = Path(self.args.dataset)  # a directory, or an id such as canonrl/cartpole/medium-v0
         theirs = Path(flags[flags.index("--dataset") + 1]).name  # runs/datasets/cartpole-medium-v0
         return theirs in (ours.name, "-".join(ours.parts[-2:]))
+
+
 # ---- end shared: helpers ----
 
 

@@ -1,20 +1,31 @@
-"""IQN (implicit quantile networks) on Atari (ALE/Breakout-v5 by default) and MinAtar: dqn_atari.py with quantiles.
+"""IQN on Atari (ALE/Breakout-v5 by default) and MinAtar: dqn_atari.py with implicit quantiles.
 
-Dabney, Ostrovski, Silver and Munos 2018, "Implicit Quantile Networks for Distributional Reinforcement Learning"
-(ICML): the network gives Z_tau(s, a), the tau-quantile of the return, for any tau in [0, 1]: the Nature CNN's features
-times an embedding of cos(pi * i * tau) (eq. 4). The loss is the quantile Huber loss (eq. 3) between N = 64 quantiles
-and N' = 64 samples of the target r + gamma * Z_tau'(s', a*). Q(s, a) averages K = 32 quantiles at the fixed fractions
-(k + 0.5) / K (the paper samples them), so that acting and evaluation are deterministic. Settings mix Dopamine's two
-IQN configs: 20k steps before learning, a target copy every 8000 steps, epsilon annealed over 250k steps from its
-implicit_quantile.gin (which also has 3-step targets, Adam 6.25e-5, eps 1.5e-4); 1-step targets, Adam 5e-5 with eps
-0.01 / 32 from implicit_quantile_icml.gin, the paper's (which has 50k, 10k and 1M steps for those three).
+Dabney et al. 2018, "Implicit Quantile Networks for Distributional RL": Z_tau(s, a) for any tau, the
+Nature CNN's features times an embedding of cos(pi i tau) (eq. 4); quantile Huber loss (eq. 3), 64
+quantiles against 64 target samples. Q averages 32 fixed fractions (k + 0.5) / 32 (the paper samples
+them): acting is deterministic. Dopamine's configs mixed: 20k starts, target copy 8000, epsilon over
+250k (implicit_quantile.gin); 1-step targets, Adam 5e-5, eps 0.01/32 (implicit_quantile_icml.gin).
 
 Run:    python algos/iqn_atari.py --env-id ALE/Breakout-v5 --seed 1 --cuda
 Quick:  python algos/iqn_atari.py --env-id MinAtar/Breakout-v1 --total-timesteps 2000 \
             --learning-starts 1000 --buffer-size 2000
 Results: benchmark/references.toml
 """
-import csv, difflib, hashlib, importlib.util, json, os, random, re, signal, subprocess, sys, tempfile, time, tomllib
+
+import csv
+import difflib
+import hashlib
+import importlib.util
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
 import warnings
 from dataclasses import asdict, dataclass
 from importlib.metadata import version
@@ -33,99 +44,163 @@ from tqdm import tqdm
 
 @dataclass
 class Args:
-    learning_rate: float = 5e-5  # Adam learning rate
-    adam_eps: float = 0.01  # Adam epsilon times batch_size (the paper's eps = 0.01 / 32 for batch 32)
-    anneal_lr: bool = False  # anneal the learning rate linearly to 0
-    buffer_size: int = 1_000_000  # replay capacity in 84x84 uint8 frames (a step each, an episode 1 more); 1M: 6.6 GiB
-    gamma: float = 0.99  # discount factor
-    tau: float = 1.0  # target network update rate (1.0: a hard copy)
-    target_network_frequency: int = 8000  # env steps between target network updates
-    batch_size: int = 32  # replay minibatch size
-    start_e: float = 1.0  # initial exploration epsilon
-    end_e: float = 0.01  # final exploration epsilon
-    exploration_fraction: float = 0.025  # fraction of total_timesteps over which epsilon goes from start_e to end_e
-    learning_starts: int = 20_000  # env steps before learning starts
-    train_frequency: int = 4  # vector-env steps between training phases
-    gradient_steps: int = 1  # gradient updates per training phase
-    eval_epsilon: float = 0.05  # epsilon of the evaluation games (Nature DQN's; 0: greedy)
-    n_quantiles: int = 64  # N: fractions tau drawn for the online network's quantiles per sample
-    n_target_quantiles: int = 64  # N': fractions tau' drawn for the target's quantiles per sample
-    n_policy_quantiles: int = 32  # K: quantiles averaged into Q(s, a), at the fractions (k + 0.5) / K
-    n_cos: int = 64  # cosines cos(pi * i * tau), i = 0..n_cos-1, of the fraction embedding
-    kappa: float = 1.0  # threshold of the quantile Huber loss
-    compile: bool = False  # torch.compile the loss and its backward (q_loss; float rounding differs from eager)
-    env_id: str = "ALE/Breakout-v5"  # an Atari game: ALE/<Game>-v5 (sticky actions) or <Game>NoFrameskip-v4
-    total_timesteps: int = 10_000_000  # environment steps over all envs (agent steps: 4 frames each)
-    num_envs: int = 1  # parallel environments (one synchronous vector env)
+    learning_rate: float = 5e-5
+    """Adam learning rate"""
+    adam_eps: float = 0.01
+    """Adam epsilon times batch_size (the paper's eps = 0.01 / 32 for batch 32)"""
+    anneal_lr: bool = False
+    """anneal the learning rate linearly to 0"""
+    buffer_size: int = 1_000_000
+    """replay capacity in 84x84 uint8 frames (a step each, an episode 1 more); 1M: 6.6 GiB"""
+    gamma: float = 0.99
+    """discount factor"""
+    tau: float = 1.0
+    """target network update rate (1.0: a hard copy)"""
+    target_network_frequency: int = 8000
+    """env steps between target network updates"""
+    batch_size: int = 32
+    """replay minibatch size"""
+    start_e: float = 1.0
+    """initial exploration epsilon"""
+    end_e: float = 0.01
+    """final exploration epsilon"""
+    exploration_fraction: float = 0.025
+    """fraction of total_timesteps over which epsilon goes from start_e to end_e"""
+    learning_starts: int = 20_000
+    """env steps before learning starts"""
+    train_frequency: int = 4
+    """vector-env steps between training phases"""
+    gradient_steps: int = 1
+    """gradient updates per training phase"""
+    eval_epsilon: float = 0.05
+    """epsilon of the evaluation games (Nature DQN's; 0: greedy)"""
+    n_quantiles: int = 64
+    """N: fractions tau drawn for the online network's quantiles per sample"""
+    n_target_quantiles: int = 64
+    """N': fractions tau' drawn for the target's quantiles per sample"""
+    n_policy_quantiles: int = 32
+    """K: quantiles averaged into Q(s, a), at the fractions (k + 0.5) / K"""
+    n_cos: int = 64
+    """cosines cos(pi * i * tau), i = 0..n_cos-1, of the fraction embedding"""
+    kappa: float = 1.0
+    """threshold of the quantile Huber loss"""
+    compile: bool = False
+    """torch.compile the loss and its backward (q_loss; float rounding differs from eager)"""
+    env_id: str = "ALE/Breakout-v5"
+    """an Atari game: ALE/<Game>-v5 (sticky actions) or <Game>NoFrameskip-v4"""
+    total_timesteps: int = 10_000_000
+    """environment steps over all envs (agent steps: 4 frames each)"""
+    num_envs: int = 1
+    """parallel environments (one synchronous vector env)"""
     # ---- shared: args ----
-    seed: int = 1  # seed of torch, numpy, random and the envs
-    cuda: bool = False  # run on CUDA when available (the CNN scripts gain from it; small MLPs are fastest on a CPU)
-    torch_deterministic: bool = True  # torch.backends.cudnn.deterministic and one CPU thread
-    track: bool = False  # log to Weights & Biases (works offline with WANDB_MODE=offline)
-    wandb_project_name: str = "canonrl"  # wandb project
-    wandb_entity: str | None = None  # wandb entity (team)
-    capture_video: bool = False  # record episode 0 of the final evaluation to <run_dir>/videos
-    save_model: bool = False  # save <run_dir>/model.pt at the end
-    eval_episodes: int = 10  # evaluation episodes (the policy evaluate() runs) at the end and each --eval-every
-    eval_every: int = 0  # also evaluate every this many steps (0: only at the end); logs charts/train_seconds too
-    run_dir: str | None = None  # where the run is written (default runs/<env>__<script>__<seed>__<time>); must be new
-    resume: str | None = None  # continue the run in this directory (its flags; --total-timesteps may extend it)
-    checkpoint_every: int = 50_000  # save <run_dir>/checkpoint.pt every this many steps (and at the end and on Ctrl-C)
+    seed: int = 1
+    """seed of torch, numpy, random and the envs"""
+    cuda: bool = False
+    """run on CUDA when available (the CNN scripts gain from it; small MLPs are fastest on a CPU)"""
+    torch_deterministic: bool = True
+    """torch.backends.cudnn.deterministic and one CPU thread"""
+    track: bool = False
+    """log to Weights & Biases (works offline with WANDB_MODE=offline)"""
+    wandb_project_name: str = "canonrl"
+    """wandb project"""
+    wandb_entity: str | None = None
+    """wandb entity (team)"""
+    capture_video: bool = False
+    """record episode 0 of the final evaluation to <run_dir>/videos"""
+    save_model: bool = False
+    """save <run_dir>/model.pt at the end"""
+    eval_episodes: int = 10
+    """evaluation episodes (the policy evaluate() runs) at the end and each --eval-every"""
+    eval_every: int = 0
+    """also evaluate every this many steps (0: only at the end); logs charts/train_seconds too"""
+    run_dir: str | None = None
+    """where the run is written (default runs/<env>__<script>__<seed>__<time>); must be new"""
+    resume: str | None = None
+    """continue the run in this directory (its flags; --total-timesteps may extend it)"""
+    checkpoint_every: int = 50_000
+    """save <run_dir>/checkpoint.pt every this many steps (and at the end and on Ctrl-C)"""
     # ---- end shared: args ----
 
 
 # ---- shared: atari/make_env ----
 gym.register_envs(ale_py)  # the ALE/<Game>-v5 and <Game>NoFrameskip-v4 ids
-for game in ("asterix", "breakout", "freeway", "seaquest", "space_invaders"):  # MinAtar/<Game>-v1 (pip install minatar)
-    gym.register(f"MinAtar/{game.title().replace('_', '')}-v1", "minatar.gym:BaseEnv", max_episode_steps=10_000,
-                 kwargs=dict(game=game, use_minimal_action_set=True))  # registered here: importing minatar takes 1 s
+# MinAtar/<Game>-v1 (pip install minatar)
+for game in ("asterix", "breakout", "freeway", "seaquest", "space_invaders"):
+    gym.register(
+        f"MinAtar/{game.title().replace('_', '')}-v1",
+        "minatar.gym:BaseEnv",
+        max_episode_steps=10_000,
+        # registered here: importing minatar takes 1 s
+        kwargs=dict(game=game, use_minimal_action_set=True),
+    )
 
 
 def minatar_frame(obs):
-    """A MinAtar observation (10, 10, channels) of booleans drawn as an 84x84 gray frame: channel c at gray level
-    (c + 1) * 255 // channels (the highest wins where objects overlap), each cell 8x8 pixels, a 2-pixel black border."""
+    """A MinAtar observation (10, 10, channels) of booleans drawn as an 84x84 gray frame: channel c
+    at gray level (c + 1) * 255 // channels (the highest wins where objects overlap), each cell 8x8
+    pixels, a 2-pixel black border."""
     levels = np.arange(1, obs.shape[-1] + 1, dtype=np.uint8) * (255 // obs.shape[-1])
     return np.pad(np.kron((obs * levels).max(-1), np.ones((8, 8), np.uint8)), 2)
 
 
 def make_env(env_id, video_dir=None):
-    """An Atari game as Stable-Baselines3's AtariWrapper preprocesses it (up to 30 no-ops at reset, each action
-    repeated for 4 frames with a max over the last two, a lost life ends the episode (not the game), FIRE at reset,
-    84x84 grayscale, rewards clipped to their sign), or a MinAtar game drawn as 84x84 frames; then stacks of the last
-    4 frames. ALE/<Game>-v5 ids are made with frameskip=1 (the wrapper skips) and keep v5's sticky actions
-    (repeat_action_probability 0.25, Machado et al. 2018); <Game>NoFrameskip-v4 ids have none (CleanRL's setting).
-    info["episode"] (RecordEpisodeStatistics beneath the wrapper) holds the unclipped score of a whole game (all lives).
-    With video_dir, game 0 is recorded there as eval-episode-0.mp4 (--capture-video)."""
-    if env_id.startswith("MinAtar/"):  # 10x10 games as frames for the same CNN and frame stack (no Atari wrapper)
+    """An Atari game as Stable-Baselines3's AtariWrapper preprocesses it (up to 30 no-ops at reset,
+    each action repeated for 4 frames with a max over the last two, a lost life ends the episode
+    (not the game), FIRE at reset, 84x84 grayscale, rewards clipped to their sign), or a MinAtar
+    game drawn as 84x84 frames; then stacks of the last 4 frames. ALE/<Game>-v5 ids are made with
+    frameskip=1 (the wrapper skips) and keep v5's sticky actions (repeat_action_probability 0.25,
+    Machado et al. 2018); <Game>NoFrameskip-v4 ids have none (CleanRL's setting). info["episode"]
+    (RecordEpisodeStatistics beneath the wrapper) holds the unclipped score of a whole game (all
+    lives). With video_dir, game 0 is recorded there as eval-episode-0.mp4 (--capture-video)."""
+    # 10x10 games as frames for the same CNN and frame stack (no Atari wrapper)
+    if env_id.startswith("MinAtar/"):
         env = gym.wrappers.RecordEpisodeStatistics(gym.make(env_id))
-        env = gym.wrappers.TransformObservation(env, minatar_frame, gym.spaces.Box(0, 255, (84, 84), np.uint8))
+        env = gym.wrappers.TransformObservation(
+            env, minatar_frame, gym.spaces.Box(0, 255, (84, 84), np.uint8)
+        )
         return gym.wrappers.FrameStackObservation(env, 4)
     if video_dir is None:
         env = gym.make(env_id, frameskip=1)  # the wrapper skips frames (v5's sticky actions stay)
     else:  # the raw game, before the preprocessing: the video shows what a player sees
-        env = gym.wrappers.RecordVideo(gym.make(env_id, frameskip=1, render_mode="rgb_array"), str(video_dir),
-                                       lambda ep: ep == 0, name_prefix="eval", disable_logger=True)
-    env = gym.wrappers.RecordEpisodeStatistics(env)  # beneath the wrapper: the unclipped score of a whole game
+        env = gym.wrappers.RecordVideo(
+            gym.make(env_id, frameskip=1, render_mode="rgb_array"),
+            str(video_dir),
+            lambda ep: ep == 0,
+            name_prefix="eval",
+            disable_logger=True,
+        )
+    # beneath the wrapper: the unclipped score of a whole game
+    env = gym.wrappers.RecordEpisodeStatistics(env)
     env = AtariWrapper(env)
     env = gym.wrappers.ReshapeObservation(env, (84, 84))
-    return gym.wrappers.FrameStackObservation(env, 4)  # at reset, padded with the first frame repeated
+    # at reset, padded with the first frame repeated
+    return gym.wrappers.FrameStackObservation(env, 4)
+
+
 # ---- end shared: atari/make_env ----
 
 
 class QNetwork(nn.Module):
-    """Nature DQN's CNN features psi(s) of uint8 stacks (N, 4, 84, 84) scaled to [0, 1] (32 8x8 filters stride 4 -> 64
-    4x4 stride 2 -> 64 3x3 stride 1, ReLU: 3136 features), times the embedding phi(tau) of each fraction (n_cos cosines
-    -> 3136, ReLU), -> 512 -> one quantile per action (eq. 4); PyTorch's default init. forward() gives Q(s, a), the
-    mean of the quantiles at the K fractions (k + 0.5) / K (a buffer: saved with the weights)."""
+    """Nature DQN's CNN features psi(s) of uint8 stacks (N, 4, 84, 84) scaled to [0, 1] (32 8x8
+    filters stride 4 -> 64 4x4 stride 2 -> 64 3x3 stride 1, ReLU: 3136 features), times the
+    embedding phi(tau) of each fraction (n_cos cosines -> 3136, ReLU), -> 512 -> one quantile per
+    action (eq. 4); PyTorch's default init. forward() gives Q(s, a), the mean of the quantiles at
+    the K fractions (k + 0.5) / K (a buffer: saved with the weights)."""
 
     def __init__(self, n_actions: int, n_cos: int = 64, n_policy_quantiles: int = 32):
         super().__init__()
         self.register_buffer("cos_freqs", torch.pi * torch.arange(n_cos))
-        self.register_buffer("policy_taus", (torch.arange(n_policy_quantiles) + 0.5) / n_policy_quantiles)
+        self.register_buffer(
+            "policy_taus", (torch.arange(n_policy_quantiles) + 0.5) / n_policy_quantiles
+        )
         self.features = nn.Sequential(
-            nn.Conv2d(4, 32, 8, stride=4), nn.ReLU(),
-            nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
-            nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(), nn.Flatten(),
+            nn.Conv2d(4, 32, 8, stride=4),
+            nn.ReLU(),
+            nn.Conv2d(32, 64, 4, stride=2),
+            nn.ReLU(),
+            nn.Conv2d(64, 64, 3, stride=1),
+            nn.ReLU(),
+            nn.Flatten(),
         )
         self.tau_embedding = nn.Sequential(nn.Linear(n_cos, 64 * 7 * 7), nn.ReLU())
         self.head = nn.Sequential(nn.Linear(64 * 7 * 7, 512), nn.ReLU(), nn.Linear(512, n_actions))
@@ -140,7 +215,8 @@ class QNetwork(nn.Module):
         return self.quantiles(x, self.policy_taus.expand(len(x), -1)).mean(dim=1)
 
     def get_greedy_action(self, x):
-        """argmax_a Q(x, a): the exploiting action of the rollout and the policy that evaluate() runs."""
+        """argmax_a Q(x, a): the exploiting action of the rollout and the policy that evaluate()
+        runs."""
         return self(x).argmax(dim=-1)
 
 
@@ -149,104 +225,151 @@ def linear_schedule(start_e: float, end_e: float, duration: float, t: int):
 
 
 def iqn_target(next_q, next_quantiles, rewards, terminated, gamma):
-    """Samples of the target distribution r + gamma * Z_tau'(s', a*) (eq. 3's T Z), a* = argmax_a next_q(s', a) the
-    target network's greedy action, next_quantiles (batch, N', actions) its quantiles at the fractions tau'; only
-    termination stops the bootstrap. (batch, N')."""
+    """Samples of the target distribution r + gamma * Z_tau'(s', a*) (eq. 3's T Z), a* = argmax_a
+    next_q(s', a) the target network's greedy action, next_quantiles (batch, N', actions) its
+    quantiles at the fractions tau'; only termination stops the bootstrap. (batch, N')."""
     next_actions = next_q.argmax(dim=1)
     z = next_quantiles[torch.arange(len(next_q)), :, next_actions]  # (batch, N')
     return rewards[:, None] + gamma * (1.0 - terminated[:, None]) * z
 
 
 def quantile_huber_loss(quantiles, target, taus, kappa):
-    """The quantile Huber loss of eq. 3: for each pair of a predicted quantile theta_i (at fraction tau_i) and a target
-    sample T_j, delta_ij = T_j - theta_i and rho_tau(delta) = |tau - 1{delta < 0}| * Huber_kappa(delta) / kappa;
-    summed over i, averaged over j and the batch. quantiles and taus (batch, N), target (batch, N')."""
+    """The quantile Huber loss of eq. 3: for each pair of a predicted quantile theta_i (at fraction
+    tau_i) and a target sample T_j, delta_ij = T_j - theta_i and rho_tau(delta) = |tau - 1{delta <
+    0}| * Huber_kappa(delta) / kappa; summed over i, averaged over j and the batch. quantiles and
+    taus (batch, N), target (batch, N')."""
     delta = target[:, None, :] - quantiles[:, :, None]  # (batch, N, N')
-    huber = torch.where(delta.abs() <= kappa, 0.5 * delta ** 2, kappa * (delta.abs() - 0.5 * kappa))
+    huber = torch.where(delta.abs() <= kappa, 0.5 * delta**2, kappa * (delta.abs() - 0.5 * kappa))
     weight = (taus[:, :, None] - (delta.detach() < 0).float()).abs()
     return (weight * huber / kappa).sum(dim=1).mean()
 
 
-def q_loss(q_network, target_network, b_obs, b_next_obs, b_actions, b_rewards, b_terminated, gamma, taus, next_taus,
-           kappa):
-    """The quantile Huber loss of the online quantiles of the actions taken at the fractions taus (batch, N) against
-    the target's samples at next_taus (batch, N'); returns (loss, those quantiles: their mean estimates Q)."""
+def q_loss(
+    q_network,
+    target_network,
+    b_obs,
+    b_next_obs,
+    b_actions,
+    b_rewards,
+    b_terminated,
+    gamma,
+    taus,
+    next_taus,
+    kappa,
+):
+    """The quantile Huber loss of the online quantiles of the actions taken at the fractions taus
+    (batch, N) against the target's samples at next_taus (batch, N'); returns (loss, those
+    quantiles: their mean estimates Q)."""
     with torch.no_grad():
-        target = iqn_target(target_network(b_next_obs), target_network.quantiles(b_next_obs, next_taus), b_rewards,
-                            b_terminated, gamma)
+        target = iqn_target(
+            target_network(b_next_obs),
+            target_network.quantiles(b_next_obs, next_taus),
+            b_rewards,
+            b_terminated,
+            gamma,
+        )
     quantiles = q_network.quantiles(b_obs, taus)[torch.arange(len(b_actions)), :, b_actions]
     return quantile_huber_loss(quantiles, target, taus, kappa), quantiles
 
 
 # ---- shared: atari/ReplayBuffer ----
 class ReplayBuffer:
-    """A replay buffer of frame stacks that stores each frame once: a ring of slots per env, each slot holding a frame
-    (the newest of an observation), how many steps into its episode it came, and the step taken from it (action,
-    reward, terminated). An episode's first frame gets a slot of its own (add's `first`), and its last slot holds the
-    true final observation's frame (cut by a time limit or not) with no step taken from it: next_obs is always the
-    stack ending one slot later. A stack never reaches back past its episode's first frame, which pads it as
-    FrameStackObservation pads at reset. Only `terminated` stops the bootstrap. Checkpointable through state_dict()."""
+    """A replay buffer of frame stacks that stores each frame once: a ring of slots per env, each
+    slot holding a frame (the newest of an observation), how many steps into its episode it came,
+    and the step taken from it (action, reward, terminated). An episode's first frame gets a slot of
+    its own (add's `first`), and its last slot holds the true final observation's frame (cut by a
+    time limit or not) with no step taken from it: next_obs is always the stack ending one slot
+    later. A stack never reaches back past its episode's first frame, which pads it as
+    FrameStackObservation pads at reset. Only `terminated` stops the bootstrap. Checkpointable
+    through state_dict()."""
+
     FIELDS = ("frames", "steps", "actions", "rewards", "terminated", "valid")
 
     def __init__(self, size: int, num_envs: int, obs_shape: tuple, rng: np.random.Generator):
         self.size, self.n_stack = size // num_envs, obs_shape[0]  # slots per env, frames per stack
         self.frames = np.zeros((num_envs, self.size, *obs_shape[1:]), np.uint8)
         self.steps, self.actions = (np.zeros((num_envs, self.size), np.int64) for _ in range(2))
-        self.rewards, self.terminated = (np.zeros((num_envs, self.size), np.float32) for _ in range(2))
-        self.valid = np.zeros((num_envs, self.size), bool)  # a step was taken from the slot and all its frames are kept
+        self.rewards, self.terminated = (
+            np.zeros((num_envs, self.size), np.float32) for _ in range(2)
+        )
+        # a step was taken from the slot and all its frames are kept
+        self.valid = np.zeros((num_envs, self.size), bool)
         self.pos, self.full, self.rng = np.zeros(num_envs, np.int64), np.zeros(num_envs, bool), rng
 
     def write(self, env: int, frame, step: int):
-        """Store a frame at env's cursor; the stacks of the oldest steps that reached back to the frame it held go."""
+        """Store a frame at env's cursor; the stacks of the oldest steps that reached back to the
+        frame it held go."""
         p, k = self.pos[env], np.arange(1, self.n_stack)
-        ahead = (p + k) % self.size  # the stacks of the steps k slots on reach back to p if their episode was k old
+        # the stacks of the steps k slots on reach back to p if their episode was k old
+        ahead = (p + k) % self.size
         self.valid[env, p] = False  # no step taken from p yet
         self.valid[env, ahead] &= self.steps[env, ahead] < k
         self.frames[env, p], self.steps[env, p] = frame, step
         self.pos[env], self.full[env] = (p + 1) % self.size, self.full[env] or p + 1 == self.size
 
     def add(self, obs, next_obs, actions, rewards, terminated, first):
-        """One step of every env. obs[i]'s newest frame is stored already (as the last next_obs) unless first[i]:
-        obs[i] starts an episode."""
+        """One step of every env. obs[i]'s newest frame is stored already (as the last next_obs)
+        unless first[i]: obs[i] starts an episode."""
         for i in range(len(obs)):
             if first[i]:
                 self.write(i, obs[i, -1], 0)
             t = (self.pos[i] - 1) % self.size  # the slot of obs[i]
-            self.actions[i, t], self.rewards[i, t], self.terminated[i, t] = actions[i], rewards[i], terminated[i]
+            self.actions[i, t], self.rewards[i, t], self.terminated[i, t] = (
+                actions[i],
+                rewards[i],
+                terminated[i],
+            )
             self.write(i, next_obs[i, -1], self.steps[i, t] + 1)
             self.valid[i, t] = True
 
     def stacks(self, env, slot):
-        """The stacks ending at slot[k] of env[k]'s ring; the frames before an episode's first are that first one."""
-        back = np.minimum(np.arange(self.n_stack - 1, -1, -1), self.steps[env, slot][:, None])  # (batch, n_stack)
+        """The stacks ending at slot[k] of env[k]'s ring; the frames before an episode's first are
+        that first one."""
+        # (batch, n_stack)
+        back = np.minimum(np.arange(self.n_stack - 1, -1, -1), self.steps[env, slot][:, None])
         return self.frames[env[:, None], (slot[:, None] - back) % self.size]
 
     def sample(self, batch_size: int, device):
-        """A uniform minibatch (obs, next_obs, actions, rewards, terminated) as tensors on `device`."""
+        """A uniform minibatch (obs, next_obs, actions, rewards, terminated) as tensors on
+        `device`."""
         env = self.rng.integers(0, len(self.pos), batch_size)
         filled = np.where(self.full, self.size, self.pos)[env]
         slot = self.rng.integers(0, filled)
-        while not (ok := self.valid[env, slot]).all():  # draw again where no step starts (episodes' last slots)
+        # draw again where no step starts (episodes' last slots)
+        while not (ok := self.valid[env, slot]).all():
             slot[~ok] = self.rng.integers(0, filled[~ok])
-        batch = (self.stacks(env, slot), self.stacks(env, (slot + 1) % self.size), self.actions[env, slot],
-                 self.rewards[env, slot], self.terminated[env, slot])
+        batch = (
+            self.stacks(env, slot),
+            self.stacks(env, (slot + 1) % self.size),
+            self.actions[env, slot],
+            self.rewards[env, slot],
+            self.terminated[env, slot],
+        )
         return [torch.as_tensor(x, device=device) for x in batch]
 
-    def state_dict(self):  # tensors: torch.save pickles numpy arrays, and its pickle protocol stops at 4 GiB
-        return {name: torch.from_numpy(getattr(self, name)) for name in (*self.FIELDS, "pos", "full")}
+    # tensors: torch.save pickles numpy arrays, and its pickle protocol stops at 4 GiB
+    def state_dict(self):
+        return {
+            name: torch.from_numpy(getattr(self, name)) for name in (*self.FIELDS, "pos", "full")
+        }
 
     def load_state_dict(self, state):
         for name, value in state.items():
             setattr(self, name, value.numpy())
+
+
 # ---- end shared: atari/ReplayBuffer ----
 
 
 # ---- shared: atari/evaluate ----
 @torch.no_grad()
-def evaluate(agent, env_id, episodes, seed, device="cpu", epsilon=Args.eval_epsilon, video_dir=None):
-    """Whole games (all lives) on a fresh env preprocessed as in training: a random action with probability epsilon
-    (--eval-epsilon: 0.05, Nature DQN's evaluation, in the Q-learning scripts; 0 in sac_atari.py), else
-    agent.get_greedy_action; returns the list of unclipped game scores. With video_dir, game 0 is recorded there."""
+def evaluate(
+    agent, env_id, episodes, seed, device="cpu", epsilon=Args.eval_epsilon, video_dir=None
+):
+    """Whole games (all lives) on a fresh env preprocessed as in training: a random action with
+    probability epsilon (--eval-epsilon: 0.05, Nature DQN's evaluation, in the Q-learning scripts; 0
+    in sac_atari.py), else agent.get_greedy_action; returns the list of unclipped game scores. With
+    video_dir, game 0 is recorded there."""
     env, rng, returns = make_env(env_id, video_dir), np.random.default_rng(seed), []
     for ep in range(episodes):
         obs, info = env.reset(seed=seed + ep)
@@ -261,33 +384,54 @@ def evaluate(agent, env_id, episodes, seed, device="cpu", epsilon=Args.eval_epsi
         returns.append(float(info["episode"]["r"]))
     env.close()
     return returns
+
+
 # ---- end shared: atari/evaluate ----
 
 
 def main(args: Args):
     args, ckpt, run_dir = start_run(args, check_args)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    envs = gym.vector.SyncVectorEnv(  # same-step autoreset: a finished episode's last observation is in infos
+    # same-step autoreset: a finished episode's last observation is in infos
+    envs = gym.vector.SyncVectorEnv(
         [lambda: make_env(args.env_id)] * args.num_envs,
-        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+    )
     obs_shape, n_actions = envs.single_observation_space.shape, int(envs.single_action_space.n)
     q_network = QNetwork(n_actions, args.n_cos, args.n_policy_quantiles).to(device)
     target_network = QNetwork(n_actions, args.n_cos, args.n_policy_quantiles).to(device)
     target_network.load_state_dict(q_network.state_dict())
-    optimizer = torch.optim.Adam(q_network.parameters(), lr=args.learning_rate, eps=args.adam_eps / args.batch_size,
-                                 fused=True)  # fused: 4x faster step
+    optimizer = torch.optim.Adam(
+        q_network.parameters(),
+        lr=args.learning_rate,
+        eps=args.adam_eps / args.batch_size,
+        fused=True,
+    )  # fused: 4x faster step
     loss_fn = torch.compile(q_loss) if args.compile else q_loss
-    rng = np.random.default_rng(args.seed)  # exploration and replay sampling (torch's RNG draws the fractions)
+    # exploration and replay sampling (torch's RNG draws the fractions)
+    rng = np.random.default_rng(args.seed)
     rb = ReplayBuffer(args.buffer_size, args.num_envs, obs_shape, rng)
     num_iterations = args.total_timesteps // args.num_envs  # one iteration = one step of every env
     iteration = 0
 
     def run_eval(video_dir=None):  # evaluation games are seeded apart from training
-        return evaluate(q_network, args.env_id, args.eval_episodes, args.seed + 100_000, device, args.eval_epsilon,
-                        video_dir)
+        return evaluate(
+            q_network,
+            args.env_id,
+            args.eval_episodes,
+            args.seed + 100_000,
+            device,
+            args.eval_epsilon,
+            video_dir,
+        )
 
-    stateful = {"q_network": q_network, "target_network": target_network, "optimizer": optimizer, "rb": rb,
-                "rng": RNGs(rng)}  # what a checkpoint holds, saved and resumed
+    stateful = {
+        "q_network": q_network,
+        "target_network": target_network,
+        "optimizer": optimizer,
+        "rb": rb,
+        "rng": RNGs(rng),
+    }  # what a checkpoint holds, saved and resumed
     if ckpt is not None:
         load_states(stateful, ckpt, run_dir)  # envs are not saved: they are seeded anew on reset
         iteration = ckpt["iteration"]
@@ -295,57 +439,93 @@ def main(args: Args):
     logger = RunLogger(args, run_dir, num_iterations * args.num_envs, global_step, ckpt=ckpt)
 
     obs, _ = envs.reset(seed=args.seed + global_step)  # a resumed run starts fresh episodes
-    first = np.ones(args.num_envs, dtype=bool)  # obs starts an episode (the buffer then stores its newest frame)
-    game_length = np.zeros(args.num_envs, dtype=np.int64)  # steps of the game (all its lives) each env is playing
+    # obs starts an episode (the buffer then stores its newest frame)
+    first = np.ones(args.num_envs, dtype=bool)
+    # steps of the game (all its lives) each env is playing
+    game_length = np.zeros(args.num_envs, dtype=np.int64)
     for iteration in range(iteration, num_iterations):
-        epsilon = linear_schedule(args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps,
-                                  global_step)
+        epsilon = linear_schedule(
+            args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps, global_step
+        )
         actions = rng.integers(0, n_actions, args.num_envs)
-        if (exploit := rng.random(args.num_envs) >= epsilon).any():  # the network is asked only where it acts
+        # the network is asked only where it acts
+        if (exploit := rng.random(args.num_envs) >= epsilon).any():
             with torch.no_grad():
                 greedy = q_network.get_greedy_action(torch.as_tensor(obs, device=device))
             actions = np.where(exploit, greedy.cpu().numpy(), actions)
         # ---- shared: atari/step ----
         next_obs, rewards, terminated, truncated, infos = envs.step(actions)
-        real_next_obs = next_obs.copy()  # same-step autoreset: store the true last observation, not the reset one
+        # same-step autoreset: store the true last observation, not the reset one
+        real_next_obs = next_obs.copy()
         for i in np.flatnonzero(infos.get("_final_obs", [])):
             real_next_obs[i] = infos["final_obs"][i]
         rb.add(obs, real_next_obs, actions, rewards, terminated, first)
-        global_step += args.num_envs  # right after rb.add: on Ctrl-C the steps counted are the steps stored
-        obs, first = next_obs, terminated | truncated  # an episode ends with a life; a game with the last one
+        # right after rb.add: on Ctrl-C the steps counted are the steps stored
+        global_step += args.num_envs
+        # an episode ends with a life; a game with the last one
+        obs, first = next_obs, terminated | truncated
         game_length += 1
-        games = infos.get("final_info", {})  # RecordEpisodeStatistics's unclipped score of each game that ended
+        # RecordEpisodeStatistics's unclipped score of each game that ended
+        games = infos.get("final_info", {})
         for i in np.flatnonzero(games.get("_episode", [])):  # every finished game of every sub-env
             logger.last_return = games["episode"]["r"][i]
-            logger.log(global_step, {"train/episodic_return": games["episode"]["r"][i],
-                                     "train/episodic_length": game_length[i]})
+            logger.log(
+                global_step,
+                {
+                    "train/episodic_return": games["episode"]["r"][i],
+                    "train/episodic_length": game_length[i],
+                },
+            )
             game_length[i] = 0
-        if global_step <= args.learning_starts and iteration % 1000 == 0:  # the bar moves before learning too
+        # the bar moves before learning too
+        if global_step <= args.learning_starts and iteration % 1000 == 0:
             logger.progress(global_step)
         # ---- end shared: atari/step ----
 
         if global_step > args.learning_starts and iteration % args.train_frequency == 0:
             if args.anneal_lr:
-                optimizer.param_groups[0]["lr"] = args.learning_rate * (1.0 - iteration / num_iterations)
+                optimizer.param_groups[0]["lr"] = args.learning_rate * (
+                    1.0 - iteration / num_iterations
+                )
             for _ in range(args.gradient_steps):
                 batch = rb.sample(args.batch_size, device)
-                next_taus = torch.rand(args.batch_size, args.n_target_quantiles, device=device)  # tau', then tau
+                # tau', then tau
+                next_taus = torch.rand(args.batch_size, args.n_target_quantiles, device=device)
                 taus = torch.rand(args.batch_size, args.n_quantiles, device=device)
-                loss, q_pred = loss_fn(q_network, target_network, *batch, args.gamma, taus, next_taus, args.kappa)
+                loss, q_pred = loss_fn(
+                    q_network, target_network, *batch, args.gamma, taus, next_taus, args.kappa
+                )
                 optimizer.zero_grad()
                 loss.backward()
                 optimizer.step()
-            if (iteration // args.train_frequency) % max(1, 100 // args.gradient_steps) == 0:  # every ~100 updates
-                logger.log(global_step, {"losses/td_loss": loss, "losses/q_values": q_pred.mean(), "charts/epsilon":
-                                         epsilon, "charts/learning_rate": optimizer.param_groups[0]["lr"]})
+            # every ~100 updates
+            if (iteration // args.train_frequency) % max(1, 100 // args.gradient_steps) == 0:
+                logger.log(
+                    global_step,
+                    {
+                        "losses/td_loss": loss,
+                        "losses/q_values": q_pred.mean(),
+                        "charts/epsilon": epsilon,
+                        "charts/learning_rate": optimizer.param_groups[0]["lr"],
+                    },
+                )
                 logger.progress(global_step)
-        if global_step > args.learning_starts and global_step % args.target_network_frequency < args.num_envs:
+        if (
+            global_step > args.learning_starts
+            and global_step % args.target_network_frequency < args.num_envs
+        ):
             with torch.no_grad():  # target <- tau * online + (1 - tau) * target (tau = 1: a copy)
                 for target_param, param in zip(target_network.parameters(), q_network.parameters()):
                     target_param.lerp_(param, args.tau)
-        if args.eval_every and iteration + 1 < num_iterations and global_step % args.eval_every < args.num_envs:
+        if (
+            args.eval_every
+            and iteration + 1 < num_iterations
+            and global_step % args.eval_every < args.num_envs
+        ):
             logger.evaluate(global_step, run_eval)
-        if (iteration + 1) % max(1, args.checkpoint_every // args.num_envs) == 0 or logger.stop_requested:
+        if (iteration + 1) % max(
+            1, args.checkpoint_every // args.num_envs
+        ) == 0 or logger.stop_requested:
             logger.save_checkpoint(stateful, iteration + 1, global_step)
         if logger.stop_requested:  # Ctrl-C: the iteration it came in is finished and saved
             logger.exit_interrupted()
@@ -354,39 +534,81 @@ def main(args: Args):
     eval_returns = logger.evaluate(global_step, lambda: run_eval(video_dir))
     logger.save_checkpoint(stateful, num_iterations, global_step, finished=True)
     if args.save_model:
-        save_model({"q_network": q_network.state_dict(), "args": asdict(args), "eval_returns": eval_returns,
-                    "n_actions": n_actions, "n_cos": args.n_cos, "n_policy_quantiles": args.n_policy_quantiles},
-                   run_dir)
+        save_model(
+            {
+                "q_network": q_network.state_dict(),
+                "args": asdict(args),
+                "eval_returns": eval_returns,
+                "n_actions": n_actions,
+                "n_cos": args.n_cos,
+                "n_policy_quantiles": args.n_policy_quantiles,
+            },
+            run_dir,
+        )
     logger.close(eval_returns)
 
 
 def check_args(args: Args):
     obs_space, act_space = env_spaces(args.env_id)
     if not isinstance(act_space, gym.spaces.Discrete):
-        fail(f"{SCRIPT} needs discrete actions but {args.env_id} has {act_space}", "sac_continuous.py",
-             "td3_continuous.py")
+        fail(
+            f"{SCRIPT} needs discrete actions but {args.env_id} has {act_space}",
+            "sac_continuous.py",
+            "td3_continuous.py",
+        )
     pixels = gym.spec(args.env_id).entry_point in ("ale_py.env:AtariEnv", "minatar.gym:BaseEnv")
     if not pixels or len(obs_space.shape) != 3:
-        fail(f"{SCRIPT} needs an Atari game with image observations (ALE/<Game>-v5 or <Game>NoFrameskip-v4) or a "
-             f"MinAtar game (MinAtar/<Game>-v1) but {args.env_id} is not one", "dqn.py")
+        fail(
+            f"{SCRIPT} needs an Atari game with image observations "
+            "(ALE/<Game>-v5 or <Game>NoFrameskip-v4) or a MinAtar "
+            f"game (MinAtar/<Game>-v1) but {args.env_id} is not one",
+            "dqn.py",
+        )
     if args.capture_video and args.env_id.startswith("MinAtar/"):
         fail("MinAtar games record no video: drop --capture-video")
-    check_ranges(args, {"num_envs": "x >= 1", "batch_size": "x >= 1", "train_frequency": "x >= 1",
-                        "gradient_steps": "x >= 1", "target_network_frequency": "x >= 1", "learning_rate": "x > 0",
-                        "gamma": "0 <= x <= 1", "tau": "0 < x <= 1", "start_e": "0 <= x <= 1", "end_e": "0 <= x <= 1",
-                        "exploration_fraction": "0 < x <= 1", "learning_starts": "x >= 0", "buffer_size": "x >= 1",
-                        "eval_epsilon": "0 <= x <= 1", "adam_eps": "x > 0", "n_quantiles": "x >= 1",
-                        "n_target_quantiles": "x >= 1", "n_policy_quantiles": "x >= 1", "n_cos": "x >= 1",
-                        "kappa": "x > 0"})
+    check_ranges(
+        args,
+        {
+            "num_envs": "x >= 1",
+            "batch_size": "x >= 1",
+            "train_frequency": "x >= 1",
+            "gradient_steps": "x >= 1",
+            "target_network_frequency": "x >= 1",
+            "learning_rate": "x > 0",
+            "gamma": "0 <= x <= 1",
+            "tau": "0 < x <= 1",
+            "start_e": "0 <= x <= 1",
+            "end_e": "0 <= x <= 1",
+            "exploration_fraction": "0 < x <= 1",
+            "learning_starts": "x >= 0",
+            "buffer_size": "x >= 1",
+            "eval_epsilon": "0 <= x <= 1",
+            "adam_eps": "x > 0",
+            "n_quantiles": "x >= 1",
+            "n_target_quantiles": "x >= 1",
+            "n_policy_quantiles": "x >= 1",
+            "n_cos": "x >= 1",
+            "kappa": "x > 0",
+        },
+    )
     if args.end_e > args.start_e:
         fail(f"--end-e {args.end_e} is above --start-e {args.start_e}: epsilon is annealed down")
     if args.batch_size > min(args.buffer_size, max(args.learning_starts, 1)):
-        fail(f"--batch-size {args.batch_size} must not exceed --learning-starts ({args.learning_starts}) or "
-             f"--buffer-size ({args.buffer_size}): the first minibatch is drawn when learning starts")
+        fail(
+            f"--batch-size {args.batch_size} must not exceed --learning-starts "
+            f"({args.learning_starts}) or --buffer-size ({args.buffer_size}): "
+            "the first minibatch is drawn when learning starts"
+        )
     if args.buffer_size < 8 * args.num_envs:
-        fail(f"--buffer-size {args.buffer_size} must be at least 8 per env (--num-envs {args.num_envs})")
+        fail(
+            f"--buffer-size {args.buffer_size} must be at "
+            f"least 8 per env (--num-envs {args.num_envs})"
+        )
     if args.total_timesteps <= args.learning_starts:
-        fail(f"--total-timesteps {args.total_timesteps} must exceed --learning-starts {args.learning_starts}")
+        fail(
+            f"--total-timesteps {args.total_timesteps} must "
+            f"exceed --learning-starts {args.learning_starts}"
+        )
 
 
 # ---- shared: helpers ----
@@ -394,55 +616,78 @@ SCRIPT, ALGOS = Path(__file__).name, Path(__file__).resolve().parent
 
 
 def fail(msg: str, *scripts: str):
-    """Bad input: one line on stderr, exit status 2. It suggests those of `scripts` that exist beside this one."""
+    """Bad input: one line on stderr, exit status 2. It suggests those of `scripts` that exist
+    beside this one."""
     found = [s for s in scripts if s != SCRIPT and (ALGOS / s).is_file()]
     print(f"error: {msg}" + (f"; use {' or '.join(found)}" if found else ""), file=sys.stderr)
     sys.exit(2)
 
 
 def other_family(env_id: str) -> tuple[str, ...]:
-    """The scripts that take env_id, an id of another family of envs (Atari, MinAtar, mpe2, smac_lite)."""
+    """The scripts that take env_id, an id of another family of envs (Atari, MinAtar, mpe2,
+    smac_lite)."""
     if env_id.startswith("ALE/") or env_id.endswith("NoFrameskip-v4"):
         return "ppo_atari.py", "dqn_atari.py"
     if env_id.startswith("MinAtar/"):
         return "dqn_atari.py", "ddqn_atari.py"
     if re.fullmatch(r"(simple\w*|collect_treasure)_v\d+", env_id):
         return "mappo_mpe.py", "maddpg_mpe.py"
-    if importlib.util.find_spec("smac_lite") and env_id in importlib.import_module("smac_lite.maps").MAPS:
+    if (
+        importlib.util.find_spec("smac_lite")
+        and env_id in importlib.import_module("smac_lite.maps").MAPS
+    ):
         return "mappo_smac_lite.py", "qmix_smac_lite.py"
     return ()
 
 
 def env_spaces(env_id: str):
-    """(observation space, action space) of env_id, or a one-line error. The env is made in a temporary directory
-    with stderr muted: MuJoCo prints warnings and leaves MUJOCO_LOG.TXT behind, which must not precede an error."""
+    """(observation space, action space) of env_id, or a one-line error. The env is made in a
+    temporary directory with stderr muted: MuJoCo prints warnings and leaves MUJOCO_LOG.TXT behind,
+    which must not precede an error."""
     if env_id not in gym.registry:
         if scripts := other_family(env_id):
             fail(f"{env_id} is not an env of {SCRIPT}", *scripts)
         close = difflib.get_close_matches(env_id, list(gym.registry), n=1)
         fail(f"unknown env id '{env_id}'" + (f"; did you mean '{close[0]}'?" if close else ""))
     cwd, stderr_fd = os.getcwd(), os.dup(2)
-    with tempfile.TemporaryDirectory() as tmp, open(os.devnull, "w") as null, warnings.catch_warnings(action="ignore"):
-        os.chdir(tmp), os.dup2(null.fileno(), 2)
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        open(os.devnull, "w") as null,
+        warnings.catch_warnings(action="ignore"),
+    ):
+        os.chdir(tmp)
+        os.dup2(null.fileno(), 2)
         try:
             with gym.make(env_id) as env:
                 return env.observation_space, env.action_space
         except Exception as e:
-            error = f"cannot make env '{env_id}': {type(e).__name__}: {(str(e).strip() or ' ').splitlines()[0]}"
+            error = (
+                f"cannot make env '{env_id}': {type(e).__name__}: "
+                f"{(str(e).strip() or ' ').splitlines()[0]}"
+            )
         finally:
-            os.dup2(stderr_fd, 2), os.close(stderr_fd), os.chdir(cwd)
+            os.dup2(stderr_fd, 2)
+            os.close(stderr_fd)
+            os.chdir(cwd)
     fail(error)
 
 
 def check_ranges(args, rules: dict):
-    """Fail on the first flag outside its range; a rule is a condition on x, the flag's value (e.g. "0 <= x <= 1")."""
-    rules = {"total_timesteps": "x >= 1", "eval_episodes": "x >= 0", "eval_every": "x >= 0",
-             "checkpoint_every": "x >= 1", **rules}
+    """Fail on the first flag outside its range; a rule is a condition on x, the flag's value (e.g.
+    "0 <= x <= 1")."""
+    rules = {
+        "total_timesteps": "x >= 1",
+        "eval_episodes": "x >= 0",
+        "eval_every": "x >= 0",
+        "checkpoint_every": "x >= 1",
+        **rules,
+    }
     for name, x in asdict(args).items():
         if isinstance(x, float) and not np.isfinite(x):
             fail(f"--{name.replace('_', '-')} {x} is not a finite number")
     for name, rule in rules.items():
-        if (x := getattr(args, name)) is not None and not eval(rule, {"x": x}):  # the rules are literals of this file
+        # the rules are literals of this file
+        if (x := getattr(args, name)) is not None and not eval(rule, {"x": x}):
             fail(f"--{name.replace('_', '-')} {x} is out of range: it must satisfy {rule}")
 
 
@@ -452,9 +697,10 @@ def sha256(path: Path) -> str:
 
 
 def start_run(args, check_args):
-    """Resume (--resume DIR: the run's saved flags; --total-timesteps may extend it), check the flags, choose the run
-    directory (a new run never writes into one that holds files), seed everything. Returns (args, checkpoint, dir).
-    A checkpoint is data: its SHA-256 must match checkpoint.sha256, and it is read with weights_only=True."""
+    """Resume (--resume DIR: the run's saved flags; --total-timesteps may extend it), check the
+    flags, choose the run directory (a new run never writes into one that holds files), seed
+    everything. Returns (args, checkpoint, dir). A checkpoint is data: its SHA-256 must match
+    checkpoint.sha256, and it is read with weights_only=True."""
     ckpt = None
     if args.resume:
         path = Path(args.resume) / "checkpoint.pt"
@@ -466,26 +712,48 @@ def start_run(args, check_args):
             ckpt = torch.load(path, weights_only=True)
             saved = Args(**ckpt["args"])
         except Exception as e:
-            fail(f"{path} is corrupt or not a {SCRIPT} checkpoint ({type(e).__name__}); delete it or start anew")
-        given = [k for k, v in asdict(args).items() if k in given_flags() or v != getattr(Args(), k)]
-        given = [k for k in given if k not in ("resume", "run_dir") and getattr(args, k) != getattr(saved, k)]
+            fail(
+                f"{path} is corrupt or not a {SCRIPT} checkpoint "
+                f"({type(e).__name__}); delete it or start anew"
+            )
+        given = [
+            k for k, v in asdict(args).items() if k in given_flags() or v != getattr(Args(), k)
+        ]
+        given = [
+            k
+            for k in given
+            if k not in ("resume", "run_dir") and getattr(args, k) != getattr(saved, k)
+        ]
         if "total_timesteps" in given:
             if args.total_timesteps < ckpt["global_step"]:
-                fail(f"--total-timesteps {args.total_timesteps} is below the {ckpt['global_step']} steps already done")
-            print(f"resume: --total-timesteps {args.total_timesteps} (was {saved.total_timesteps})", file=sys.stderr)
+                fail(
+                    f"--total-timesteps {args.total_timesteps} is below "
+                    f"the {ckpt['global_step']} steps already done"
+                )
+            print(
+                f"resume: --total-timesteps {args.total_timesteps} (was {saved.total_timesteps})",
+                file=sys.stderr,
+            )
             saved.total_timesteps = args.total_timesteps
         elif ckpt["finished"]:
-            print(f"the run in {path.parent} is finished; give a larger --total-timesteps to extend it")
+            print(
+                f"the run in {path.parent} is finished; give "
+                "a larger --total-timesteps to extend it"
+            )
             sys.exit(0)
         if ignored := [f"--{k.replace('_', '-')}" for k in given if k != "total_timesteps"]:
-            print(f"resume: the run's saved flags are kept; ignored: {' '.join(ignored)}", file=sys.stderr)
+            print(
+                f"resume: the run's saved flags are kept; ignored: {' '.join(ignored)}",
+                file=sys.stderr,
+            )
         args = saved
         args.resume = args.run_dir = str(path.parent)
         check_metrics(path.parent / "metrics.csv")
     check_args(args)
     if args.track:
         check_wandb()
-    if args.capture_video and not os.environ.get("XDG_RUNTIME_DIR"):  # SDL warns on every render without it
+    # SDL warns on every render without it
+    if args.capture_video and not os.environ.get("XDG_RUNTIME_DIR"):
         os.environ["XDG_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="canonrl-xdg-")
     name = f"{args.env_id.replace('/', '-')}__{SCRIPT[:-3]}__{args.seed}__{time.time():.0f}"
     run_dir = Path(args.run_dir or f"runs/{name}")
@@ -493,18 +761,24 @@ def start_run(args, check_args):
         fail(f"--run-dir {run_dir} is a file; pass a directory")
     if ckpt is None and run_dir.is_dir() and any(run_dir.iterdir()):
         if (run_dir / "metrics.csv").is_file():
-            fail(f"--run-dir {run_dir} holds a run; continue it with --resume {run_dir} or choose a new --run-dir")
+            fail(
+                f"--run-dir {run_dir} holds a run; continue it "
+                f"with --resume {run_dir} or choose a new --run-dir"
+            )
         fail(f"--run-dir {run_dir} is not empty and holds no run; choose a new --run-dir")
     check_writable(run_dir)
-    random.seed(args.seed), np.random.seed(args.seed), torch.manual_seed(args.seed)
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
-    torch.set_num_threads(1 if args.torch_deterministic else torch.get_num_threads())  # 1: fastest for small nets
+    # 1: fastest for small nets
+    torch.set_num_threads(1 if args.torch_deterministic else torch.get_num_threads())
     return args, ckpt, run_dir
 
 
 def given_flags() -> set[str]:
-    """The Args fields named on the command line (--name, --name=value, --no-name): on --resume, a flag given there
-    counts even when its value is the default."""
+    """The Args fields named on the command line (--name, --name=value, --no-name): on --resume, a
+    flag given there counts even when its value is the default."""
     names = set()
     for token in sys.argv[1:]:
         if token.startswith("--"):
@@ -515,37 +789,53 @@ def given_flags() -> set[str]:
 
 
 def check_metrics(path: Path):
-    """Fail on a line of metrics.csv that is not global_step,wall_time,name,value (before --resume rewrites it)."""
+    """Fail on a line of metrics.csv that is not global_step,wall_time,name,value (before --resume
+    rewrites it)."""
     lines = path.read_text().splitlines()[1:] if path.is_file() else []
     for number, line in enumerate(lines, start=2):
         fields = line.split(",")
         if len(fields) != 4 or not fields[0].isdigit():
-            fail(f"{path} line {number} is not 'global_step,wall_time,name,value'; delete that line and resume again")
+            fail(
+                f"{path} line {number} is not 'global_step,wall_time,name,value'; "
+                "delete that line and resume again"
+            )
 
 
 def check_wandb():
     """--track needs a wandb login, or WANDB_MODE=offline: checked before anything is written."""
     from wandb.sdk import wandb_setup
     from wandb.sdk.lib import wbauth
+
     try:
         settings = wandb_setup.singleton().settings
     except Exception as e:
         fail(f"--track: wandb cannot start ({type(e).__name__}: {str(e).strip().splitlines()[0]})")
     if settings.mode in ("offline", "dryrun", "disabled"):
         return
-    if not (os.getenv("WANDB_API_KEY") or wbauth.read_netrc_auth(host=settings.base_url) or settings.api_key):
-        fail("--track needs a wandb login: run `wandb login`, or set WANDB_MODE=offline to log to files only")
+    if not (
+        os.getenv("WANDB_API_KEY")
+        or wbauth.read_netrc_auth(host=settings.base_url)
+        or settings.api_key
+    ):
+        fail(
+            "--track needs a wandb login: run `wandb login`, "
+            "or set WANDB_MODE=offline to log to files only"
+        )
 
 
 def check_writable(run_dir: Path):
-    """Fail unless files can be written in run_dir; the folders made to find out are removed again."""
+    """Fail unless files can be written in run_dir; the folders made to find out are removed
+    again."""
     made = [p for p in [run_dir, *run_dir.parents] if not p.exists()]
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=run_dir):
             pass
     except OSError as e:
-        fail(f"--run-dir {run_dir} cannot be written ({e.strerror or type(e).__name__}); choose another --run-dir")
+        fail(
+            f"--run-dir {run_dir} cannot be written "
+            f"({e.strerror or type(e).__name__}); choose another --run-dir"
+        )
     finally:
         for p in made:
             if p.is_dir() and not any(p.iterdir()):
@@ -564,20 +854,26 @@ def finite(state) -> bool:
 
 
 def load_states(stateful: dict, ckpt: dict, run_dir: Path):
-    """Resume every object of `stateful` ({name: object with load_state_dict}) from the checkpoint."""
+    """Resume every object of `stateful` ({name: object with load_state_dict}) from the
+    checkpoint."""
     for name, obj in stateful.items():
-        weights = isinstance(obj, (torch.nn.Module, torch.optim.Optimizer))  # a buffer may hold unwritten slots
+        # a buffer may hold unwritten slots
+        weights = isinstance(obj, (torch.nn.Module, torch.optim.Optimizer))
         if weights and not finite(ckpt.get(name)):
             fail(f"{run_dir / 'checkpoint.pt'} holds non-finite values in {name}; start anew")
         try:
             obj.load_state_dict(ckpt[name])
         except Exception as e:
-            fail(f"{run_dir / 'checkpoint.pt'} does not fit this run's {name} ({type(e).__name__}); start anew")
+            fail(
+                f"{run_dir / 'checkpoint.pt'} does not fit this "
+                f"run's {name} ({type(e).__name__}); start anew"
+            )
 
 
 def save_with_digest(state: dict, path: Path):
-    """torch.save(state) to path, written then renamed (a crash never leaves half a file), and its SHA-256 beside it
-    (checkpoint.pt: checkpoint.sha256, model.pt: model.sha256): a file is checked against it before it is read."""
+    """torch.save(state) to path, written then renamed (a crash never leaves half a file), and its
+    SHA-256 beside it (checkpoint.pt: checkpoint.sha256, model.pt: model.sha256): a file is checked
+    against it before it is read."""
     torch.save(state, path.with_suffix(".tmp"))
     digest = sha256(path.with_suffix(".tmp"))
     os.replace(path.with_suffix(".tmp"), path)
@@ -590,12 +886,19 @@ def save_model(state: dict, run_dir: Path):
 
 
 def plain(obj):
-    """obj with numpy arrays as tensors and numpy scalars as numbers: what torch.load(weights_only=True) reads."""
+    """obj with numpy arrays as tensors and numpy scalars as numbers: what
+    torch.load(weights_only=True) reads."""
     if isinstance(obj, dict):
         return {k: plain(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return type(obj)(plain(v) for v in obj)
-    return torch.from_numpy(obj) if isinstance(obj, np.ndarray) else obj.item() if isinstance(obj, np.generic) else obj
+    return (
+        torch.from_numpy(obj)
+        if isinstance(obj, np.ndarray)
+        else obj.item()
+        if isinstance(obj, np.generic)
+        else obj
+    )
 
 
 class RNGs:
@@ -605,7 +908,10 @@ class RNGs:
         self.np_rngs = np_rngs
 
     def state_dict(self):
-        return {"torch": torch.get_rng_state(), "numpy": [rng.bit_generator.state for rng in self.np_rngs]}
+        return {
+            "torch": torch.get_rng_state(),
+            "numpy": [rng.bit_generator.state for rng in self.np_rngs],
+        }
 
     def load_state_dict(self, state):
         torch.set_rng_state(state["torch"])
@@ -614,56 +920,94 @@ class RNGs:
 
 
 class RunLogger:
-    """What a run shows and leaves behind: config.json, metrics.csv (global_step, wall_time, name, value; append-only),
-    TensorBoard events, a wandb run with --track, the progress bar, checkpoint.pt. Resuming drops the rows logged after
-    the checkpoint (those steps are redone): no step is logged twice. The training clock stops during evaluations.
-    Ctrl-C sets stop_requested: the script finishes its iteration, saves it and calls exit_interrupted()."""
+    """What a run shows and leaves behind: config.json, metrics.csv (global_step, wall_time, name,
+    value; append-only), TensorBoard events, a wandb run with --track, the progress bar,
+    checkpoint.pt. Resuming drops the rows logged after the checkpoint (those steps are redone): no
+    step is logged twice. The training clock stops during evaluations. Ctrl-C sets stop_requested:
+    the script finishes its iteration, saves it and calls exit_interrupted()."""
 
     def __init__(self, args, run_dir: Path, total: int, step: int, ckpt: dict | None):
         run_dir.mkdir(parents=True, exist_ok=True)
         metrics, header = run_dir / "metrics.csv", "global_step,wall_time,name,value\n"
         if ckpt is not None:
             lines = metrics.read_text().splitlines(keepends=True)[1:] if metrics.is_file() else []
-            (run_dir / "metrics.tmp").write_text(header + "".join(ln for ln in lines if int(ln.split(",")[0]) <= step))
+            (run_dir / "metrics.tmp").write_text(
+                header + "".join(ln for ln in lines if int(ln.split(",")[0]) <= step)
+            )
             os.replace(run_dir / "metrics.tmp", metrics)
         else:
-            git = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ALGOS)
-            config = {"script": SCRIPT, "args": asdict(args), "git_commit": git.stdout.strip() or None,
-                      "versions": {p: version(p) for p in ("torch", "gymnasium", "numpy")}}
+            git = subprocess.run(
+                ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ALGOS
+            )
+            config = {
+                "script": SCRIPT,
+                "args": asdict(args),
+                "git_commit": git.stdout.strip() or None,
+                "versions": {p: version(p) for p in ("torch", "gymnasium", "numpy")},
+            }
             (run_dir / "config.json").write_text(json.dumps(config, indent=2))
             metrics.write_text(header)
         if total != args.total_timesteps:
-            print(f"{total:,} steps will run: whole iterations up to --total-timesteps {args.total_timesteps:,}")
+            print(
+                f"{total:,} steps will run: whole iterations up "
+                f"to --total-timesteps {args.total_timesteps:,}"
+            )
         self.args, self.run_dir, self.wandb = args, run_dir, None
         if args.track:  # every row of metrics.csv is one wandb row, plotted against global_step
             import wandb
-            self.wandb = wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=asdict(args),
-                                    name=run_dir.name, dir=str(run_dir), id=run_dir.name, resume="allow")
+
+            self.wandb = wandb.init(
+                project=args.wandb_project_name,
+                entity=args.wandb_entity,
+                config=asdict(args),
+                name=run_dir.name,
+                dir=str(run_dir),
+                id=run_dir.name,
+                resume="allow",
+            )
             self.wandb.define_metric("global_step")
             self.wandb.define_metric("*", step_metric="global_step")
         self.file = open(metrics, "a", newline="")
         self.csv, self.tb = csv.writer(self.file, lineterminator="\n"), SummaryWriter(str(run_dir))
         self.bar = tqdm(total=total, initial=step, unit="step", mininterval=1.0)
-        self.first_step, self.start, self.eval_seconds, self.last_return = step, time.time(), 0.0, float("nan")
-        self.seconds_before = ckpt.get("train_seconds", 0.0) if ckpt is not None else 0.0  # of the run resumed
+        self.first_step, self.start, self.eval_seconds, self.last_return = (
+            step,
+            time.time(),
+            0.0,
+            float("nan"),
+        )
+        # of the run resumed
+        self.seconds_before = ckpt.get("train_seconds", 0.0) if ckpt is not None else 0.0
         self.stop_requested, self.duration_said = False, False
         signal.signal(signal.SIGINT, self.request_stop)
 
     def request_stop(self, *_):
         self.stop_requested = True
-        signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C stops at once, unsaved
-        print("\nCtrl-C: stopping after this iteration (again: at once, without saving it)", file=sys.stderr)
+        # a second Ctrl-C stops at once, unsaved
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        print(
+            "\nCtrl-C: stopping after this iteration (again: at once, without saving it)",
+            file=sys.stderr,
+        )
 
     def log(self, step: int, metrics: dict, to_wandb: bool = True):
-        """One row per metric in metrics.csv and TensorBoard; one wandb row for them all. A non-finite loss stops
-        the run (the weights have diverged) before it is written; the last checkpoint is kept."""
+        """One row per metric in metrics.csv and TensorBoard; one wandb row for them all. A
+        non-finite loss stops the run (the weights have diverged) before it is written; the last
+        checkpoint is kept."""
         values = {}
         for name, value in metrics.items():
-            values[name] = float(value.detach() if torch.is_tensor(value) else value)  # a loss may require grad
-            if name.startswith("losses/") and name != "losses/explained_variance" and not np.isfinite(values[name]):
+            # a loss may require grad
+            values[name] = float(value.detach() if torch.is_tensor(value) else value)
+            if (
+                name.startswith("losses/")
+                and name != "losses/explained_variance"
+                and not np.isfinite(values[name])
+            ):
                 self.close_files()
-                fail(f"{name} is {values[name]} at step {step}: training diverged; {self.run_dir} keeps its last "
-                     "checkpoint (try a lower --learning-rate)")
+                fail(
+                    f"{name} is {values[name]} at step {step}: training diverged; "
+                    f"{self.run_dir} keeps its last checkpoint (try a lower --learning-rate)"
+                )
         for name, value in values.items():
             self.csv.writerow([step, f"{time.time():.3f}", name, repr(value)])
             self.tb.add_scalar(name, value, step)
@@ -677,7 +1021,9 @@ class RunLogger:
 
     def progress(self, step: int):
         """Log charts/sps (environment steps per training second) and update the progress bar."""
-        sps = int((step - self.first_step) / max(time.time() - self.start - self.eval_seconds, 1e-9))
+        sps = int(
+            (step - self.first_step) / max(time.time() - self.start - self.eval_seconds, 1e-9)
+        )
         self.log(step, {"charts/sps": sps})
         self.bar.update(step - self.bar.n)
         self.bar.set_postfix(sps=sps, ret=f"{self.last_return:.1f}", refresh=False)
@@ -685,33 +1031,56 @@ class RunLogger:
             self.duration_said = True
             hours = (self.bar.total - step) / max(sps, 1) / 3600
             if hours > 1:
-                self.bar.write(f"at {sps:,} steps/s the rest of this run takes about {hours:.1f} hours here; "
-                               "--total-timesteps sets the budget")
+                self.bar.write(
+                    f"at {sps:,} steps/s the rest of this run takes about "
+                    f"{hours:.1f} hours here; --total-timesteps sets the budget"
+                )
 
     def evaluate(self, step: int, run_episodes):
-        """Log charts/train_seconds, then one row per episode of run_episodes(): a list of episodic returns (logged as
-        eval/episodic_return) or a dict {metric name: one value per episode} (multi-agent: team return, win)."""
+        """Log charts/train_seconds, then one row per episode of run_episodes(): a list of episodic
+        returns (logged as eval/episodic_return) or a dict {metric name: one value per episode}
+        (multi-agent: team return, win)."""
         self.log(step, {"charts/train_seconds": self.train_seconds()})
         start, results = time.time(), run_episodes()
         self.eval_seconds += time.time() - start
-        for name, values in (results if isinstance(results, dict) else {"eval/episodic_return": results}).items():
+        for name, values in (
+            results if isinstance(results, dict) else {"eval/episodic_return": results}
+        ).items():
             for value in values:
                 self.log(step, {name: value}, to_wandb=False)
-            if self.wandb is not None and len(values):  # wandb keeps one value per step: the mean, and a histogram
+            # wandb keeps one value per step: the mean, and a histogram
+            if self.wandb is not None and len(values):
                 import wandb
-                self.wandb.log({"global_step": step, name: float(np.mean(values)),
-                                f"{name}_histogram": wandb.Histogram(np.asarray(values, dtype=np.float64))})
+
+                self.wandb.log(
+                    {
+                        "global_step": step,
+                        name: float(np.mean(values)),
+                        f"{name}_histogram": wandb.Histogram(np.asarray(values, dtype=np.float64)),
+                    }
+                )
         return results
 
-    def save_checkpoint(self, stateful: dict, iteration: int, global_step: int, finished: bool = False):
-        """checkpoint.pt: the flags, the counters and the state_dict() of every object of `stateful`, written then
-        renamed (a crash never leaves half a checkpoint), and its SHA-256 in checkpoint.sha256."""
-        state = {"args": asdict(self.args), "iteration": iteration, "global_step": global_step, "finished": finished,
-                 "train_seconds": self.train_seconds(), **{name: obj.state_dict() for name, obj in stateful.items()}}
+    def save_checkpoint(
+        self, stateful: dict, iteration: int, global_step: int, finished: bool = False
+    ):
+        """checkpoint.pt: the flags, the counters and the state_dict() of every object of
+        `stateful`, written then renamed (a crash never leaves half a checkpoint), and its SHA-256
+        in checkpoint.sha256."""
+        state = {
+            "args": asdict(self.args),
+            "iteration": iteration,
+            "global_step": global_step,
+            "finished": finished,
+            "train_seconds": self.train_seconds(),
+            **{name: obj.state_dict() for name, obj in stateful.items()},
+        }
         save_with_digest(plain(state), self.run_dir / "checkpoint.pt")
 
     def close_files(self):
-        self.bar.close(), self.file.close(), self.tb.close()
+        self.bar.close()
+        self.file.close()
+        self.tb.close()
         if self.wandb is not None:
             self.wandb.finish()
 
@@ -721,21 +1090,40 @@ class RunLogger:
         sys.exit(130)
 
     def close(self, results):
-        """Close the files; the last lines say the evaluation, where the run is and the script's reference."""
+        """Close the files; the last lines say the evaluation, where the run is and the script's
+        reference."""
         self.bar.update(self.bar.total - self.bar.n)
         self.close_files()
-        for name, values in (results if isinstance(results, dict) else {"eval/episodic_return": results}).items():
+        for name, values in (
+            results if isinstance(results, dict) else {"eval/episodic_return": results}
+        ).items():
             if len(values):
-                print(f"{name}: {np.mean(values):.2f} +- {np.std(values):.2f} over {len(values)} episodes")
-        print(f"run saved in {self.run_dir}" + (" (model.pt, checkpoint.pt)" if self.args.save_model else
-                                                " (checkpoint.pt)"))
-        path = ALGOS.parent / "benchmark" / "references.toml"  # our multi-seed runs of each script, if present
-        refs = [r for r in (tomllib.loads(path.read_text())["reference"] if path.is_file() else [])
-                if "values" in r and r["score"] in ("final_eval", "final_win_rate") and self.same_setting(r)]
-        for r in sorted(refs, key=lambda r: abs(r["total_timesteps"] - self.args.total_timesteps))[:1]:
+                print(
+                    f"{name}: {np.mean(values):.2f} +- "
+                    f"{np.std(values):.2f} over {len(values)} episodes"
+                )
+        print(
+            f"run saved in {self.run_dir}"
+            + (" (model.pt, checkpoint.pt)" if self.args.save_model else " (checkpoint.pt)")
+        )
+        # our multi-seed runs of each script, if present
+        path = ALGOS.parent / "benchmark" / "references.toml"
+        refs = [
+            r
+            for r in (tomllib.loads(path.read_text())["reference"] if path.is_file() else [])
+            if "values" in r
+            and r["score"] in ("final_eval", "final_win_rate")
+            and self.same_setting(r)
+        ]
+        for r in sorted(refs, key=lambda r: abs(r["total_timesteps"] - self.args.total_timesteps))[
+            :1
+        ]:
             values = r["values"]
-            print(f"reference {r['id']} ({r['total_timesteps']:,} steps, {r['score']}, {len(values)} seeds): "
-                  f"{np.mean(values):.2f} +- {np.std(values):.2f}, seeds from {min(values):.2f} to {max(values):.2f}")
+            print(
+                f"reference {r['id']} ({r['total_timesteps']:,} steps, {r['score']}, "
+                f"{len(values)} seeds): {np.mean(values):.2f} +- {np.std(values):.2f}, "
+                f"seeds from {min(values):.2f} to {max(values):.2f}"
+            )
             results = results if isinstance(results, dict) else {"eval/episodic_return": results}
             wanted = "win" if r["score"] == "final_win_rate" else "episodic_return"
             name = next((n for n in results if wanted in n), None)
@@ -743,7 +1131,10 @@ class RunLogger:
                 continue
             mean = float(np.mean(results[name]))
             if r["total_timesteps"] != self.args.total_timesteps:
-                print(f"this run: {mean:.2f} after {self.args.total_timesteps:,} steps: another budget, not compared")
+                print(
+                    f"this run: {mean:.2f} after {self.args.total_timesteps:,} "
+                    "steps: another budget, not compared"
+                )
             elif min(values) <= mean <= max(values):
                 print(f"this run: {mean:.2f}, within the reference's seeds")
             else:
@@ -753,7 +1144,8 @@ class RunLogger:
             print(f"no reference for {SCRIPT} on {self.args.env_id} to compare with")
 
     def same_setting(self, reference: dict) -> bool:
-        """True for a reference of this script and env (and, for an offline script, of this dataset)."""
+        """True for a reference of this script and env (and, for an offline script, of this
+        dataset)."""
         if (reference["script"], reference["env_id"]) != (SCRIPT, self.args.env_id):
             return False
         flags = reference.get("flags", [])
@@ -762,6 +1154,8 @@ class RunLogger:
         ours = Path(self.args.dataset)  # a directory, or an id such as canonrl/cartpole/medium-v0
         theirs = Path(flags[flags.index("--dataset") + 1]).name  # runs/datasets/cartpole-medium-v0
         return theirs in (ours.name, "-".join(ours.parts[-2:]))
+
+
 # ---- end shared: helpers ----
 
 

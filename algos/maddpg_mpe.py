@@ -1,18 +1,31 @@
-"""MADDPG on MPE (mpe2's simple_spread_v3 by default, continuous actions): DDPG with a centralised critic per agent.
+"""MADDPG on MPE (mpe2's simple_spread_v3 by default): DDPG with a centralised critic per agent.
 
-Lowe et al. 2017, "Multi-Agent Actor-Critic for Mixed Cooperative-Competitive Environments": each agent has its own
-deterministic actor mu_i(o_i) and its own critic Q_i(o_1..o_N, a_1..a_N) over every agent's observation and action,
-learnt from a replay buffer with target networks; nothing is shared, so the competitive tasks fit too. The paper's
-settings (64-64 ReLU, lr 1e-2, gamma 0.95, batch 1024, an update every 100 joint steps, tau 0.01, a 1e-3 penalty on the
-actor's pre-activations); continuous actions with Gaussian exploration noise in place of the paper's Gumbel-softmax.
-global_step counts joint steps; the metrics are per-agent (and per-team) means of the episodic return.
-Deviation: the gradient clip (0.5) is on each network's global norm; the authors' code clips each variable's.
+Lowe et al. 2017, "Multi-Agent Actor-Critic for Mixed Cooperative-Competitive Environments": each
+agent has its own actor mu_i(o_i) and critic Q_i(o_1..o_N, a_1..a_N), nothing shared. The paper's
+settings (64-64 ReLU, lr 1e-2, gamma 0.95, batch 1024, an update every 100 steps, tau 0.01, a 1e-3
+penalty on the actor's pre-activations), Gaussian noise on continuous actions in place of
+Gumbel-softmax. Deviation: gradients clipped (0.5) per network, not per variable.
 
 Run:    python algos/maddpg_mpe.py --env-id simple_spread_v3 --seed 1
-Quick:  python algos/maddpg_mpe.py --env-id simple_spread_v3 --total-timesteps 5000 --learning-starts 2000
-Result: simple_spread_v3, 100k steps: -18.7 to -20.8 on seeds 1-10, random play -26.1 (benchmark/references.toml)
+Quick:  python algos/maddpg_mpe.py --env-id simple_spread_v3 --total-timesteps 5000 \
+            --learning-starts 2000
+Results: benchmark/references.toml
 """
-import csv, difflib, hashlib, importlib.util, json, os, random, re, signal, subprocess, sys, tempfile, time, tomllib
+
+import csv
+import difflib
+import hashlib
+import importlib.util
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
 import warnings
 from dataclasses import asdict, dataclass
 from importlib.metadata import version
@@ -30,85 +43,150 @@ from tqdm import tqdm
 
 @dataclass
 class Args:
-    learning_rate: float = 1e-2  # Adam learning rate of the actors and the critics
-    buffer_size: int = 1_000_000  # replay buffer capacity (joint steps)
-    gamma: float = 0.95  # discount factor
-    tau: float = 0.01  # target network update rate (1.0: a hard copy)
-    batch_size: int = 1024  # replay minibatch size (each agent draws its own)
-    learning_starts: int = 25_600  # joint steps stored before the first update (the authors' code: batch x 25)
-    train_every: int = 100  # joint steps between updates (each update: one gradient step of every agent)
-    exploration_noise: float = 0.1  # std of the Gaussian noise on the actions (in units of the action's range)
-    max_grad_norm: float = 0.5  # gradient norm clip of each actor and critic
-    actor_reg: float = 1e-3  # weight of the penalty on the actor's squared pre-activations (the authors' code)
-    hidden_dim: int = 64  # width of the two hidden layers of every actor and critic
-    env_id: str = "simple_spread_v3"  # mpe2 task (see TASKS)
-    total_timesteps: int = 300_000  # joint steps over all envs
-    num_envs: int = 8  # mpe2 parallel_envs stepped in turn
+    learning_rate: float = 1e-2
+    """Adam learning rate of the actors and the critics"""
+    buffer_size: int = 1_000_000
+    """replay buffer capacity (joint steps)"""
+    gamma: float = 0.95
+    """discount factor"""
+    tau: float = 0.01
+    """target network update rate (1.0: a hard copy)"""
+    batch_size: int = 1024
+    """replay minibatch size (each agent draws its own)"""
+    learning_starts: int = 25_600
+    """joint steps stored before the first update (the authors' code: batch x 25)"""
+    train_every: int = 100
+    """joint steps between updates (each update: one gradient step of every agent)"""
+    exploration_noise: float = 0.1
+    """std of the Gaussian noise on the actions (in units of the action's range)"""
+    max_grad_norm: float = 0.5
+    """gradient norm clip of each actor and critic"""
+    actor_reg: float = 1e-3
+    """weight of the penalty on the actor's squared pre-activations (the authors' code)"""
+    hidden_dim: int = 64
+    """width of the two hidden layers of every actor and critic"""
+    env_id: str = "simple_spread_v3"
+    """mpe2 task (see TASKS)"""
+    total_timesteps: int = 300_000
+    """joint steps over all envs"""
+    num_envs: int = 8
+    """mpe2 parallel_envs stepped in turn"""
     # ---- shared: args ----
-    seed: int = 1  # seed of torch, numpy, random and the envs
-    cuda: bool = False  # run on CUDA when available (the CNN scripts gain from it; small MLPs are fastest on a CPU)
-    torch_deterministic: bool = True  # torch.backends.cudnn.deterministic and one CPU thread
-    track: bool = False  # log to Weights & Biases (works offline with WANDB_MODE=offline)
-    wandb_project_name: str = "canonrl"  # wandb project
-    wandb_entity: str | None = None  # wandb entity (team)
-    capture_video: bool = False  # record episode 0 of the final evaluation to <run_dir>/videos
-    save_model: bool = False  # save <run_dir>/model.pt at the end
-    eval_episodes: int = 10  # evaluation episodes (the policy evaluate() runs) at the end and each --eval-every
-    eval_every: int = 0  # also evaluate every this many steps (0: only at the end); logs charts/train_seconds too
-    run_dir: str | None = None  # where the run is written (default runs/<env>__<script>__<seed>__<time>); must be new
-    resume: str | None = None  # continue the run in this directory (its flags; --total-timesteps may extend it)
-    checkpoint_every: int = 50_000  # save <run_dir>/checkpoint.pt every this many steps (and at the end and on Ctrl-C)
+    seed: int = 1
+    """seed of torch, numpy, random and the envs"""
+    cuda: bool = False
+    """run on CUDA when available (the CNN scripts gain from it; small MLPs are fastest on a CPU)"""
+    torch_deterministic: bool = True
+    """torch.backends.cudnn.deterministic and one CPU thread"""
+    track: bool = False
+    """log to Weights & Biases (works offline with WANDB_MODE=offline)"""
+    wandb_project_name: str = "canonrl"
+    """wandb project"""
+    wandb_entity: str | None = None
+    """wandb entity (team)"""
+    capture_video: bool = False
+    """record episode 0 of the final evaluation to <run_dir>/videos"""
+    save_model: bool = False
+    """save <run_dir>/model.pt at the end"""
+    eval_episodes: int = 10
+    """evaluation episodes (the policy evaluate() runs) at the end and each --eval-every"""
+    eval_every: int = 0
+    """also evaluate every this many steps (0: only at the end); logs charts/train_seconds too"""
+    run_dir: str | None = None
+    """where the run is written (default runs/<env>__<script>__<seed>__<time>); must be new"""
+    resume: str | None = None
+    """continue the run in this directory (its flags; --total-timesteps may extend it)"""
+    checkpoint_every: int = 50_000
+    """save <run_dir>/checkpoint.pt every this many steps (and at the end and on Ctrl-C)"""
     # ---- end shared: args ----
 
 
 MAX_CYCLES = 25  # steps per episode (mpe2's default; the paper's)
-TASKS = {  # the mpe2 tasks with more than one agent, and their settings; one actor and critic per agent fits them all
-    "simple_spread_v3": {"N": 3, "local_ratio": 0.5},  # cooperative: N agents cover N landmarks without colliding
-    "simple_reference_v3": {"local_ratio": 0.5},  # cooperative: 2 agents; each says which landmark the other must reach
+# the mpe2 tasks with more than one agent, and their settings; one actor and critic per agent fits
+# them all
+TASKS = {
+    # cooperative: N agents cover N landmarks without colliding
+    "simple_spread_v3": {"N": 3, "local_ratio": 0.5},
+    # cooperative: 2 agents; each says which landmark the other must reach
+    "simple_reference_v3": {"local_ratio": 0.5},
     "simple_speaker_listener_v4": {},  # cooperative: a speaker (who cannot move) guides a listener
-    "simple_formation_v1": {"N": 4}, "simple_line_v1": {"N": 4}, "collect_treasure_v1": {},  # cooperative
+    # cooperative
+    "simple_formation_v1": {"N": 4},
+    "simple_line_v1": {"N": 4},
+    "collect_treasure_v1": {},
     "simple_adversary_v3": {"N": 2},  # competitive: 1 adversary, 2 good agents, 2 landmarks
     "simple_tag_v3": {},  # competitive: 3 slow adversaries chase 1 fast good agent
     "simple_push_v3": {},  # competitive: 1 adversary pushes 1 good agent away from its landmark
-    "simple_crypto_v3": {},  # competitive: alice and bob share a message that eve (the adversary) must not decode
-    "simple_world_comm_v3": {},  # competitive: 4 adversaries (one leads, speaking) chase 2 good agents among forests
+    # competitive: alice and bob share a message that eve (the adversary) must not decode
+    "simple_crypto_v3": {},
+    # competitive: 4 adversaries (one leads, speaking) chase 2 good agents among forests
+    "simple_world_comm_v3": {},
 }
 NOT_SUPPORTED = {"simple_v3": "one agent: nothing to centralise, it is DDPG"}
 
 
 # ---- shared: mpe/MPEEnvs ----
-ADVERSARIES = ("adversary", "leadadversary", "eve")  # the competitive tasks' adversary teams (agent name prefixes)
+# the competitive tasks' adversary teams (agent name prefixes)
+ADVERSARIES = ("adversary", "leadadversary", "eve")
 
 
 class MPEEnvs:
-    """num_envs mpe2 parallel_envs of one task (its settings in TASKS), stepped in turn. The agents' observations come
-    concatenated, agent after agent, as one joint observation (num_envs, sum of obs_dims) tensor, which is mpe2's
-    state() (MPE is numpy: one host copy per step). Env i's k-th episode (from 0) is seeded with
-    seed + i + num_envs * k. With auto_reset, a finished env is reset in the same step, its last observation kept in
-    info["final_obs"] for the bootstrap; without it (evaluation), it is left finished."""
+    """num_envs mpe2 parallel_envs of one task (its settings in TASKS), stepped in turn. The agents'
+    observations come concatenated, agent after agent, as one joint observation (num_envs, sum of
+    obs_dims) tensor, which is mpe2's state() (MPE is numpy: one host copy per step). Env i's k-th
+    episode (from 0) is seeded with seed + i + num_envs * k. With auto_reset, a finished env is
+    reset in the same step, its last observation kept in info["final_obs"] for the bootstrap;
+    without it (evaluation), it is left finished."""
 
-    def __init__(self, env_id: str, num_envs: int, device, continuous_actions: bool, auto_reset=True,
-                 render_env0=False):
+    def __init__(
+        self,
+        env_id: str,
+        num_envs: int,
+        device,
+        continuous_actions: bool,
+        auto_reset=True,
+        render_env0=False,
+    ):
         module = importlib.import_module(f"mpe2.{env_id}")
-        self.envs = [module.parallel_env(max_cycles=MAX_CYCLES, continuous_actions=continuous_actions,
-                                         **TASKS[env_id], render_mode="rgb_array" if render_env0 and i == 0 else None)
-                     for i in range(num_envs)]
+        self.envs = [
+            module.parallel_env(
+                max_cycles=MAX_CYCLES,
+                continuous_actions=continuous_actions,
+                **TASKS[env_id],
+                render_mode="rgb_array" if render_env0 and i == 0 else None,
+            )
+            for i in range(num_envs)
+        ]
         self.agents, env = self.envs[0].possible_agents, self.envs[0]
         self.n_agents, self.device, self.auto_reset = len(self.agents), device, auto_reset
-        spaces, self.continuous_actions = [env.action_space(a) for a in self.agents], continuous_actions
+        spaces, self.continuous_actions = (
+            [env.action_space(a) for a in self.agents],
+            continuous_actions,
+        )
         self.obs_dims = [env.observation_space(a).shape[0] for a in self.agents]
-        self.action_dims = [s.shape[0] if continuous_actions else int(s.n) for s in spaces]  # discrete: the actions
-        self.low, self.high = (np.concatenate([getattr(s, x) for s in spaces]) if continuous_actions else None
-                               for x in ("low", "high"))
+        # discrete: the actions
+        self.action_dims = [s.shape[0] if continuous_actions else int(s.n) for s in spaces]
+        self.low, self.high = (
+            np.concatenate([getattr(s, x) for s in spaces]) if continuous_actions else None
+            for x in ("low", "high")
+        )
         self.adversary = np.array([a.split("_")[0] in ADVERSARIES for a in self.agents])
-        self.splits = np.cumsum(self.action_dims)[:-1]  # where each agent's action starts in a continuous joint action
+        # where each agent's action starts in a continuous joint action
+        self.splits = np.cumsum(self.action_dims)[:-1]
         self.seed, self.episodes = 0, np.zeros(num_envs, dtype=np.int64)
         self.obs = np.zeros((num_envs, sum(self.obs_dims)), dtype=np.float32)
-        self.returns, self.lengths = np.zeros((num_envs, self.n_agents)), np.zeros(num_envs, dtype=np.int64)
+        self.returns, self.lengths = (
+            np.zeros((num_envs, self.n_agents)),
+            np.zeros(num_envs, dtype=np.int64),
+        )
 
     def _reset(self, i: int):
         obs, _ = self.envs[i].reset(seed=self.seed + i + len(self.envs) * int(self.episodes[i]))
-        self.obs[i], self.returns[i], self.lengths[i] = np.concatenate([obs[a] for a in self.agents]), 0.0, 0
+        self.obs[i], self.returns[i], self.lengths[i] = (
+            np.concatenate([obs[a] for a in self.agents]),
+            0.0,
+            0,
+        )
         self.episodes[i] += 1
 
     def reset(self, seed: int):
@@ -119,24 +197,36 @@ class MPEEnvs:
         return torch.as_tensor(self.obs.copy(), device=self.device)
 
     def step(self, actions):
-        """actions: a numpy array, (num_envs, n_agents) action indices or, with continuous actions, (num_envs, sum of
-        action_dims). Returns the joint observations (a tensor) and numpy arrays: reward (num_envs, n_agents), each
-        agent's own; terminated (num_envs,): the task ended the episode (no bootstrap); done (num_envs,): ended by
-        termination or time limit; info: final_obs (the true last joint observation where done), episode_return
-        (num_envs, n_agents: each agent's return of the finished episode) and episode_length, which hold where done."""
+        """actions: a numpy array, (num_envs, n_agents) action indices or, with continuous actions,
+        (num_envs, sum of action_dims). Returns the joint observations (a tensor) and numpy arrays:
+        reward (num_envs, n_agents), each agent's own; terminated (num_envs,): the task ended the
+        episode (no bootstrap); done (num_envs,): ended by termination or time limit; info:
+        final_obs (the true last joint observation where done), episode_return (num_envs, n_agents:
+        each agent's return of the finished episode) and episode_length, which hold where done."""
         n = len(self.envs)
-        reward, terminated, done = np.zeros((n, self.n_agents), np.float32), np.zeros(n, bool), np.zeros(n, bool)
+        reward, terminated, done = (
+            np.zeros((n, self.n_agents), np.float32),
+            np.zeros(n, bool),
+            np.zeros(n, bool),
+        )
         final_obs, ep_return, ep_length = self.obs.copy(), np.zeros((n, self.n_agents)), np.zeros(n)
         for i, env in enumerate(self.envs):
             if not env.agents:  # finished, and not reset (evaluation)
                 continue
-            agent_actions = np.split(actions[i], self.splits) if self.continuous_actions else actions[i].tolist()
+            agent_actions = (
+                np.split(actions[i], self.splits)
+                if self.continuous_actions
+                else actions[i].tolist()
+            )
             obs, rew, term, trunc, _ = env.step(dict(zip(self.agents, agent_actions)))
             self.obs[i] = final_obs[i] = np.concatenate([obs[a] for a in self.agents])
             reward[i] = [rew[a] for a in self.agents]
             self.returns[i] += reward[i]
             self.lengths[i] += 1
-            terminated[i], done[i] = any(term.values()), all(term[a] or trunc[a] for a in self.agents)
+            terminated[i], done[i] = (
+                any(term.values()),
+                all(term[a] or trunc[a] for a in self.agents),
+            )
             if done[i]:
                 ep_return[i], ep_length[i] = self.returns[i], self.lengths[i]
                 if self.auto_reset:
@@ -147,20 +237,31 @@ class MPEEnvs:
     def render(self):
         """Env 0's frame (it must have been made with render_env0)."""
         return self.envs[0].render()
+
+
 # ---- end shared: mpe/MPEEnvs ----
 
 
 class Actor(nn.Module):
-    """mu_i: o_i -> 64 -> 64 (ReLU) -> one pre-activation per action component, squashed by a sigmoid into the action
-    box [low, high] (buffers: saved with the weights, so a saved actor needs no env to act); nn.Linear's default
-    init."""
+    """mu_i: o_i -> 64 -> 64 (ReLU) -> one pre-activation per action component, squashed by a
+    sigmoid into the action box [low, high] (buffers: saved with the weights, so a saved actor needs
+    no env to act); nn.Linear's default init."""
 
     def __init__(self, obs_dim: int, action_dim: int, hidden: int, low=0.0, high=1.0):
         super().__init__()
-        self.network = nn.Sequential(nn.Linear(obs_dim, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
-                                     nn.Linear(hidden, action_dim))
-        self.register_buffer("low", torch.tensor(low, dtype=torch.float32).expand(action_dim).clone())
-        self.register_buffer("high", torch.tensor(high, dtype=torch.float32).expand(action_dim).clone())
+        self.network = nn.Sequential(
+            nn.Linear(obs_dim, hidden),
+            nn.ReLU(),
+            nn.Linear(hidden, hidden),
+            nn.ReLU(),
+            nn.Linear(hidden, action_dim),
+        )
+        self.register_buffer(
+            "low", torch.tensor(low, dtype=torch.float32).expand(action_dim).clone()
+        )
+        self.register_buffer(
+            "high", torch.tensor(high, dtype=torch.float32).expand(action_dim).clone()
+        )
 
     def squash(self, pre_activation):
         return self.low + (self.high - self.low) * torch.sigmoid(pre_activation)
@@ -169,55 +270,78 @@ class Actor(nn.Module):
         return self.squash(self.network(obs))
 
     def get_greedy_action(self, obs):
-        """mu_i(o_i), the deterministic action: what evaluate() runs and what exploration adds noise to."""
+        """mu_i(o_i), the deterministic action: what evaluate() runs and what exploration adds noise
+        to."""
         return self(obs)
 
 
 class Critic(nn.Module):
-    """Q_i: the joint observation (every agent's) and the joint action (every agent's) -> 64 -> 64 (ReLU) -> Q-value."""
+    """Q_i: the joint observation (every agent's) and the joint action (every agent's) -> 64 -> 64
+    (ReLU) -> Q-value."""
 
     def __init__(self, joint_obs_dim: int, joint_action_dim: int, hidden: int):
         super().__init__()
-        self.network = nn.Sequential(nn.Linear(joint_obs_dim + joint_action_dim, hidden), nn.ReLU(),
-                                     nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, 1))
+        self.network = nn.Sequential(
+            nn.Linear(joint_obs_dim + joint_action_dim, hidden),
+            nn.ReLU(),
+            nn.Linear(hidden, hidden),
+            nn.ReLU(),
+            nn.Linear(hidden, 1),
+        )
 
     def forward(self, joint_obs, joint_actions):
         return self.network(torch.cat([joint_obs, joint_actions], -1)).squeeze(-1)
 
 
 def joint_action(actors, joint_obs, obs_dims):
-    """(a_1..a_N) = (mu_1(o_1)..mu_N(o_N)), concatenated: each actor sees only its own agent's observation."""
-    return torch.cat([actor.get_greedy_action(o) for actor, o in zip(actors, joint_obs.split(obs_dims, -1))], -1)
+    """(a_1..a_N) = (mu_1(o_1)..mu_N(o_N)), concatenated: each actor sees only its own agent's
+    observation."""
+    return torch.cat(
+        [actor.get_greedy_action(o) for actor, o in zip(actors, joint_obs.split(obs_dims, -1))], -1
+    )
 
 
 def with_action(joint_actions, i, action_i, action_dims):
-    """The joint action with agent i's part replaced by action_i (eq. 6: the other agents' actions stay as drawn)."""
+    """The joint action with agent i's part replaced by action_i (eq. 6: the other agents' actions
+    stay as drawn)."""
     parts = list(joint_actions.split(action_dims, -1))
     parts[i] = action_i
     return torch.cat(parts, -1)
 
 
 def maddpg_target(next_q, rewards, terminated, gamma):
-    """y_i = r_i + gamma * Q'_i(x', mu'_1(o'_1)..mu'_N(o'_N)) (the paper's eq. 6) with the target actors and critic;
-    only termination stops the bootstrap: a time-limit truncation has a future (the stored x' is its true last one)."""
+    """y_i = r_i + gamma * Q'_i(x', mu'_1(o'_1)..mu'_N(o'_N)) (the paper's eq. 6) with the target
+    actors and critic; only termination stops the bootstrap: a time-limit truncation has a future
+    (the stored x' is its true last one)."""
     return rewards + gamma * (1.0 - terminated) * next_q
 
 
 def explore(actions, noise_std, low, high, rng):
-    """The actors' actions plus Gaussian noise (std in units of each component's range), clipped to the box."""
+    """The actors' actions plus Gaussian noise (std in units of each component's range), clipped to
+    the box."""
     noisy = actions + rng.normal(0.0, 1.0, actions.shape) * noise_std * (high - low)
     return np.clip(noisy, low, high).astype(np.float32)
 
 
 class ReplayBuffer:
-    """A ring buffer of preallocated numpy arrays of joint steps: the joint observation, the true next joint observation
-    (the last one of an episode cut by the time limit), the joint action, every agent's reward and `terminated`.
-    Checkpointable through state_dict(), which holds only the filled part."""
+    """A ring buffer of preallocated numpy arrays of joint steps: the joint observation, the true
+    next joint observation (the last one of an episode cut by the time limit), the joint action,
+    every agent's reward and `terminated`. Checkpointable through state_dict(), which holds only the
+    filled part."""
+
     FIELDS = ("obs", "next_obs", "actions", "rewards", "terminated")
 
-    def __init__(self, size: int, obs_dim: int, action_dim: int, n_agents: int, rng: np.random.Generator):
-        self.obs, self.next_obs = np.zeros((size, obs_dim), np.float32), np.zeros((size, obs_dim), np.float32)
-        self.actions, self.rewards = np.zeros((size, action_dim), np.float32), np.zeros((size, n_agents), np.float32)
+    def __init__(
+        self, size: int, obs_dim: int, action_dim: int, n_agents: int, rng: np.random.Generator
+    ):
+        self.obs, self.next_obs = (
+            np.zeros((size, obs_dim), np.float32),
+            np.zeros((size, obs_dim), np.float32),
+        )
+        self.actions, self.rewards = (
+            np.zeros((size, action_dim), np.float32),
+            np.zeros((size, n_agents), np.float32),
+        )
         self.terminated = np.zeros(size, np.float32)
         self.size, self.pos, self.full, self.rng = size, 0, False, rng
 
@@ -225,27 +349,36 @@ class ReplayBuffer:
         idx = (self.pos + np.arange(len(obs))) % self.size
         for name, value in zip(self.FIELDS, (obs, next_obs, actions, rewards, terminated)):
             getattr(self, name)[idx] = value
-        self.full, self.pos = self.full or self.pos + len(obs) >= self.size, (self.pos + len(obs)) % self.size
+        self.full, self.pos = (
+            self.full or self.pos + len(obs) >= self.size,
+            (self.pos + len(obs)) % self.size,
+        )
 
     def sample(self, batch_size: int, device):
-        """A uniform minibatch (obs, next_obs, actions, rewards, terminated) as tensors on `device`."""
+        """A uniform minibatch (obs, next_obs, actions, rewards, terminated) as tensors on
+        `device`."""
         idx = self.rng.integers(0, self.size if self.full else self.pos, batch_size)
         return [torch.as_tensor(getattr(self, name)[idx], device=device) for name in self.FIELDS]
 
     def state_dict(self):
         n = self.size if self.full else self.pos
-        return {**{name: getattr(self, name)[:n] for name in self.FIELDS}, "pos": self.pos, "full": self.full}
+        return {
+            **{name: getattr(self, name)[:n] for name in self.FIELDS},
+            "pos": self.pos,
+            "full": self.full,
+        }
 
     def load_state_dict(self, state):  # a checkpoint holds the numpy arrays as tensors
         for name in self.FIELDS:
             value = state[name].numpy() if torch.is_tensor(state[name]) else state[name]
-            getattr(self, name)[:len(value)] = value
+            getattr(self, name)[: len(value)] = value
         self.pos, self.full = state["pos"], state["full"]
 
 
 def episode_metrics(prefix: str, returns, adversary) -> dict:
-    """{metric name: one value per episode} from each agent's episodic returns (episodes, n_agents): the per-agent
-    mean, and in a competitive task the mean of each team (adversary: which agents are adversaries)."""
+    """{metric name: one value per episode} from each agent's episodic returns (episodes, n_agents):
+    the per-agent mean, and in a competitive task the mean of each team (adversary: which agents are
+    adversaries)."""
     metrics = {f"{prefix}/episodic_return_agent_mean": returns.mean(-1)}
     if adversary.any() and not adversary.all():
         metrics[f"{prefix}/episodic_return_adversary_mean"] = returns[:, adversary].mean(-1)
@@ -255,11 +388,17 @@ def episode_metrics(prefix: str, returns, adversary) -> dict:
 
 @torch.no_grad()
 def evaluate(actors, env_id, episodes, seed, device="cpu", frames=None):
-    """Deterministic play (the actors' actions, no noise) of one episode in each of `episodes` envs (env i seeded with
-    seed + i); returns {metric name: [one value per episode]} (episode_metrics). frames: a list that receives episode
-    0's frames (--capture-video)."""
-    env = MPEEnvs(env_id, max(episodes, 1), device, continuous_actions=True, auto_reset=False,
-                  render_env0=frames is not None)
+    """Deterministic play (the actors' actions, no noise) of one episode in each of `episodes` envs
+    (env i seeded with seed + i); returns {metric name: [one value per episode]} (episode_metrics).
+    frames: a list that receives episode 0's frames (--capture-video)."""
+    env = MPEEnvs(
+        env_id,
+        max(episodes, 1),
+        device,
+        continuous_actions=True,
+        auto_reset=False,
+        render_env0=frames is not None,
+    )
     if episodes == 0:
         return {k: [] for k in episode_metrics("eval", np.zeros((0, env.n_agents)), env.adversary)}
     obs, finished = env.reset(seed), np.zeros(episodes, dtype=bool)
@@ -282,12 +421,17 @@ def main(args: Args):
     N, A, obs_dims, action_dims = args.num_envs, env.n_agents, env.obs_dims, env.action_dims
     low, high = np.split(env.low, env.splits), np.split(env.high, env.splits)
     make_actors = lambda: nn.ModuleList(  # noqa: E731
-        Actor(o, a, args.hidden_dim, lo, hi) for o, a, lo, hi in zip(obs_dims, action_dims, low, high)).to(device)
+        Actor(o, a, args.hidden_dim, lo, hi)
+        for o, a, lo, hi in zip(obs_dims, action_dims, low, high)
+    ).to(device)
     make_critics = lambda: nn.ModuleList(  # noqa: E731
-        Critic(sum(obs_dims), sum(action_dims), args.hidden_dim) for _ in range(A)).to(device)
-    actors, critics = make_actors(), make_critics()  # agent i: actors[i], critics[i]; nothing is shared
+        Critic(sum(obs_dims), sum(action_dims), args.hidden_dim) for _ in range(A)
+    ).to(device)
+    # agent i: actors[i], critics[i]; nothing is shared
+    actors, critics = make_actors(), make_critics()
     actors_target, critics_target = make_actors(), make_critics()
-    actors_target.load_state_dict(actors.state_dict()), critics_target.load_state_dict(critics.state_dict())
+    actors_target.load_state_dict(actors.state_dict())
+    critics_target.load_state_dict(critics.state_dict())
     actor_optimizers = [torch.optim.Adam(a.parameters(), lr=args.learning_rate) for a in actors]
     critic_optimizers = [torch.optim.Adam(c.parameters(), lr=args.learning_rate) for c in critics]
     rng = np.random.default_rng(args.seed)  # exploration noise and replay sampling
@@ -298,10 +442,16 @@ def main(args: Args):
     def run_eval(frames=None):  # evaluation episodes are seeded apart from training
         return evaluate(actors, args.env_id, args.eval_episodes, args.seed + 10**9, device, frames)
 
-    stateful = {"actors": actors, "critics": critics, "actors_target": actors_target, "critics_target": critics_target,
-                **{f"actor_optimizer_{i}": opt for i, opt in enumerate(actor_optimizers)},
-                **{f"critic_optimizer_{i}": opt for i, opt in enumerate(critic_optimizers)},
-                "rb": rb, "rng": RNGs(rng)}  # what a checkpoint holds, saved and resumed
+    stateful = {
+        "actors": actors,
+        "critics": critics,
+        "actors_target": actors_target,
+        "critics_target": critics_target,
+        **{f"actor_optimizer_{i}": opt for i, opt in enumerate(actor_optimizers)},
+        **{f"critic_optimizer_{i}": opt for i, opt in enumerate(critic_optimizers)},
+        "rb": rb,
+        "rng": RNGs(rng),
+    }  # what a checkpoint holds, saved and resumed
     if ckpt is not None:
         load_states(stateful, ckpt, run_dir)  # envs are not saved: they are seeded anew on reset
         iteration = ckpt["iteration"]
@@ -309,10 +459,13 @@ def main(args: Args):
     logger = RunLogger(args, run_dir, num_iterations * N, global_step, ckpt=ckpt)
 
     def update(i):
-        """One gradient step of agent i's critic and actor on its own minibatch, then of its targets (authors' code)."""
+        """One gradient step of agent i's critic and actor on its own minibatch, then of its targets
+        (authors' code)."""
         b_obs, b_next_obs, b_actions, b_rewards, b_terminated = rb.sample(args.batch_size, device)
         with torch.no_grad():
-            next_q = critics_target[i](b_next_obs, joint_action(actors_target, b_next_obs, obs_dims))
+            next_q = critics_target[i](
+                b_next_obs, joint_action(actors_target, b_next_obs, obs_dims)
+            )
             target = maddpg_target(next_q, b_rewards[:, i], b_terminated, args.gamma)
         q = critics[i](b_obs, b_actions)
         critic_loss = F.mse_loss(q, target)
@@ -322,9 +475,12 @@ def main(args: Args):
         critic_optimizers[i].step()
 
         pre_activation = actors[i].network(b_obs.split(obs_dims, -1)[i])
-        critics[i].requires_grad_(False)  # the actor loss needs no gradient for the critic's weights
+        # the actor loss needs no gradient for the critic's weights
+        critics[i].requires_grad_(False)
         actions = with_action(b_actions, i, actors[i].squash(pre_activation), action_dims)
-        actor_loss = -critics[i](b_obs, actions).mean() + args.actor_reg * pre_activation.pow(2).mean()
+        actor_loss = (
+            -critics[i](b_obs, actions).mean() + args.actor_reg * pre_activation.pow(2).mean()
+        )
         critics[i].requires_grad_(True)
         actor_optimizers[i].zero_grad()
         actor_loss.backward()
@@ -332,11 +488,16 @@ def main(args: Args):
         actor_optimizers[i].step()
 
         with torch.no_grad():  # target <- tau * online + (1 - tau) * target
-            for target_param, param in zip([*actors_target[i].parameters(), *critics_target[i].parameters()],
-                                           [*actors[i].parameters(), *critics[i].parameters()]):
+            for target_param, param in zip(
+                [*actors_target[i].parameters(), *critics_target[i].parameters()],
+                [*actors[i].parameters(), *critics[i].parameters()],
+            ):
                 target_param.lerp_(param, args.tau)
-        return {f"losses/critic_loss_{i}": critic_loss, f"losses/actor_loss_{i}": actor_loss, f"losses/q_values_{i}":
-                q.mean()}
+        return {
+            f"losses/critic_loss_{i}": critic_loss,
+            f"losses/actor_loss_{i}": actor_loss,
+            f"losses/q_values_{i}": q.mean(),
+        }
 
     obs, stats = env.reset(seed=args.seed + global_step), {}  # a resumed run starts fresh episodes
     for iteration in range(iteration, num_iterations):
@@ -344,17 +505,24 @@ def main(args: Args):
             actions = joint_action(actors, obs, obs_dims).cpu().numpy()
         actions = explore(actions, args.exploration_noise, env.low, env.high, rng)
         next_obs, rewards, terminated, done, info = env.step(actions)
-        rb.add(obs.cpu().numpy(), info["final_obs"], actions, rewards, terminated)  # true last obs where done
+        # true last obs where done
+        rb.add(obs.cpu().numpy(), info["final_obs"], actions, rewards, terminated)
         global_step += N
         obs = next_obs
         if done.any():  # every finished episode of every env
             metrics = episode_metrics("train", info["episode_return"][done], env.adversary)
             for k in range(done.sum()):
-                logger.log(global_step, {**{name: v[k] for name, v in metrics.items()},
-                                         "train/episodic_length": info["episode_length"][done][k]})
+                logger.log(
+                    global_step,
+                    {
+                        **{name: v[k] for name, v in metrics.items()},
+                        "train/episodic_length": info["episode_length"][done][k],
+                    },
+                )
             logger.last_return = metrics["train/episodic_return_agent_mean"].mean()
 
-        if global_step >= args.learning_starts:  # one update of every agent per train_every steps crossed
+        # one update of every agent per train_every steps crossed
+        if global_step >= args.learning_starts:
             for _ in range(global_step // args.train_every - (global_step - N) // args.train_every):
                 stats = {k: v for i in range(A) for k, v in update(i).items()}
         if iteration % 100 == 0:  # every 100 vector steps (the only host syncs of the losses)
@@ -372,42 +540,79 @@ def main(args: Args):
     logger.save_checkpoint(stateful, num_iterations, global_step, finished=True)
     if frames:
         import imageio.v2 as imageio
+
         (run_dir / "videos").mkdir(exist_ok=True)
         imageio.mimsave(run_dir / "videos" / "eval_episode0.gif", frames, duration=100, loop=0)
     if args.save_model:
-        save_model({"actors": actors.state_dict(), "args": asdict(args), "eval_returns": eval_results,
-                    "obs_dims": obs_dims, "action_dims": action_dims, "hidden": args.hidden_dim}, run_dir)
+        save_model(
+            {
+                "actors": actors.state_dict(),
+                "args": asdict(args),
+                "eval_returns": eval_results,
+                "obs_dims": obs_dims,
+                "action_dims": action_dims,
+                "hidden": args.hidden_dim,
+            },
+            run_dir,
+        )
     logger.close(eval_results)
 
 
 def check_args(args: Args):
     check_task(args.env_id, "ddpg_continuous.py", "dqn.py")
-    check_ranges(args, {"num_envs": "x >= 1", "learning_rate": "x > 0", "buffer_size": "x >= 1",
-                        "gamma": "0 <= x <= 1", "tau": "0 < x <= 1", "batch_size": "x >= 1",
-                        "learning_starts": "x >= 0", "train_every": "x >= 1", "exploration_noise": "x >= 0",
-                        "max_grad_norm": "x > 0", "actor_reg": "x >= 0", "hidden_dim": "x >= 1"})
+    check_ranges(
+        args,
+        {
+            "num_envs": "x >= 1",
+            "learning_rate": "x > 0",
+            "buffer_size": "x >= 1",
+            "gamma": "0 <= x <= 1",
+            "tau": "0 < x <= 1",
+            "batch_size": "x >= 1",
+            "learning_starts": "x >= 0",
+            "train_every": "x >= 1",
+            "exploration_noise": "x >= 0",
+            "max_grad_norm": "x > 0",
+            "actor_reg": "x >= 0",
+            "hidden_dim": "x >= 1",
+        },
+    )
     if args.batch_size > min(args.buffer_size, max(args.learning_starts, 1)):
-        fail(f"--batch-size {args.batch_size} must not exceed --learning-starts ({args.learning_starts}) or "
-             f"--buffer-size ({args.buffer_size}): the first minibatch is drawn when learning starts")
+        fail(
+            f"--batch-size {args.batch_size} must not exceed --learning-starts "
+            f"({args.learning_starts}) or --buffer-size ({args.buffer_size}): "
+            "the first minibatch is drawn when learning starts"
+        )
     if args.total_timesteps <= args.learning_starts:
-        fail(f"--total-timesteps {args.total_timesteps} must exceed --learning-starts {args.learning_starts}")
+        fail(
+            f"--total-timesteps {args.total_timesteps} must "
+            f"exceed --learning-starts {args.learning_starts}"
+        )
 
 
 # ---- shared: mpe/check_task ----
 def check_task(env_id: str, *single_agent_scripts: str):
-    """A task of TASKS, or one error line that names the scripts that take env_id (single_agent_scripts: those
-    suggested for a Gymnasium id)."""
+    """A task of TASKS, or one error line that names the scripts that take env_id
+    (single_agent_scripts: those suggested for a Gymnasium id)."""
     if env_id in TASKS:
         return
     if env_id in NOT_SUPPORTED:
-        fail(f"mpe2 task '{env_id}' is not supported by {SCRIPT} ({NOT_SUPPORTED[env_id]}); the tasks: "
-             f"{', '.join(TASKS)}")
-    if (scripts := other_family(env_id) or (single_agent_scripts if env_id in gym.registry else ())) and (
-            not re.fullmatch(r"(simple\w*|collect_treasure)_v\d+", env_id)):
+        fail(
+            f"mpe2 task '{env_id}' is not supported by {SCRIPT} "
+            f"({NOT_SUPPORTED[env_id]}); the tasks: {', '.join(TASKS)}"
+        )
+    if (
+        scripts := other_family(env_id) or (single_agent_scripts if env_id in gym.registry else ())
+    ) and (not re.fullmatch(r"(simple\w*|collect_treasure)_v\d+", env_id)):
         fail(f"{env_id} is not an mpe2 task (the tasks of {SCRIPT}: {', '.join(TASKS)})", *scripts)
     close = difflib.get_close_matches(env_id, [*TASKS, *NOT_SUPPORTED], n=1)
-    fail(f"unknown mpe2 task '{env_id}'" + (f"; did you mean '{close[0]}'?" if close and close[0] in TASKS else "") +
-         f"; the tasks: {', '.join(TASKS)}")
+    fail(
+        f"unknown mpe2 task '{env_id}'"
+        + (f"; did you mean '{close[0]}'?" if close and close[0] in TASKS else "")
+        + f"; the tasks: {', '.join(TASKS)}"
+    )
+
+
 # ---- end shared: mpe/check_task ----
 
 
@@ -416,55 +621,78 @@ SCRIPT, ALGOS = Path(__file__).name, Path(__file__).resolve().parent
 
 
 def fail(msg: str, *scripts: str):
-    """Bad input: one line on stderr, exit status 2. It suggests those of `scripts` that exist beside this one."""
+    """Bad input: one line on stderr, exit status 2. It suggests those of `scripts` that exist
+    beside this one."""
     found = [s for s in scripts if s != SCRIPT and (ALGOS / s).is_file()]
     print(f"error: {msg}" + (f"; use {' or '.join(found)}" if found else ""), file=sys.stderr)
     sys.exit(2)
 
 
 def other_family(env_id: str) -> tuple[str, ...]:
-    """The scripts that take env_id, an id of another family of envs (Atari, MinAtar, mpe2, smac_lite)."""
+    """The scripts that take env_id, an id of another family of envs (Atari, MinAtar, mpe2,
+    smac_lite)."""
     if env_id.startswith("ALE/") or env_id.endswith("NoFrameskip-v4"):
         return "ppo_atari.py", "dqn_atari.py"
     if env_id.startswith("MinAtar/"):
         return "dqn_atari.py", "ddqn_atari.py"
     if re.fullmatch(r"(simple\w*|collect_treasure)_v\d+", env_id):
         return "mappo_mpe.py", "maddpg_mpe.py"
-    if importlib.util.find_spec("smac_lite") and env_id in importlib.import_module("smac_lite.maps").MAPS:
+    if (
+        importlib.util.find_spec("smac_lite")
+        and env_id in importlib.import_module("smac_lite.maps").MAPS
+    ):
         return "mappo_smac_lite.py", "qmix_smac_lite.py"
     return ()
 
 
 def env_spaces(env_id: str):
-    """(observation space, action space) of env_id, or a one-line error. The env is made in a temporary directory
-    with stderr muted: MuJoCo prints warnings and leaves MUJOCO_LOG.TXT behind, which must not precede an error."""
+    """(observation space, action space) of env_id, or a one-line error. The env is made in a
+    temporary directory with stderr muted: MuJoCo prints warnings and leaves MUJOCO_LOG.TXT behind,
+    which must not precede an error."""
     if env_id not in gym.registry:
         if scripts := other_family(env_id):
             fail(f"{env_id} is not an env of {SCRIPT}", *scripts)
         close = difflib.get_close_matches(env_id, list(gym.registry), n=1)
         fail(f"unknown env id '{env_id}'" + (f"; did you mean '{close[0]}'?" if close else ""))
     cwd, stderr_fd = os.getcwd(), os.dup(2)
-    with tempfile.TemporaryDirectory() as tmp, open(os.devnull, "w") as null, warnings.catch_warnings(action="ignore"):
-        os.chdir(tmp), os.dup2(null.fileno(), 2)
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        open(os.devnull, "w") as null,
+        warnings.catch_warnings(action="ignore"),
+    ):
+        os.chdir(tmp)
+        os.dup2(null.fileno(), 2)
         try:
             with gym.make(env_id) as env:
                 return env.observation_space, env.action_space
         except Exception as e:
-            error = f"cannot make env '{env_id}': {type(e).__name__}: {(str(e).strip() or ' ').splitlines()[0]}"
+            error = (
+                f"cannot make env '{env_id}': {type(e).__name__}: "
+                f"{(str(e).strip() or ' ').splitlines()[0]}"
+            )
         finally:
-            os.dup2(stderr_fd, 2), os.close(stderr_fd), os.chdir(cwd)
+            os.dup2(stderr_fd, 2)
+            os.close(stderr_fd)
+            os.chdir(cwd)
     fail(error)
 
 
 def check_ranges(args, rules: dict):
-    """Fail on the first flag outside its range; a rule is a condition on x, the flag's value (e.g. "0 <= x <= 1")."""
-    rules = {"total_timesteps": "x >= 1", "eval_episodes": "x >= 0", "eval_every": "x >= 0",
-             "checkpoint_every": "x >= 1", **rules}
+    """Fail on the first flag outside its range; a rule is a condition on x, the flag's value (e.g.
+    "0 <= x <= 1")."""
+    rules = {
+        "total_timesteps": "x >= 1",
+        "eval_episodes": "x >= 0",
+        "eval_every": "x >= 0",
+        "checkpoint_every": "x >= 1",
+        **rules,
+    }
     for name, x in asdict(args).items():
         if isinstance(x, float) and not np.isfinite(x):
             fail(f"--{name.replace('_', '-')} {x} is not a finite number")
     for name, rule in rules.items():
-        if (x := getattr(args, name)) is not None and not eval(rule, {"x": x}):  # the rules are literals of this file
+        # the rules are literals of this file
+        if (x := getattr(args, name)) is not None and not eval(rule, {"x": x}):
             fail(f"--{name.replace('_', '-')} {x} is out of range: it must satisfy {rule}")
 
 
@@ -474,9 +702,10 @@ def sha256(path: Path) -> str:
 
 
 def start_run(args, check_args):
-    """Resume (--resume DIR: the run's saved flags; --total-timesteps may extend it), check the flags, choose the run
-    directory (a new run never writes into one that holds files), seed everything. Returns (args, checkpoint, dir).
-    A checkpoint is data: its SHA-256 must match checkpoint.sha256, and it is read with weights_only=True."""
+    """Resume (--resume DIR: the run's saved flags; --total-timesteps may extend it), check the
+    flags, choose the run directory (a new run never writes into one that holds files), seed
+    everything. Returns (args, checkpoint, dir). A checkpoint is data: its SHA-256 must match
+    checkpoint.sha256, and it is read with weights_only=True."""
     ckpt = None
     if args.resume:
         path = Path(args.resume) / "checkpoint.pt"
@@ -488,26 +717,48 @@ def start_run(args, check_args):
             ckpt = torch.load(path, weights_only=True)
             saved = Args(**ckpt["args"])
         except Exception as e:
-            fail(f"{path} is corrupt or not a {SCRIPT} checkpoint ({type(e).__name__}); delete it or start anew")
-        given = [k for k, v in asdict(args).items() if k in given_flags() or v != getattr(Args(), k)]
-        given = [k for k in given if k not in ("resume", "run_dir") and getattr(args, k) != getattr(saved, k)]
+            fail(
+                f"{path} is corrupt or not a {SCRIPT} checkpoint "
+                f"({type(e).__name__}); delete it or start anew"
+            )
+        given = [
+            k for k, v in asdict(args).items() if k in given_flags() or v != getattr(Args(), k)
+        ]
+        given = [
+            k
+            for k in given
+            if k not in ("resume", "run_dir") and getattr(args, k) != getattr(saved, k)
+        ]
         if "total_timesteps" in given:
             if args.total_timesteps < ckpt["global_step"]:
-                fail(f"--total-timesteps {args.total_timesteps} is below the {ckpt['global_step']} steps already done")
-            print(f"resume: --total-timesteps {args.total_timesteps} (was {saved.total_timesteps})", file=sys.stderr)
+                fail(
+                    f"--total-timesteps {args.total_timesteps} is below "
+                    f"the {ckpt['global_step']} steps already done"
+                )
+            print(
+                f"resume: --total-timesteps {args.total_timesteps} (was {saved.total_timesteps})",
+                file=sys.stderr,
+            )
             saved.total_timesteps = args.total_timesteps
         elif ckpt["finished"]:
-            print(f"the run in {path.parent} is finished; give a larger --total-timesteps to extend it")
+            print(
+                f"the run in {path.parent} is finished; give "
+                "a larger --total-timesteps to extend it"
+            )
             sys.exit(0)
         if ignored := [f"--{k.replace('_', '-')}" for k in given if k != "total_timesteps"]:
-            print(f"resume: the run's saved flags are kept; ignored: {' '.join(ignored)}", file=sys.stderr)
+            print(
+                f"resume: the run's saved flags are kept; ignored: {' '.join(ignored)}",
+                file=sys.stderr,
+            )
         args = saved
         args.resume = args.run_dir = str(path.parent)
         check_metrics(path.parent / "metrics.csv")
     check_args(args)
     if args.track:
         check_wandb()
-    if args.capture_video and not os.environ.get("XDG_RUNTIME_DIR"):  # SDL warns on every render without it
+    # SDL warns on every render without it
+    if args.capture_video and not os.environ.get("XDG_RUNTIME_DIR"):
         os.environ["XDG_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="canonrl-xdg-")
     name = f"{args.env_id.replace('/', '-')}__{SCRIPT[:-3]}__{args.seed}__{time.time():.0f}"
     run_dir = Path(args.run_dir or f"runs/{name}")
@@ -515,18 +766,24 @@ def start_run(args, check_args):
         fail(f"--run-dir {run_dir} is a file; pass a directory")
     if ckpt is None and run_dir.is_dir() and any(run_dir.iterdir()):
         if (run_dir / "metrics.csv").is_file():
-            fail(f"--run-dir {run_dir} holds a run; continue it with --resume {run_dir} or choose a new --run-dir")
+            fail(
+                f"--run-dir {run_dir} holds a run; continue it "
+                f"with --resume {run_dir} or choose a new --run-dir"
+            )
         fail(f"--run-dir {run_dir} is not empty and holds no run; choose a new --run-dir")
     check_writable(run_dir)
-    random.seed(args.seed), np.random.seed(args.seed), torch.manual_seed(args.seed)
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
-    torch.set_num_threads(1 if args.torch_deterministic else torch.get_num_threads())  # 1: fastest for small nets
+    # 1: fastest for small nets
+    torch.set_num_threads(1 if args.torch_deterministic else torch.get_num_threads())
     return args, ckpt, run_dir
 
 
 def given_flags() -> set[str]:
-    """The Args fields named on the command line (--name, --name=value, --no-name): on --resume, a flag given there
-    counts even when its value is the default."""
+    """The Args fields named on the command line (--name, --name=value, --no-name): on --resume, a
+    flag given there counts even when its value is the default."""
     names = set()
     for token in sys.argv[1:]:
         if token.startswith("--"):
@@ -537,37 +794,53 @@ def given_flags() -> set[str]:
 
 
 def check_metrics(path: Path):
-    """Fail on a line of metrics.csv that is not global_step,wall_time,name,value (before --resume rewrites it)."""
+    """Fail on a line of metrics.csv that is not global_step,wall_time,name,value (before --resume
+    rewrites it)."""
     lines = path.read_text().splitlines()[1:] if path.is_file() else []
     for number, line in enumerate(lines, start=2):
         fields = line.split(",")
         if len(fields) != 4 or not fields[0].isdigit():
-            fail(f"{path} line {number} is not 'global_step,wall_time,name,value'; delete that line and resume again")
+            fail(
+                f"{path} line {number} is not 'global_step,wall_time,name,value'; "
+                "delete that line and resume again"
+            )
 
 
 def check_wandb():
     """--track needs a wandb login, or WANDB_MODE=offline: checked before anything is written."""
     from wandb.sdk import wandb_setup
     from wandb.sdk.lib import wbauth
+
     try:
         settings = wandb_setup.singleton().settings
     except Exception as e:
         fail(f"--track: wandb cannot start ({type(e).__name__}: {str(e).strip().splitlines()[0]})")
     if settings.mode in ("offline", "dryrun", "disabled"):
         return
-    if not (os.getenv("WANDB_API_KEY") or wbauth.read_netrc_auth(host=settings.base_url) or settings.api_key):
-        fail("--track needs a wandb login: run `wandb login`, or set WANDB_MODE=offline to log to files only")
+    if not (
+        os.getenv("WANDB_API_KEY")
+        or wbauth.read_netrc_auth(host=settings.base_url)
+        or settings.api_key
+    ):
+        fail(
+            "--track needs a wandb login: run `wandb login`, "
+            "or set WANDB_MODE=offline to log to files only"
+        )
 
 
 def check_writable(run_dir: Path):
-    """Fail unless files can be written in run_dir; the folders made to find out are removed again."""
+    """Fail unless files can be written in run_dir; the folders made to find out are removed
+    again."""
     made = [p for p in [run_dir, *run_dir.parents] if not p.exists()]
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=run_dir):
             pass
     except OSError as e:
-        fail(f"--run-dir {run_dir} cannot be written ({e.strerror or type(e).__name__}); choose another --run-dir")
+        fail(
+            f"--run-dir {run_dir} cannot be written "
+            f"({e.strerror or type(e).__name__}); choose another --run-dir"
+        )
     finally:
         for p in made:
             if p.is_dir() and not any(p.iterdir()):
@@ -586,20 +859,26 @@ def finite(state) -> bool:
 
 
 def load_states(stateful: dict, ckpt: dict, run_dir: Path):
-    """Resume every object of `stateful` ({name: object with load_state_dict}) from the checkpoint."""
+    """Resume every object of `stateful` ({name: object with load_state_dict}) from the
+    checkpoint."""
     for name, obj in stateful.items():
-        weights = isinstance(obj, (torch.nn.Module, torch.optim.Optimizer))  # a buffer may hold unwritten slots
+        # a buffer may hold unwritten slots
+        weights = isinstance(obj, (torch.nn.Module, torch.optim.Optimizer))
         if weights and not finite(ckpt.get(name)):
             fail(f"{run_dir / 'checkpoint.pt'} holds non-finite values in {name}; start anew")
         try:
             obj.load_state_dict(ckpt[name])
         except Exception as e:
-            fail(f"{run_dir / 'checkpoint.pt'} does not fit this run's {name} ({type(e).__name__}); start anew")
+            fail(
+                f"{run_dir / 'checkpoint.pt'} does not fit this "
+                f"run's {name} ({type(e).__name__}); start anew"
+            )
 
 
 def save_with_digest(state: dict, path: Path):
-    """torch.save(state) to path, written then renamed (a crash never leaves half a file), and its SHA-256 beside it
-    (checkpoint.pt: checkpoint.sha256, model.pt: model.sha256): a file is checked against it before it is read."""
+    """torch.save(state) to path, written then renamed (a crash never leaves half a file), and its
+    SHA-256 beside it (checkpoint.pt: checkpoint.sha256, model.pt: model.sha256): a file is checked
+    against it before it is read."""
     torch.save(state, path.with_suffix(".tmp"))
     digest = sha256(path.with_suffix(".tmp"))
     os.replace(path.with_suffix(".tmp"), path)
@@ -612,12 +891,19 @@ def save_model(state: dict, run_dir: Path):
 
 
 def plain(obj):
-    """obj with numpy arrays as tensors and numpy scalars as numbers: what torch.load(weights_only=True) reads."""
+    """obj with numpy arrays as tensors and numpy scalars as numbers: what
+    torch.load(weights_only=True) reads."""
     if isinstance(obj, dict):
         return {k: plain(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return type(obj)(plain(v) for v in obj)
-    return torch.from_numpy(obj) if isinstance(obj, np.ndarray) else obj.item() if isinstance(obj, np.generic) else obj
+    return (
+        torch.from_numpy(obj)
+        if isinstance(obj, np.ndarray)
+        else obj.item()
+        if isinstance(obj, np.generic)
+        else obj
+    )
 
 
 class RNGs:
@@ -627,7 +913,10 @@ class RNGs:
         self.np_rngs = np_rngs
 
     def state_dict(self):
-        return {"torch": torch.get_rng_state(), "numpy": [rng.bit_generator.state for rng in self.np_rngs]}
+        return {
+            "torch": torch.get_rng_state(),
+            "numpy": [rng.bit_generator.state for rng in self.np_rngs],
+        }
 
     def load_state_dict(self, state):
         torch.set_rng_state(state["torch"])
@@ -636,56 +925,94 @@ class RNGs:
 
 
 class RunLogger:
-    """What a run shows and leaves behind: config.json, metrics.csv (global_step, wall_time, name, value; append-only),
-    TensorBoard events, a wandb run with --track, the progress bar, checkpoint.pt. Resuming drops the rows logged after
-    the checkpoint (those steps are redone): no step is logged twice. The training clock stops during evaluations.
-    Ctrl-C sets stop_requested: the script finishes its iteration, saves it and calls exit_interrupted()."""
+    """What a run shows and leaves behind: config.json, metrics.csv (global_step, wall_time, name,
+    value; append-only), TensorBoard events, a wandb run with --track, the progress bar,
+    checkpoint.pt. Resuming drops the rows logged after the checkpoint (those steps are redone): no
+    step is logged twice. The training clock stops during evaluations. Ctrl-C sets stop_requested:
+    the script finishes its iteration, saves it and calls exit_interrupted()."""
 
     def __init__(self, args, run_dir: Path, total: int, step: int, ckpt: dict | None):
         run_dir.mkdir(parents=True, exist_ok=True)
         metrics, header = run_dir / "metrics.csv", "global_step,wall_time,name,value\n"
         if ckpt is not None:
             lines = metrics.read_text().splitlines(keepends=True)[1:] if metrics.is_file() else []
-            (run_dir / "metrics.tmp").write_text(header + "".join(ln for ln in lines if int(ln.split(",")[0]) <= step))
+            (run_dir / "metrics.tmp").write_text(
+                header + "".join(ln for ln in lines if int(ln.split(",")[0]) <= step)
+            )
             os.replace(run_dir / "metrics.tmp", metrics)
         else:
-            git = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ALGOS)
-            config = {"script": SCRIPT, "args": asdict(args), "git_commit": git.stdout.strip() or None,
-                      "versions": {p: version(p) for p in ("torch", "gymnasium", "numpy")}}
+            git = subprocess.run(
+                ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ALGOS
+            )
+            config = {
+                "script": SCRIPT,
+                "args": asdict(args),
+                "git_commit": git.stdout.strip() or None,
+                "versions": {p: version(p) for p in ("torch", "gymnasium", "numpy")},
+            }
             (run_dir / "config.json").write_text(json.dumps(config, indent=2))
             metrics.write_text(header)
         if total != args.total_timesteps:
-            print(f"{total:,} steps will run: whole iterations up to --total-timesteps {args.total_timesteps:,}")
+            print(
+                f"{total:,} steps will run: whole iterations up "
+                f"to --total-timesteps {args.total_timesteps:,}"
+            )
         self.args, self.run_dir, self.wandb = args, run_dir, None
         if args.track:  # every row of metrics.csv is one wandb row, plotted against global_step
             import wandb
-            self.wandb = wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=asdict(args),
-                                    name=run_dir.name, dir=str(run_dir), id=run_dir.name, resume="allow")
+
+            self.wandb = wandb.init(
+                project=args.wandb_project_name,
+                entity=args.wandb_entity,
+                config=asdict(args),
+                name=run_dir.name,
+                dir=str(run_dir),
+                id=run_dir.name,
+                resume="allow",
+            )
             self.wandb.define_metric("global_step")
             self.wandb.define_metric("*", step_metric="global_step")
         self.file = open(metrics, "a", newline="")
         self.csv, self.tb = csv.writer(self.file, lineterminator="\n"), SummaryWriter(str(run_dir))
         self.bar = tqdm(total=total, initial=step, unit="step", mininterval=1.0)
-        self.first_step, self.start, self.eval_seconds, self.last_return = step, time.time(), 0.0, float("nan")
-        self.seconds_before = ckpt.get("train_seconds", 0.0) if ckpt is not None else 0.0  # of the run resumed
+        self.first_step, self.start, self.eval_seconds, self.last_return = (
+            step,
+            time.time(),
+            0.0,
+            float("nan"),
+        )
+        # of the run resumed
+        self.seconds_before = ckpt.get("train_seconds", 0.0) if ckpt is not None else 0.0
         self.stop_requested, self.duration_said = False, False
         signal.signal(signal.SIGINT, self.request_stop)
 
     def request_stop(self, *_):
         self.stop_requested = True
-        signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C stops at once, unsaved
-        print("\nCtrl-C: stopping after this iteration (again: at once, without saving it)", file=sys.stderr)
+        # a second Ctrl-C stops at once, unsaved
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        print(
+            "\nCtrl-C: stopping after this iteration (again: at once, without saving it)",
+            file=sys.stderr,
+        )
 
     def log(self, step: int, metrics: dict, to_wandb: bool = True):
-        """One row per metric in metrics.csv and TensorBoard; one wandb row for them all. A non-finite loss stops
-        the run (the weights have diverged) before it is written; the last checkpoint is kept."""
+        """One row per metric in metrics.csv and TensorBoard; one wandb row for them all. A
+        non-finite loss stops the run (the weights have diverged) before it is written; the last
+        checkpoint is kept."""
         values = {}
         for name, value in metrics.items():
-            values[name] = float(value.detach() if torch.is_tensor(value) else value)  # a loss may require grad
-            if name.startswith("losses/") and name != "losses/explained_variance" and not np.isfinite(values[name]):
+            # a loss may require grad
+            values[name] = float(value.detach() if torch.is_tensor(value) else value)
+            if (
+                name.startswith("losses/")
+                and name != "losses/explained_variance"
+                and not np.isfinite(values[name])
+            ):
                 self.close_files()
-                fail(f"{name} is {values[name]} at step {step}: training diverged; {self.run_dir} keeps its last "
-                     "checkpoint (try a lower --learning-rate)")
+                fail(
+                    f"{name} is {values[name]} at step {step}: training diverged; "
+                    f"{self.run_dir} keeps its last checkpoint (try a lower --learning-rate)"
+                )
         for name, value in values.items():
             self.csv.writerow([step, f"{time.time():.3f}", name, repr(value)])
             self.tb.add_scalar(name, value, step)
@@ -699,7 +1026,9 @@ class RunLogger:
 
     def progress(self, step: int):
         """Log charts/sps (environment steps per training second) and update the progress bar."""
-        sps = int((step - self.first_step) / max(time.time() - self.start - self.eval_seconds, 1e-9))
+        sps = int(
+            (step - self.first_step) / max(time.time() - self.start - self.eval_seconds, 1e-9)
+        )
         self.log(step, {"charts/sps": sps})
         self.bar.update(step - self.bar.n)
         self.bar.set_postfix(sps=sps, ret=f"{self.last_return:.1f}", refresh=False)
@@ -707,33 +1036,56 @@ class RunLogger:
             self.duration_said = True
             hours = (self.bar.total - step) / max(sps, 1) / 3600
             if hours > 1:
-                self.bar.write(f"at {sps:,} steps/s the rest of this run takes about {hours:.1f} hours here; "
-                               "--total-timesteps sets the budget")
+                self.bar.write(
+                    f"at {sps:,} steps/s the rest of this run takes about "
+                    f"{hours:.1f} hours here; --total-timesteps sets the budget"
+                )
 
     def evaluate(self, step: int, run_episodes):
-        """Log charts/train_seconds, then one row per episode of run_episodes(): a list of episodic returns (logged as
-        eval/episodic_return) or a dict {metric name: one value per episode} (multi-agent: team return, win)."""
+        """Log charts/train_seconds, then one row per episode of run_episodes(): a list of episodic
+        returns (logged as eval/episodic_return) or a dict {metric name: one value per episode}
+        (multi-agent: team return, win)."""
         self.log(step, {"charts/train_seconds": self.train_seconds()})
         start, results = time.time(), run_episodes()
         self.eval_seconds += time.time() - start
-        for name, values in (results if isinstance(results, dict) else {"eval/episodic_return": results}).items():
+        for name, values in (
+            results if isinstance(results, dict) else {"eval/episodic_return": results}
+        ).items():
             for value in values:
                 self.log(step, {name: value}, to_wandb=False)
-            if self.wandb is not None and len(values):  # wandb keeps one value per step: the mean, and a histogram
+            # wandb keeps one value per step: the mean, and a histogram
+            if self.wandb is not None and len(values):
                 import wandb
-                self.wandb.log({"global_step": step, name: float(np.mean(values)),
-                                f"{name}_histogram": wandb.Histogram(np.asarray(values, dtype=np.float64))})
+
+                self.wandb.log(
+                    {
+                        "global_step": step,
+                        name: float(np.mean(values)),
+                        f"{name}_histogram": wandb.Histogram(np.asarray(values, dtype=np.float64)),
+                    }
+                )
         return results
 
-    def save_checkpoint(self, stateful: dict, iteration: int, global_step: int, finished: bool = False):
-        """checkpoint.pt: the flags, the counters and the state_dict() of every object of `stateful`, written then
-        renamed (a crash never leaves half a checkpoint), and its SHA-256 in checkpoint.sha256."""
-        state = {"args": asdict(self.args), "iteration": iteration, "global_step": global_step, "finished": finished,
-                 "train_seconds": self.train_seconds(), **{name: obj.state_dict() for name, obj in stateful.items()}}
+    def save_checkpoint(
+        self, stateful: dict, iteration: int, global_step: int, finished: bool = False
+    ):
+        """checkpoint.pt: the flags, the counters and the state_dict() of every object of
+        `stateful`, written then renamed (a crash never leaves half a checkpoint), and its SHA-256
+        in checkpoint.sha256."""
+        state = {
+            "args": asdict(self.args),
+            "iteration": iteration,
+            "global_step": global_step,
+            "finished": finished,
+            "train_seconds": self.train_seconds(),
+            **{name: obj.state_dict() for name, obj in stateful.items()},
+        }
         save_with_digest(plain(state), self.run_dir / "checkpoint.pt")
 
     def close_files(self):
-        self.bar.close(), self.file.close(), self.tb.close()
+        self.bar.close()
+        self.file.close()
+        self.tb.close()
         if self.wandb is not None:
             self.wandb.finish()
 
@@ -743,21 +1095,40 @@ class RunLogger:
         sys.exit(130)
 
     def close(self, results):
-        """Close the files; the last lines say the evaluation, where the run is and the script's reference."""
+        """Close the files; the last lines say the evaluation, where the run is and the script's
+        reference."""
         self.bar.update(self.bar.total - self.bar.n)
         self.close_files()
-        for name, values in (results if isinstance(results, dict) else {"eval/episodic_return": results}).items():
+        for name, values in (
+            results if isinstance(results, dict) else {"eval/episodic_return": results}
+        ).items():
             if len(values):
-                print(f"{name}: {np.mean(values):.2f} +- {np.std(values):.2f} over {len(values)} episodes")
-        print(f"run saved in {self.run_dir}" + (" (model.pt, checkpoint.pt)" if self.args.save_model else
-                                                " (checkpoint.pt)"))
-        path = ALGOS.parent / "benchmark" / "references.toml"  # our multi-seed runs of each script, if present
-        refs = [r for r in (tomllib.loads(path.read_text())["reference"] if path.is_file() else [])
-                if "values" in r and r["score"] in ("final_eval", "final_win_rate") and self.same_setting(r)]
-        for r in sorted(refs, key=lambda r: abs(r["total_timesteps"] - self.args.total_timesteps))[:1]:
+                print(
+                    f"{name}: {np.mean(values):.2f} +- "
+                    f"{np.std(values):.2f} over {len(values)} episodes"
+                )
+        print(
+            f"run saved in {self.run_dir}"
+            + (" (model.pt, checkpoint.pt)" if self.args.save_model else " (checkpoint.pt)")
+        )
+        # our multi-seed runs of each script, if present
+        path = ALGOS.parent / "benchmark" / "references.toml"
+        refs = [
+            r
+            for r in (tomllib.loads(path.read_text())["reference"] if path.is_file() else [])
+            if "values" in r
+            and r["score"] in ("final_eval", "final_win_rate")
+            and self.same_setting(r)
+        ]
+        for r in sorted(refs, key=lambda r: abs(r["total_timesteps"] - self.args.total_timesteps))[
+            :1
+        ]:
             values = r["values"]
-            print(f"reference {r['id']} ({r['total_timesteps']:,} steps, {r['score']}, {len(values)} seeds): "
-                  f"{np.mean(values):.2f} +- {np.std(values):.2f}, seeds from {min(values):.2f} to {max(values):.2f}")
+            print(
+                f"reference {r['id']} ({r['total_timesteps']:,} steps, {r['score']}, "
+                f"{len(values)} seeds): {np.mean(values):.2f} +- {np.std(values):.2f}, "
+                f"seeds from {min(values):.2f} to {max(values):.2f}"
+            )
             results = results if isinstance(results, dict) else {"eval/episodic_return": results}
             wanted = "win" if r["score"] == "final_win_rate" else "episodic_return"
             name = next((n for n in results if wanted in n), None)
@@ -765,7 +1136,10 @@ class RunLogger:
                 continue
             mean = float(np.mean(results[name]))
             if r["total_timesteps"] != self.args.total_timesteps:
-                print(f"this run: {mean:.2f} after {self.args.total_timesteps:,} steps: another budget, not compared")
+                print(
+                    f"this run: {mean:.2f} after {self.args.total_timesteps:,} "
+                    "steps: another budget, not compared"
+                )
             elif min(values) <= mean <= max(values):
                 print(f"this run: {mean:.2f}, within the reference's seeds")
             else:
@@ -775,7 +1149,8 @@ class RunLogger:
             print(f"no reference for {SCRIPT} on {self.args.env_id} to compare with")
 
     def same_setting(self, reference: dict) -> bool:
-        """True for a reference of this script and env (and, for an offline script, of this dataset)."""
+        """True for a reference of this script and env (and, for an offline script, of this
+        dataset)."""
         if (reference["script"], reference["env_id"]) != (SCRIPT, self.args.env_id):
             return False
         flags = reference.get("flags", [])
@@ -784,6 +1159,8 @@ class RunLogger:
         ours = Path(self.args.dataset)  # a directory, or an id such as canonrl/cartpole/medium-v0
         theirs = Path(flags[flags.index("--dataset") + 1]).name  # runs/datasets/cartpole-medium-v0
         return theirs in (ours.name, "-".join(ours.parts[-2:]))
+
+
 # ---- end shared: helpers ----
 
 

@@ -1,15 +1,29 @@
 """PPO for discrete actions on classic control (CartPole-v1 by default).
 
-Schulman et al. 2017 (PPO) with the details of Huang et al. 2022, "The 37 Implementation Details of PPO": separate
-actor and critic MLPs, orthogonal init, GAE, advantages normalised per minibatch, global gradient clipping, Adam eps
-1e-5. A time-limit truncation is bootstrapped with V(final obs). Defaults: rl-zoo's CartPole-v1 settings, but lr 2e-3.
-Deviation: no value-loss clipping (CleanRL's ppo.py clips it by default; ppo_continuous.py and ppo_atari.py do).
+Schulman et al. 2017 with the details of Huang et al. 2022, "The 37 Implementation Details of PPO":
+separate actor and critic MLPs, orthogonal init, GAE, advantages normalised per minibatch, global
+gradient clipping, Adam eps 1e-5; a truncation is bootstrapped with V(final obs). Defaults: rl-zoo's
+CartPole-v1, but lr 2e-3. Deviation: the value loss is not clipped (CleanRL's ppo.py clips it).
 
 Run:    python algos/ppo.py --env-id CartPole-v1 --seed 1
 Quick:  python algos/ppo.py --total-timesteps 20000
-Result: CartPole-v1, 100k steps: final greedy evaluation 500 on 9 of seeds 1-10, 381.9 on the tenth (references.toml)
+Results: benchmark/references.toml
 """
-import csv, difflib, hashlib, importlib.util, json, os, random, re, signal, subprocess, sys, tempfile, time, tomllib
+
+import csv
+import difflib
+import hashlib
+import importlib.util
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
 import warnings
 from dataclasses import asdict, dataclass
 from importlib.metadata import version
@@ -26,47 +40,84 @@ from tqdm import tqdm
 
 @dataclass
 class Args:
-    learning_rate: float = 2e-3  # Adam learning rate (rl-zoo: 1e-3; 2e-3 reaches 475 about 2x sooner)
-    rmsprop: bool = False  # RMSprop (alpha 0.99, eps 1e-5) in place of Adam: a2c.py's optimiser
-    anneal_lr: bool = True  # anneal the learning rate linearly to 0
-    anneal_clip: bool = True  # anneal the clip coefficient linearly to 0
-    num_steps: int = 32  # steps per env per rollout
-    gamma: float = 0.98  # discount factor
-    gae_lambda: float = 0.8  # lambda of GAE
-    norm_adv: bool = True  # normalise the advantages of each minibatch
-    num_minibatches: int = 1  # minibatches per epoch (must divide num_envs * num_steps)
-    update_epochs: int = 20  # epochs over each rollout
-    clip_coef: float = 0.2  # surrogate clipping coefficient
-    ent_coef: float = 0.0  # entropy bonus coefficient
-    vf_coef: float = 0.5  # value loss coefficient
-    max_grad_norm: float = 0.5  # global gradient norm clip
-    target_kl: float | None = None  # stop the epochs of an update early when the approximate KL exceeds this
-    env_id: str = "CartPole-v1"  # Gymnasium id of a discrete-action env with a flat observation vector
-    total_timesteps: int = 100_000  # environment steps over all envs
-    num_envs: int = 8  # parallel environments (one synchronous vector env)
+    learning_rate: float = 2e-3
+    """Adam learning rate (rl-zoo: 1e-3; 2e-3 reaches 475 about 2x sooner)"""
+    rmsprop: bool = False
+    """RMSprop (alpha 0.99, eps 1e-5) in place of Adam: a2c.py's optimiser"""
+    anneal_lr: bool = True
+    """anneal the learning rate linearly to 0"""
+    anneal_clip: bool = True
+    """anneal the clip coefficient linearly to 0"""
+    num_steps: int = 32
+    """steps per env per rollout"""
+    gamma: float = 0.98
+    """discount factor"""
+    gae_lambda: float = 0.8
+    """lambda of GAE"""
+    norm_adv: bool = True
+    """normalise the advantages of each minibatch"""
+    num_minibatches: int = 1
+    """minibatches per epoch (must divide num_envs * num_steps)"""
+    update_epochs: int = 20
+    """epochs over each rollout"""
+    clip_coef: float = 0.2
+    """surrogate clipping coefficient"""
+    ent_coef: float = 0.0
+    """entropy bonus coefficient"""
+    vf_coef: float = 0.5
+    """value loss coefficient"""
+    max_grad_norm: float = 0.5
+    """global gradient norm clip"""
+    target_kl: float | None = None
+    """stop the epochs of an update early when the approximate KL exceeds this"""
+    env_id: str = "CartPole-v1"
+    """Gymnasium id of a discrete-action env with a flat observation vector"""
+    total_timesteps: int = 100_000
+    """environment steps over all envs"""
+    num_envs: int = 8
+    """parallel environments (one synchronous vector env)"""
     # ---- shared: args ----
-    seed: int = 1  # seed of torch, numpy, random and the envs
-    cuda: bool = False  # run on CUDA when available (the CNN scripts gain from it; small MLPs are fastest on a CPU)
-    torch_deterministic: bool = True  # torch.backends.cudnn.deterministic and one CPU thread
-    track: bool = False  # log to Weights & Biases (works offline with WANDB_MODE=offline)
-    wandb_project_name: str = "canonrl"  # wandb project
-    wandb_entity: str | None = None  # wandb entity (team)
-    capture_video: bool = False  # record episode 0 of the final evaluation to <run_dir>/videos
-    save_model: bool = False  # save <run_dir>/model.pt at the end
-    eval_episodes: int = 10  # evaluation episodes (the policy evaluate() runs) at the end and each --eval-every
-    eval_every: int = 0  # also evaluate every this many steps (0: only at the end); logs charts/train_seconds too
-    run_dir: str | None = None  # where the run is written (default runs/<env>__<script>__<seed>__<time>); must be new
-    resume: str | None = None  # continue the run in this directory (its flags; --total-timesteps may extend it)
-    checkpoint_every: int = 50_000  # save <run_dir>/checkpoint.pt every this many steps (and at the end and on Ctrl-C)
+    seed: int = 1
+    """seed of torch, numpy, random and the envs"""
+    cuda: bool = False
+    """run on CUDA when available (the CNN scripts gain from it; small MLPs are fastest on a CPU)"""
+    torch_deterministic: bool = True
+    """torch.backends.cudnn.deterministic and one CPU thread"""
+    track: bool = False
+    """log to Weights & Biases (works offline with WANDB_MODE=offline)"""
+    wandb_project_name: str = "canonrl"
+    """wandb project"""
+    wandb_entity: str | None = None
+    """wandb entity (team)"""
+    capture_video: bool = False
+    """record episode 0 of the final evaluation to <run_dir>/videos"""
+    save_model: bool = False
+    """save <run_dir>/model.pt at the end"""
+    eval_episodes: int = 10
+    """evaluation episodes (the policy evaluate() runs) at the end and each --eval-every"""
+    eval_every: int = 0
+    """also evaluate every this many steps (0: only at the end); logs charts/train_seconds too"""
+    run_dir: str | None = None
+    """where the run is written (default runs/<env>__<script>__<seed>__<time>); must be new"""
+    resume: str | None = None
+    """continue the run in this directory (its flags; --total-timesteps may extend it)"""
+    checkpoint_every: int = 50_000
+    """save <run_dir>/checkpoint.pt every this many steps (and at the end and on Ctrl-C)"""
     # ---- end shared: args ----
 
 
 def make_env(env_id, video_dir=None):
-    """env_id; with video_dir, episode 0 is recorded there as eval-episode-0.mp4 (--capture-video)."""
+    """env_id; with video_dir, episode 0 is recorded there as eval-episode-0.mp4
+    (--capture-video)."""
     if video_dir is None:
         return gym.make(env_id)
-    return gym.wrappers.RecordVideo(gym.make(env_id, render_mode="rgb_array"), str(video_dir), lambda ep: ep == 0,
-                                    name_prefix="eval", disable_logger=True)
+    return gym.wrappers.RecordVideo(
+        gym.make(env_id, render_mode="rgb_array"),
+        str(video_dir),
+        lambda ep: ep == 0,
+        name_prefix="eval",
+        disable_logger=True,
+    )
 
 
 def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
@@ -76,16 +127,25 @@ def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
 
 
 class Agent(nn.Module):
-    """Separate actor and critic MLPs, obs -> 64 -> 64 (tanh) -> logits / value, as in CleanRL and SB3."""
+    """Separate actor and critic MLPs, obs -> 64 -> 64 (tanh) -> logits / value, as in CleanRL and
+    SB3."""
 
     def __init__(self, obs_dim: int, n_actions: int):
         super().__init__()
         self.critic = nn.Sequential(
-            layer_init(nn.Linear(obs_dim, 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)), nn.Tanh(),
-            layer_init(nn.Linear(64, 1), std=1.0))
+            layer_init(nn.Linear(obs_dim, 64)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, 64)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, 1), std=1.0),
+        )
         self.actor = nn.Sequential(
-            layer_init(nn.Linear(obs_dim, 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)), nn.Tanh(),
-            layer_init(nn.Linear(64, n_actions), std=0.01))  # std 0.01: a near-uniform first policy
+            layer_init(nn.Linear(obs_dim, 64)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, 64)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, n_actions), std=0.01),
+        )  # std 0.01: a near-uniform first policy
 
     def get_value(self, x):
         return self.critic(x).squeeze(-1)
@@ -95,7 +155,8 @@ class Agent(nn.Module):
         return self.actor(x).argmax(dim=-1)
 
     def get_action_and_value(self, x, action=None):
-        """Sample an action (or take the given one); return it with its log-probability, the entropy and V(x)."""
+        """Sample an action (or take the given one); return it with its log-probability, the entropy
+        and V(x)."""
         dist = torch.distributions.Categorical(logits=self.actor(x), validate_args=False)
         if action is None:
             action = dist.sample()
@@ -104,46 +165,85 @@ class Agent(nn.Module):
 
 # ---- shared: gae/compute_gae ----
 def compute_gae(rewards, values, dones, next_value, gamma, gae_lambda):
-    """GAE (Schulman et al. 2016, eq. 16) on tensors of shape (T, N). dones[t]: the episode ended at step t
-    (terminated or truncated; a truncation was already bootstrapped into rewards[t]). Returns (advantages, returns)."""
+    """GAE (Schulman et al. 2016, eq. 16) on tensors of shape (T, N). dones[t]: the episode ended at
+    step t (terminated or truncated; a truncation was already bootstrapped into rewards[t]). Returns
+    (advantages, returns)."""
     advantages, last = torch.zeros_like(rewards), torch.zeros_like(next_value)
     for t in reversed(range(len(rewards))):
-        next_values, nonterminal = next_value if t == len(rewards) - 1 else values[t + 1], 1.0 - dones[t]
+        next_values, nonterminal = (
+            next_value if t == len(rewards) - 1 else values[t + 1],
+            1.0 - dones[t],
+        )
         delta = rewards[t] + gamma * next_values * nonterminal - values[t]
         advantages[t] = last = delta + gamma * gae_lambda * nonterminal * last
     return advantages, advantages + values
+
+
 # ---- end shared: gae/compute_gae ----
 
 
 def bootstrap_time_limits(reward, terminated, truncated, infos, value_fn, gamma):
-    """A time limit is not part of the task (Pardo et al. 2018): where an episode was truncated, add gamma * V(s_final)
-    to its last reward, one value_fn call for all (same-step autoreset keeps s_final in infos["final_obs"])."""
+    """A time limit is not part of the task (Pardo et al. 2018): where an episode was truncated, add
+    gamma * V(s_final) to its last reward, one value_fn call for all (same-step autoreset keeps
+    s_final in infos["final_obs"])."""
     idx = np.flatnonzero(truncated & ~terminated)
     if len(idx) == 0:
         return reward
-    return reward + np.bincount(idx, gamma * value_fn(np.stack(infos["final_obs"][idx])), len(reward))
+    return reward + np.bincount(
+        idx, gamma * value_fn(np.stack(infos["final_obs"][idx])), len(reward)
+    )
 
 
 # ---- shared: ppo/ppo_loss ----
-def ppo_loss(logprob, entropy, value, old_logprobs, old_values, advantages, returns, clip_coef, ent_coef, vf_coef,
-             clip_vloss: float | None = None, mask=None):
-    """Clipped surrogate objective (PPO paper, eq. 7) + value MSE - entropy bonus, from a minibatch's new
-    log-probabilities, entropies and values; returns (loss, statistics). clip_vloss: the value error is the
-    larger of V's and that of V kept within clip_vloss of old_values (baselines' ppo2, CleanRL); None: not clipped.
-    mask: each term averaged over the entries where it is 1 only (multi-agent: living agents); None: over all."""
-    mean = (lambda x: x.mean()) if mask is None else (lambda x: (x * mask).sum() / mask.sum().clamp(min=1))
+def ppo_loss(
+    logprob,
+    entropy,
+    value,
+    old_logprobs,
+    old_values,
+    advantages,
+    returns,
+    clip_coef,
+    ent_coef,
+    vf_coef,
+    clip_vloss: float | None = None,
+    mask=None,
+):
+    """Clipped surrogate objective (PPO paper, eq. 7) + value MSE - entropy bonus, from a
+    minibatch's new log-probabilities, entropies and values; returns (loss, statistics). clip_vloss:
+    the value error is the larger of V's and that of V kept within clip_vloss of old_values
+    (baselines' ppo2, CleanRL); None: not clipped. mask: each term averaged over the entries where
+    it is 1 only (multi-agent: living agents); None: over all."""
+    mean = (
+        (lambda x: x.mean())
+        if mask is None
+        else (lambda x: (x * mask).sum() / mask.sum().clamp(min=1))
+    )
     logratio = logprob - old_logprobs
     ratio = logratio.exp()
-    pg_loss = -mean(torch.min(advantages * ratio, advantages * ratio.clamp(1 - clip_coef, 1 + clip_coef)))
+    pg_loss = -mean(
+        torch.min(advantages * ratio, advantages * ratio.clamp(1 - clip_coef, 1 + clip_coef))
+    )
     v_error = (value - returns) ** 2
     if clip_vloss is not None:
-        v_error = torch.max(v_error, (old_values + (value - old_values).clamp(-clip_vloss, clip_vloss) - returns) ** 2)
+        v_error = torch.max(
+            v_error,
+            (old_values + (value - old_values).clamp(-clip_vloss, clip_vloss) - returns) ** 2,
+        )
     v_loss, entropy = 0.5 * mean(v_error), mean(entropy)
     loss = pg_loss + vf_coef * v_loss - ent_coef * entropy
-    with torch.no_grad():  # approx_kl: the k3 estimator of Schulman's note "Approximating KL divergence"
-        stats = {"policy_loss": pg_loss, "value_loss": v_loss, "entropy": entropy, "approx_kl":
-                 mean((ratio - 1) - logratio), "clipfrac": mean(((ratio - 1).abs() > clip_coef).float())}
+    # approx_kl: the k3 estimator of Schulman's note "Approximating KL divergence"
+    with torch.no_grad():
+        stats = {
+            "policy_loss": pg_loss,
+            "value_loss": v_loss,
+            "entropy": entropy,
+            "approx_kl": mean((ratio - 1) - logratio),
+            "clipfrac": mean(((ratio - 1).abs() > clip_coef).float()),
+        }
     return loss, {k: v.detach() for k, v in stats.items()}
+
+
 # ---- end shared: ppo/ppo_loss ----
 
 
@@ -154,7 +254,9 @@ def evaluate(agent, env_id, episodes, seed, device="cpu", video_dir=None):
     for ep in range(episodes):
         (obs, _), done, total = env.reset(seed=seed + ep), False, 0.0
         while not done:
-            action = agent.get_greedy_action(torch.as_tensor(obs, dtype=torch.float32, device=device))
+            action = agent.get_greedy_action(
+                torch.as_tensor(obs, dtype=torch.float32, device=device)
+            )
             obs, reward, terminated, truncated, _ = env.step(int(action))
             total, done = total + float(reward), terminated or truncated
         returns.append(total)
@@ -165,21 +267,32 @@ def evaluate(agent, env_id, episodes, seed, device="cpu", video_dir=None):
 def main(args: Args):
     args, ckpt, run_dir = start_run(args, check_args)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    envs = gym.vector.SyncVectorEnv(  # same-step autoreset: a finished episode's last observation is in infos
+    # same-step autoreset: a finished episode's last observation is in infos
+    envs = gym.vector.SyncVectorEnv(
         [lambda: make_env(args.env_id)] * args.num_envs,
-        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+    )
     obs_dim, n_actions = envs.single_observation_space.shape[0], int(envs.single_action_space.n)
     agent = Agent(obs_dim, n_actions).to(device)
-    optimizer = (torch.optim.RMSprop(agent.parameters(), lr=args.learning_rate, alpha=0.99, eps=1e-5) if args.rmsprop
-                 else torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True))
+    optimizer = (
+        torch.optim.RMSprop(agent.parameters(), lr=args.learning_rate, alpha=0.99, eps=1e-5)
+        if args.rmsprop
+        else torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
+    )
     batch_size = args.num_envs * args.num_steps
-    minibatch_size, num_iterations = batch_size // args.num_minibatches, args.total_timesteps // batch_size
+    minibatch_size, num_iterations = (
+        batch_size // args.num_minibatches,
+        args.total_timesteps // batch_size,
+    )
     iteration = 0
 
     def run_eval(video_dir=None):  # evaluation episodes are seeded apart from training
-        return evaluate(agent, args.env_id, args.eval_episodes, args.seed + 100_000, device, video_dir)
+        return evaluate(
+            agent, args.env_id, args.eval_episodes, args.seed + 100_000, device, video_dir
+        )
 
-    stateful = {"agent": agent, "optimizer": optimizer, "rng": RNGs()}  # what a checkpoint holds, saved and resumed
+    # what a checkpoint holds, saved and resumed
+    stateful = {"agent": agent, "optimizer": optimizer, "rng": RNGs()}
     if ckpt is not None:
         load_states(stateful, ckpt, run_dir)  # envs are not saved: they are seeded anew on reset
         iteration = ckpt["iteration"]
@@ -188,57 +301,111 @@ def main(args: Args):
 
     @torch.no_grad()
     def value_fn(obs):  # V(obs) of a numpy batch of final observations
-        return agent.get_value(torch.as_tensor(obs, dtype=torch.float32, device=device)).cpu().numpy()
+        return (
+            agent.get_value(torch.as_tensor(obs, dtype=torch.float32, device=device)).cpu().numpy()
+        )
 
     obs = torch.zeros((args.num_steps, args.num_envs, obs_dim), device=device)
     actions = torch.zeros((args.num_steps, args.num_envs), dtype=torch.long, device=device)
-    logprobs, rewards, dones, values = (torch.zeros((args.num_steps, args.num_envs), device=device) for _ in range(4))
+    logprobs, rewards, dones, values = (
+        torch.zeros((args.num_steps, args.num_envs), device=device) for _ in range(4)
+    )
     next_obs, _ = envs.reset(seed=args.seed + global_step)  # a resumed run starts fresh episodes
-    episode_return, episode_length = np.zeros(args.num_envs), np.zeros(args.num_envs, dtype=np.int64)
+    episode_return, episode_length = (
+        np.zeros(args.num_envs),
+        np.zeros(args.num_envs, dtype=np.int64),
+    )
     for iteration in range(iteration + 1, num_iterations + 1):
         frac = 1.0 - (iteration - 1.0) / num_iterations
-        optimizer.param_groups[0]["lr"] = frac * args.learning_rate if args.anneal_lr else args.learning_rate
+        optimizer.param_groups[0]["lr"] = (
+            frac * args.learning_rate if args.anneal_lr else args.learning_rate
+        )
         clip_coef = frac * args.clip_coef if args.anneal_clip else args.clip_coef
         for step in range(args.num_steps):
             obs[step] = torch.as_tensor(next_obs, device=device)
             with torch.no_grad():
-                actions[step], logprobs[step], _, values[step] = agent.get_action_and_value(obs[step])
+                actions[step], logprobs[step], _, values[step] = agent.get_action_and_value(
+                    obs[step]
+                )
             next_obs, reward, terminated, truncated, infos = envs.step(actions[step].cpu().numpy())
             episode_return, episode_length = episode_return + reward, episode_length + 1
             global_step += args.num_envs
-            reward = bootstrap_time_limits(reward, terminated, truncated, infos, value_fn, args.gamma)
-            rewards[step], dones[step] = torch.as_tensor(reward), torch.as_tensor(terminated | truncated)
-            for i in np.flatnonzero(terminated | truncated):  # every finished episode of every sub-env
+            reward = bootstrap_time_limits(
+                reward, terminated, truncated, infos, value_fn, args.gamma
+            )
+            rewards[step], dones[step] = (
+                torch.as_tensor(reward),
+                torch.as_tensor(terminated | truncated),
+            )
+            # every finished episode of every sub-env
+            for i in np.flatnonzero(terminated | truncated):
                 logger.last_return = episode_return[i]
-                logger.log(global_step, {"train/episodic_return": episode_return[i],
-                                         "train/episodic_length": episode_length[i]})
+                logger.log(
+                    global_step,
+                    {
+                        "train/episodic_return": episode_return[i],
+                        "train/episodic_length": episode_length[i],
+                    },
+                )
                 episode_return[i], episode_length[i] = 0.0, 0
         with torch.no_grad():
             next_value = agent.get_value(torch.as_tensor(next_obs, device=device))
-        advantages, returns = compute_gae(rewards, values, dones, next_value, args.gamma, args.gae_lambda)
-        b_obs, b_actions, b_logprobs = obs.flatten(0, 1), actions.flatten(0, 1), logprobs.flatten(0, 1)
-        b_advantages, b_returns, b_values = advantages.flatten(0, 1), returns.flatten(0, 1), values.flatten(0, 1)
+        advantages, returns = compute_gae(
+            rewards, values, dones, next_value, args.gamma, args.gae_lambda
+        )
+        b_obs, b_actions, b_logprobs = (
+            obs.flatten(0, 1),
+            actions.flatten(0, 1),
+            logprobs.flatten(0, 1),
+        )
+        b_advantages, b_returns, b_values = (
+            advantages.flatten(0, 1),
+            returns.flatten(0, 1),
+            values.flatten(0, 1),
+        )
         for epoch in range(args.update_epochs):
             perm = torch.randperm(batch_size, device=device)
             for start in range(0, batch_size, minibatch_size):
-                mb = perm[start:start + minibatch_size]
+                mb = perm[start : start + minibatch_size]
                 mb_advantages = b_advantages[mb]
                 if args.norm_adv:
-                    mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
+                    mb_advantages = (mb_advantages - mb_advantages.mean()) / (
+                        mb_advantages.std() + 1e-8
+                    )
                 _, logprob, entropy, value = agent.get_action_and_value(b_obs[mb], b_actions[mb])
-                loss, stats = ppo_loss(logprob, entropy, value, b_logprobs[mb], b_values[mb], mb_advantages,
-                                       b_returns[mb], clip_coef, args.ent_coef, args.vf_coef)
+                loss, stats = ppo_loss(
+                    logprob,
+                    entropy,
+                    value,
+                    b_logprobs[mb],
+                    b_values[mb],
+                    mb_advantages,
+                    b_returns[mb],
+                    clip_coef,
+                    args.ent_coef,
+                    args.vf_coef,
+                )
                 optimizer.zero_grad()
                 loss.backward()
                 nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
                 optimizer.step()
             if args.target_kl is not None and stats["approx_kl"] > args.target_kl:
                 break
-        stats["explained_variance"] = 1 - (b_returns - b_values).var() / b_returns.var()  # nan: constant returns
-        logger.log(global_step, {"charts/learning_rate": optimizer.param_groups[0]["lr"],
-                                 **{f"losses/{k}": v for k, v in stats.items()}})
+        # nan: constant returns
+        stats["explained_variance"] = 1 - (b_returns - b_values).var() / b_returns.var()
+        logger.log(
+            global_step,
+            {
+                "charts/learning_rate": optimizer.param_groups[0]["lr"],
+                **{f"losses/{k}": v for k, v in stats.items()},
+            },
+        )
         logger.progress(global_step)
-        if args.eval_every and iteration < num_iterations and global_step % args.eval_every < batch_size:
+        if (
+            args.eval_every
+            and iteration < num_iterations
+            and global_step % args.eval_every < batch_size
+        ):
             logger.evaluate(global_step, run_eval)
         if iteration % max(1, args.checkpoint_every // batch_size) == 0 or logger.stop_requested:
             logger.save_checkpoint(stateful, iteration, global_step)
@@ -249,26 +416,59 @@ def main(args: Args):
     eval_returns = logger.evaluate(global_step, lambda: run_eval(video_dir))
     logger.save_checkpoint(stateful, num_iterations, global_step, finished=True)
     if args.save_model:
-        save_model({"agent": agent.state_dict(), "args": asdict(args), "eval_returns": eval_returns,
-                    "obs_dim": obs_dim, "n_actions": n_actions}, run_dir)
+        save_model(
+            {
+                "agent": agent.state_dict(),
+                "args": asdict(args),
+                "eval_returns": eval_returns,
+                "obs_dim": obs_dim,
+                "n_actions": n_actions,
+            },
+            run_dir,
+        )
     logger.close(eval_returns)
 
 
 def check_args(args: Args):
     obs_space, act_space = env_spaces(args.env_id)
     if not isinstance(act_space, gym.spaces.Discrete):
-        fail(f"{SCRIPT} needs discrete actions but {args.env_id} has {act_space}", "ppo_continuous.py")
+        fail(
+            f"{SCRIPT} needs discrete actions but {args.env_id} has {act_space}",
+            "ppo_continuous.py",
+        )
     if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) != 1:
-        fail(f"{SCRIPT} needs flat vector observations but {args.env_id} has {obs_space}", "ppo_atari.py")
-    check_ranges(args, {"num_envs": "x >= 1", "num_steps": "x >= 1", "num_minibatches": "x >= 1",
-                        "update_epochs": "x >= 1", "learning_rate": "x > 0", "gamma": "0 <= x <= 1",
-                        "gae_lambda": "0 <= x <= 1", "clip_coef": "x > 0", "ent_coef": "x >= 0", "vf_coef": "x >= 0",
-                        "max_grad_norm": "x > 0", "target_kl": "x > 0"})
+        fail(
+            f"{SCRIPT} needs flat vector observations but {args.env_id} has {obs_space}",
+            "ppo_atari.py",
+        )
+    check_ranges(
+        args,
+        {
+            "num_envs": "x >= 1",
+            "num_steps": "x >= 1",
+            "num_minibatches": "x >= 1",
+            "update_epochs": "x >= 1",
+            "learning_rate": "x > 0",
+            "gamma": "0 <= x <= 1",
+            "gae_lambda": "0 <= x <= 1",
+            "clip_coef": "x > 0",
+            "ent_coef": "x >= 0",
+            "vf_coef": "x >= 0",
+            "max_grad_norm": "x > 0",
+            "target_kl": "x > 0",
+        },
+    )
     batch = args.num_envs * args.num_steps
     if batch % args.num_minibatches:
-        fail(f"--num-minibatches {args.num_minibatches} does not divide the batch num_envs*num_steps = {batch}")
+        fail(
+            f"--num-minibatches {args.num_minibatches} does "
+            f"not divide the batch num_envs*num_steps = {batch}"
+        )
     if args.total_timesteps < batch:
-        fail(f"--total-timesteps {args.total_timesteps} is less than one rollout (num_envs*num_steps = {batch})")
+        fail(
+            f"--total-timesteps {args.total_timesteps} is less "
+            f"than one rollout (num_envs*num_steps = {batch})"
+        )
 
 
 # ---- shared: helpers ----
@@ -276,55 +476,78 @@ SCRIPT, ALGOS = Path(__file__).name, Path(__file__).resolve().parent
 
 
 def fail(msg: str, *scripts: str):
-    """Bad input: one line on stderr, exit status 2. It suggests those of `scripts` that exist beside this one."""
+    """Bad input: one line on stderr, exit status 2. It suggests those of `scripts` that exist
+    beside this one."""
     found = [s for s in scripts if s != SCRIPT and (ALGOS / s).is_file()]
     print(f"error: {msg}" + (f"; use {' or '.join(found)}" if found else ""), file=sys.stderr)
     sys.exit(2)
 
 
 def other_family(env_id: str) -> tuple[str, ...]:
-    """The scripts that take env_id, an id of another family of envs (Atari, MinAtar, mpe2, smac_lite)."""
+    """The scripts that take env_id, an id of another family of envs (Atari, MinAtar, mpe2,
+    smac_lite)."""
     if env_id.startswith("ALE/") or env_id.endswith("NoFrameskip-v4"):
         return "ppo_atari.py", "dqn_atari.py"
     if env_id.startswith("MinAtar/"):
         return "dqn_atari.py", "ddqn_atari.py"
     if re.fullmatch(r"(simple\w*|collect_treasure)_v\d+", env_id):
         return "mappo_mpe.py", "maddpg_mpe.py"
-    if importlib.util.find_spec("smac_lite") and env_id in importlib.import_module("smac_lite.maps").MAPS:
+    if (
+        importlib.util.find_spec("smac_lite")
+        and env_id in importlib.import_module("smac_lite.maps").MAPS
+    ):
         return "mappo_smac_lite.py", "qmix_smac_lite.py"
     return ()
 
 
 def env_spaces(env_id: str):
-    """(observation space, action space) of env_id, or a one-line error. The env is made in a temporary directory
-    with stderr muted: MuJoCo prints warnings and leaves MUJOCO_LOG.TXT behind, which must not precede an error."""
+    """(observation space, action space) of env_id, or a one-line error. The env is made in a
+    temporary directory with stderr muted: MuJoCo prints warnings and leaves MUJOCO_LOG.TXT behind,
+    which must not precede an error."""
     if env_id not in gym.registry:
         if scripts := other_family(env_id):
             fail(f"{env_id} is not an env of {SCRIPT}", *scripts)
         close = difflib.get_close_matches(env_id, list(gym.registry), n=1)
         fail(f"unknown env id '{env_id}'" + (f"; did you mean '{close[0]}'?" if close else ""))
     cwd, stderr_fd = os.getcwd(), os.dup(2)
-    with tempfile.TemporaryDirectory() as tmp, open(os.devnull, "w") as null, warnings.catch_warnings(action="ignore"):
-        os.chdir(tmp), os.dup2(null.fileno(), 2)
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        open(os.devnull, "w") as null,
+        warnings.catch_warnings(action="ignore"),
+    ):
+        os.chdir(tmp)
+        os.dup2(null.fileno(), 2)
         try:
             with gym.make(env_id) as env:
                 return env.observation_space, env.action_space
         except Exception as e:
-            error = f"cannot make env '{env_id}': {type(e).__name__}: {(str(e).strip() or ' ').splitlines()[0]}"
+            error = (
+                f"cannot make env '{env_id}': {type(e).__name__}: "
+                f"{(str(e).strip() or ' ').splitlines()[0]}"
+            )
         finally:
-            os.dup2(stderr_fd, 2), os.close(stderr_fd), os.chdir(cwd)
+            os.dup2(stderr_fd, 2)
+            os.close(stderr_fd)
+            os.chdir(cwd)
     fail(error)
 
 
 def check_ranges(args, rules: dict):
-    """Fail on the first flag outside its range; a rule is a condition on x, the flag's value (e.g. "0 <= x <= 1")."""
-    rules = {"total_timesteps": "x >= 1", "eval_episodes": "x >= 0", "eval_every": "x >= 0",
-             "checkpoint_every": "x >= 1", **rules}
+    """Fail on the first flag outside its range; a rule is a condition on x, the flag's value (e.g.
+    "0 <= x <= 1")."""
+    rules = {
+        "total_timesteps": "x >= 1",
+        "eval_episodes": "x >= 0",
+        "eval_every": "x >= 0",
+        "checkpoint_every": "x >= 1",
+        **rules,
+    }
     for name, x in asdict(args).items():
         if isinstance(x, float) and not np.isfinite(x):
             fail(f"--{name.replace('_', '-')} {x} is not a finite number")
     for name, rule in rules.items():
-        if (x := getattr(args, name)) is not None and not eval(rule, {"x": x}):  # the rules are literals of this file
+        # the rules are literals of this file
+        if (x := getattr(args, name)) is not None and not eval(rule, {"x": x}):
             fail(f"--{name.replace('_', '-')} {x} is out of range: it must satisfy {rule}")
 
 
@@ -334,9 +557,10 @@ def sha256(path: Path) -> str:
 
 
 def start_run(args, check_args):
-    """Resume (--resume DIR: the run's saved flags; --total-timesteps may extend it), check the flags, choose the run
-    directory (a new run never writes into one that holds files), seed everything. Returns (args, checkpoint, dir).
-    A checkpoint is data: its SHA-256 must match checkpoint.sha256, and it is read with weights_only=True."""
+    """Resume (--resume DIR: the run's saved flags; --total-timesteps may extend it), check the
+    flags, choose the run directory (a new run never writes into one that holds files), seed
+    everything. Returns (args, checkpoint, dir). A checkpoint is data: its SHA-256 must match
+    checkpoint.sha256, and it is read with weights_only=True."""
     ckpt = None
     if args.resume:
         path = Path(args.resume) / "checkpoint.pt"
@@ -348,26 +572,48 @@ def start_run(args, check_args):
             ckpt = torch.load(path, weights_only=True)
             saved = Args(**ckpt["args"])
         except Exception as e:
-            fail(f"{path} is corrupt or not a {SCRIPT} checkpoint ({type(e).__name__}); delete it or start anew")
-        given = [k for k, v in asdict(args).items() if k in given_flags() or v != getattr(Args(), k)]
-        given = [k for k in given if k not in ("resume", "run_dir") and getattr(args, k) != getattr(saved, k)]
+            fail(
+                f"{path} is corrupt or not a {SCRIPT} checkpoint "
+                f"({type(e).__name__}); delete it or start anew"
+            )
+        given = [
+            k for k, v in asdict(args).items() if k in given_flags() or v != getattr(Args(), k)
+        ]
+        given = [
+            k
+            for k in given
+            if k not in ("resume", "run_dir") and getattr(args, k) != getattr(saved, k)
+        ]
         if "total_timesteps" in given:
             if args.total_timesteps < ckpt["global_step"]:
-                fail(f"--total-timesteps {args.total_timesteps} is below the {ckpt['global_step']} steps already done")
-            print(f"resume: --total-timesteps {args.total_timesteps} (was {saved.total_timesteps})", file=sys.stderr)
+                fail(
+                    f"--total-timesteps {args.total_timesteps} is below "
+                    f"the {ckpt['global_step']} steps already done"
+                )
+            print(
+                f"resume: --total-timesteps {args.total_timesteps} (was {saved.total_timesteps})",
+                file=sys.stderr,
+            )
             saved.total_timesteps = args.total_timesteps
         elif ckpt["finished"]:
-            print(f"the run in {path.parent} is finished; give a larger --total-timesteps to extend it")
+            print(
+                f"the run in {path.parent} is finished; give "
+                "a larger --total-timesteps to extend it"
+            )
             sys.exit(0)
         if ignored := [f"--{k.replace('_', '-')}" for k in given if k != "total_timesteps"]:
-            print(f"resume: the run's saved flags are kept; ignored: {' '.join(ignored)}", file=sys.stderr)
+            print(
+                f"resume: the run's saved flags are kept; ignored: {' '.join(ignored)}",
+                file=sys.stderr,
+            )
         args = saved
         args.resume = args.run_dir = str(path.parent)
         check_metrics(path.parent / "metrics.csv")
     check_args(args)
     if args.track:
         check_wandb()
-    if args.capture_video and not os.environ.get("XDG_RUNTIME_DIR"):  # SDL warns on every render without it
+    # SDL warns on every render without it
+    if args.capture_video and not os.environ.get("XDG_RUNTIME_DIR"):
         os.environ["XDG_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="canonrl-xdg-")
     name = f"{args.env_id.replace('/', '-')}__{SCRIPT[:-3]}__{args.seed}__{time.time():.0f}"
     run_dir = Path(args.run_dir or f"runs/{name}")
@@ -375,18 +621,24 @@ def start_run(args, check_args):
         fail(f"--run-dir {run_dir} is a file; pass a directory")
     if ckpt is None and run_dir.is_dir() and any(run_dir.iterdir()):
         if (run_dir / "metrics.csv").is_file():
-            fail(f"--run-dir {run_dir} holds a run; continue it with --resume {run_dir} or choose a new --run-dir")
+            fail(
+                f"--run-dir {run_dir} holds a run; continue it "
+                f"with --resume {run_dir} or choose a new --run-dir"
+            )
         fail(f"--run-dir {run_dir} is not empty and holds no run; choose a new --run-dir")
     check_writable(run_dir)
-    random.seed(args.seed), np.random.seed(args.seed), torch.manual_seed(args.seed)
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
-    torch.set_num_threads(1 if args.torch_deterministic else torch.get_num_threads())  # 1: fastest for small nets
+    # 1: fastest for small nets
+    torch.set_num_threads(1 if args.torch_deterministic else torch.get_num_threads())
     return args, ckpt, run_dir
 
 
 def given_flags() -> set[str]:
-    """The Args fields named on the command line (--name, --name=value, --no-name): on --resume, a flag given there
-    counts even when its value is the default."""
+    """The Args fields named on the command line (--name, --name=value, --no-name): on --resume, a
+    flag given there counts even when its value is the default."""
     names = set()
     for token in sys.argv[1:]:
         if token.startswith("--"):
@@ -397,37 +649,53 @@ def given_flags() -> set[str]:
 
 
 def check_metrics(path: Path):
-    """Fail on a line of metrics.csv that is not global_step,wall_time,name,value (before --resume rewrites it)."""
+    """Fail on a line of metrics.csv that is not global_step,wall_time,name,value (before --resume
+    rewrites it)."""
     lines = path.read_text().splitlines()[1:] if path.is_file() else []
     for number, line in enumerate(lines, start=2):
         fields = line.split(",")
         if len(fields) != 4 or not fields[0].isdigit():
-            fail(f"{path} line {number} is not 'global_step,wall_time,name,value'; delete that line and resume again")
+            fail(
+                f"{path} line {number} is not 'global_step,wall_time,name,value'; "
+                "delete that line and resume again"
+            )
 
 
 def check_wandb():
     """--track needs a wandb login, or WANDB_MODE=offline: checked before anything is written."""
     from wandb.sdk import wandb_setup
     from wandb.sdk.lib import wbauth
+
     try:
         settings = wandb_setup.singleton().settings
     except Exception as e:
         fail(f"--track: wandb cannot start ({type(e).__name__}: {str(e).strip().splitlines()[0]})")
     if settings.mode in ("offline", "dryrun", "disabled"):
         return
-    if not (os.getenv("WANDB_API_KEY") or wbauth.read_netrc_auth(host=settings.base_url) or settings.api_key):
-        fail("--track needs a wandb login: run `wandb login`, or set WANDB_MODE=offline to log to files only")
+    if not (
+        os.getenv("WANDB_API_KEY")
+        or wbauth.read_netrc_auth(host=settings.base_url)
+        or settings.api_key
+    ):
+        fail(
+            "--track needs a wandb login: run `wandb login`, "
+            "or set WANDB_MODE=offline to log to files only"
+        )
 
 
 def check_writable(run_dir: Path):
-    """Fail unless files can be written in run_dir; the folders made to find out are removed again."""
+    """Fail unless files can be written in run_dir; the folders made to find out are removed
+    again."""
     made = [p for p in [run_dir, *run_dir.parents] if not p.exists()]
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=run_dir):
             pass
     except OSError as e:
-        fail(f"--run-dir {run_dir} cannot be written ({e.strerror or type(e).__name__}); choose another --run-dir")
+        fail(
+            f"--run-dir {run_dir} cannot be written "
+            f"({e.strerror or type(e).__name__}); choose another --run-dir"
+        )
     finally:
         for p in made:
             if p.is_dir() and not any(p.iterdir()):
@@ -446,20 +714,26 @@ def finite(state) -> bool:
 
 
 def load_states(stateful: dict, ckpt: dict, run_dir: Path):
-    """Resume every object of `stateful` ({name: object with load_state_dict}) from the checkpoint."""
+    """Resume every object of `stateful` ({name: object with load_state_dict}) from the
+    checkpoint."""
     for name, obj in stateful.items():
-        weights = isinstance(obj, (torch.nn.Module, torch.optim.Optimizer))  # a buffer may hold unwritten slots
+        # a buffer may hold unwritten slots
+        weights = isinstance(obj, (torch.nn.Module, torch.optim.Optimizer))
         if weights and not finite(ckpt.get(name)):
             fail(f"{run_dir / 'checkpoint.pt'} holds non-finite values in {name}; start anew")
         try:
             obj.load_state_dict(ckpt[name])
         except Exception as e:
-            fail(f"{run_dir / 'checkpoint.pt'} does not fit this run's {name} ({type(e).__name__}); start anew")
+            fail(
+                f"{run_dir / 'checkpoint.pt'} does not fit this "
+                f"run's {name} ({type(e).__name__}); start anew"
+            )
 
 
 def save_with_digest(state: dict, path: Path):
-    """torch.save(state) to path, written then renamed (a crash never leaves half a file), and its SHA-256 beside it
-    (checkpoint.pt: checkpoint.sha256, model.pt: model.sha256): a file is checked against it before it is read."""
+    """torch.save(state) to path, written then renamed (a crash never leaves half a file), and its
+    SHA-256 beside it (checkpoint.pt: checkpoint.sha256, model.pt: model.sha256): a file is checked
+    against it before it is read."""
     torch.save(state, path.with_suffix(".tmp"))
     digest = sha256(path.with_suffix(".tmp"))
     os.replace(path.with_suffix(".tmp"), path)
@@ -472,12 +746,19 @@ def save_model(state: dict, run_dir: Path):
 
 
 def plain(obj):
-    """obj with numpy arrays as tensors and numpy scalars as numbers: what torch.load(weights_only=True) reads."""
+    """obj with numpy arrays as tensors and numpy scalars as numbers: what
+    torch.load(weights_only=True) reads."""
     if isinstance(obj, dict):
         return {k: plain(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return type(obj)(plain(v) for v in obj)
-    return torch.from_numpy(obj) if isinstance(obj, np.ndarray) else obj.item() if isinstance(obj, np.generic) else obj
+    return (
+        torch.from_numpy(obj)
+        if isinstance(obj, np.ndarray)
+        else obj.item()
+        if isinstance(obj, np.generic)
+        else obj
+    )
 
 
 class RNGs:
@@ -487,7 +768,10 @@ class RNGs:
         self.np_rngs = np_rngs
 
     def state_dict(self):
-        return {"torch": torch.get_rng_state(), "numpy": [rng.bit_generator.state for rng in self.np_rngs]}
+        return {
+            "torch": torch.get_rng_state(),
+            "numpy": [rng.bit_generator.state for rng in self.np_rngs],
+        }
 
     def load_state_dict(self, state):
         torch.set_rng_state(state["torch"])
@@ -496,56 +780,94 @@ class RNGs:
 
 
 class RunLogger:
-    """What a run shows and leaves behind: config.json, metrics.csv (global_step, wall_time, name, value; append-only),
-    TensorBoard events, a wandb run with --track, the progress bar, checkpoint.pt. Resuming drops the rows logged after
-    the checkpoint (those steps are redone): no step is logged twice. The training clock stops during evaluations.
-    Ctrl-C sets stop_requested: the script finishes its iteration, saves it and calls exit_interrupted()."""
+    """What a run shows and leaves behind: config.json, metrics.csv (global_step, wall_time, name,
+    value; append-only), TensorBoard events, a wandb run with --track, the progress bar,
+    checkpoint.pt. Resuming drops the rows logged after the checkpoint (those steps are redone): no
+    step is logged twice. The training clock stops during evaluations. Ctrl-C sets stop_requested:
+    the script finishes its iteration, saves it and calls exit_interrupted()."""
 
     def __init__(self, args, run_dir: Path, total: int, step: int, ckpt: dict | None):
         run_dir.mkdir(parents=True, exist_ok=True)
         metrics, header = run_dir / "metrics.csv", "global_step,wall_time,name,value\n"
         if ckpt is not None:
             lines = metrics.read_text().splitlines(keepends=True)[1:] if metrics.is_file() else []
-            (run_dir / "metrics.tmp").write_text(header + "".join(ln for ln in lines if int(ln.split(",")[0]) <= step))
+            (run_dir / "metrics.tmp").write_text(
+                header + "".join(ln for ln in lines if int(ln.split(",")[0]) <= step)
+            )
             os.replace(run_dir / "metrics.tmp", metrics)
         else:
-            git = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ALGOS)
-            config = {"script": SCRIPT, "args": asdict(args), "git_commit": git.stdout.strip() or None,
-                      "versions": {p: version(p) for p in ("torch", "gymnasium", "numpy")}}
+            git = subprocess.run(
+                ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ALGOS
+            )
+            config = {
+                "script": SCRIPT,
+                "args": asdict(args),
+                "git_commit": git.stdout.strip() or None,
+                "versions": {p: version(p) for p in ("torch", "gymnasium", "numpy")},
+            }
             (run_dir / "config.json").write_text(json.dumps(config, indent=2))
             metrics.write_text(header)
         if total != args.total_timesteps:
-            print(f"{total:,} steps will run: whole iterations up to --total-timesteps {args.total_timesteps:,}")
+            print(
+                f"{total:,} steps will run: whole iterations up "
+                f"to --total-timesteps {args.total_timesteps:,}"
+            )
         self.args, self.run_dir, self.wandb = args, run_dir, None
         if args.track:  # every row of metrics.csv is one wandb row, plotted against global_step
             import wandb
-            self.wandb = wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=asdict(args),
-                                    name=run_dir.name, dir=str(run_dir), id=run_dir.name, resume="allow")
+
+            self.wandb = wandb.init(
+                project=args.wandb_project_name,
+                entity=args.wandb_entity,
+                config=asdict(args),
+                name=run_dir.name,
+                dir=str(run_dir),
+                id=run_dir.name,
+                resume="allow",
+            )
             self.wandb.define_metric("global_step")
             self.wandb.define_metric("*", step_metric="global_step")
         self.file = open(metrics, "a", newline="")
         self.csv, self.tb = csv.writer(self.file, lineterminator="\n"), SummaryWriter(str(run_dir))
         self.bar = tqdm(total=total, initial=step, unit="step", mininterval=1.0)
-        self.first_step, self.start, self.eval_seconds, self.last_return = step, time.time(), 0.0, float("nan")
-        self.seconds_before = ckpt.get("train_seconds", 0.0) if ckpt is not None else 0.0  # of the run resumed
+        self.first_step, self.start, self.eval_seconds, self.last_return = (
+            step,
+            time.time(),
+            0.0,
+            float("nan"),
+        )
+        # of the run resumed
+        self.seconds_before = ckpt.get("train_seconds", 0.0) if ckpt is not None else 0.0
         self.stop_requested, self.duration_said = False, False
         signal.signal(signal.SIGINT, self.request_stop)
 
     def request_stop(self, *_):
         self.stop_requested = True
-        signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C stops at once, unsaved
-        print("\nCtrl-C: stopping after this iteration (again: at once, without saving it)", file=sys.stderr)
+        # a second Ctrl-C stops at once, unsaved
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        print(
+            "\nCtrl-C: stopping after this iteration (again: at once, without saving it)",
+            file=sys.stderr,
+        )
 
     def log(self, step: int, metrics: dict, to_wandb: bool = True):
-        """One row per metric in metrics.csv and TensorBoard; one wandb row for them all. A non-finite loss stops
-        the run (the weights have diverged) before it is written; the last checkpoint is kept."""
+        """One row per metric in metrics.csv and TensorBoard; one wandb row for them all. A
+        non-finite loss stops the run (the weights have diverged) before it is written; the last
+        checkpoint is kept."""
         values = {}
         for name, value in metrics.items():
-            values[name] = float(value.detach() if torch.is_tensor(value) else value)  # a loss may require grad
-            if name.startswith("losses/") and name != "losses/explained_variance" and not np.isfinite(values[name]):
+            # a loss may require grad
+            values[name] = float(value.detach() if torch.is_tensor(value) else value)
+            if (
+                name.startswith("losses/")
+                and name != "losses/explained_variance"
+                and not np.isfinite(values[name])
+            ):
                 self.close_files()
-                fail(f"{name} is {values[name]} at step {step}: training diverged; {self.run_dir} keeps its last "
-                     "checkpoint (try a lower --learning-rate)")
+                fail(
+                    f"{name} is {values[name]} at step {step}: training diverged; "
+                    f"{self.run_dir} keeps its last checkpoint (try a lower --learning-rate)"
+                )
         for name, value in values.items():
             self.csv.writerow([step, f"{time.time():.3f}", name, repr(value)])
             self.tb.add_scalar(name, value, step)
@@ -559,7 +881,9 @@ class RunLogger:
 
     def progress(self, step: int):
         """Log charts/sps (environment steps per training second) and update the progress bar."""
-        sps = int((step - self.first_step) / max(time.time() - self.start - self.eval_seconds, 1e-9))
+        sps = int(
+            (step - self.first_step) / max(time.time() - self.start - self.eval_seconds, 1e-9)
+        )
         self.log(step, {"charts/sps": sps})
         self.bar.update(step - self.bar.n)
         self.bar.set_postfix(sps=sps, ret=f"{self.last_return:.1f}", refresh=False)
@@ -567,33 +891,56 @@ class RunLogger:
             self.duration_said = True
             hours = (self.bar.total - step) / max(sps, 1) / 3600
             if hours > 1:
-                self.bar.write(f"at {sps:,} steps/s the rest of this run takes about {hours:.1f} hours here; "
-                               "--total-timesteps sets the budget")
+                self.bar.write(
+                    f"at {sps:,} steps/s the rest of this run takes about "
+                    f"{hours:.1f} hours here; --total-timesteps sets the budget"
+                )
 
     def evaluate(self, step: int, run_episodes):
-        """Log charts/train_seconds, then one row per episode of run_episodes(): a list of episodic returns (logged as
-        eval/episodic_return) or a dict {metric name: one value per episode} (multi-agent: team return, win)."""
+        """Log charts/train_seconds, then one row per episode of run_episodes(): a list of episodic
+        returns (logged as eval/episodic_return) or a dict {metric name: one value per episode}
+        (multi-agent: team return, win)."""
         self.log(step, {"charts/train_seconds": self.train_seconds()})
         start, results = time.time(), run_episodes()
         self.eval_seconds += time.time() - start
-        for name, values in (results if isinstance(results, dict) else {"eval/episodic_return": results}).items():
+        for name, values in (
+            results if isinstance(results, dict) else {"eval/episodic_return": results}
+        ).items():
             for value in values:
                 self.log(step, {name: value}, to_wandb=False)
-            if self.wandb is not None and len(values):  # wandb keeps one value per step: the mean, and a histogram
+            # wandb keeps one value per step: the mean, and a histogram
+            if self.wandb is not None and len(values):
                 import wandb
-                self.wandb.log({"global_step": step, name: float(np.mean(values)),
-                                f"{name}_histogram": wandb.Histogram(np.asarray(values, dtype=np.float64))})
+
+                self.wandb.log(
+                    {
+                        "global_step": step,
+                        name: float(np.mean(values)),
+                        f"{name}_histogram": wandb.Histogram(np.asarray(values, dtype=np.float64)),
+                    }
+                )
         return results
 
-    def save_checkpoint(self, stateful: dict, iteration: int, global_step: int, finished: bool = False):
-        """checkpoint.pt: the flags, the counters and the state_dict() of every object of `stateful`, written then
-        renamed (a crash never leaves half a checkpoint), and its SHA-256 in checkpoint.sha256."""
-        state = {"args": asdict(self.args), "iteration": iteration, "global_step": global_step, "finished": finished,
-                 "train_seconds": self.train_seconds(), **{name: obj.state_dict() for name, obj in stateful.items()}}
+    def save_checkpoint(
+        self, stateful: dict, iteration: int, global_step: int, finished: bool = False
+    ):
+        """checkpoint.pt: the flags, the counters and the state_dict() of every object of
+        `stateful`, written then renamed (a crash never leaves half a checkpoint), and its SHA-256
+        in checkpoint.sha256."""
+        state = {
+            "args": asdict(self.args),
+            "iteration": iteration,
+            "global_step": global_step,
+            "finished": finished,
+            "train_seconds": self.train_seconds(),
+            **{name: obj.state_dict() for name, obj in stateful.items()},
+        }
         save_with_digest(plain(state), self.run_dir / "checkpoint.pt")
 
     def close_files(self):
-        self.bar.close(), self.file.close(), self.tb.close()
+        self.bar.close()
+        self.file.close()
+        self.tb.close()
         if self.wandb is not None:
             self.wandb.finish()
 
@@ -603,21 +950,40 @@ class RunLogger:
         sys.exit(130)
 
     def close(self, results):
-        """Close the files; the last lines say the evaluation, where the run is and the script's reference."""
+        """Close the files; the last lines say the evaluation, where the run is and the script's
+        reference."""
         self.bar.update(self.bar.total - self.bar.n)
         self.close_files()
-        for name, values in (results if isinstance(results, dict) else {"eval/episodic_return": results}).items():
+        for name, values in (
+            results if isinstance(results, dict) else {"eval/episodic_return": results}
+        ).items():
             if len(values):
-                print(f"{name}: {np.mean(values):.2f} +- {np.std(values):.2f} over {len(values)} episodes")
-        print(f"run saved in {self.run_dir}" + (" (model.pt, checkpoint.pt)" if self.args.save_model else
-                                                " (checkpoint.pt)"))
-        path = ALGOS.parent / "benchmark" / "references.toml"  # our multi-seed runs of each script, if present
-        refs = [r for r in (tomllib.loads(path.read_text())["reference"] if path.is_file() else [])
-                if "values" in r and r["score"] in ("final_eval", "final_win_rate") and self.same_setting(r)]
-        for r in sorted(refs, key=lambda r: abs(r["total_timesteps"] - self.args.total_timesteps))[:1]:
+                print(
+                    f"{name}: {np.mean(values):.2f} +- "
+                    f"{np.std(values):.2f} over {len(values)} episodes"
+                )
+        print(
+            f"run saved in {self.run_dir}"
+            + (" (model.pt, checkpoint.pt)" if self.args.save_model else " (checkpoint.pt)")
+        )
+        # our multi-seed runs of each script, if present
+        path = ALGOS.parent / "benchmark" / "references.toml"
+        refs = [
+            r
+            for r in (tomllib.loads(path.read_text())["reference"] if path.is_file() else [])
+            if "values" in r
+            and r["score"] in ("final_eval", "final_win_rate")
+            and self.same_setting(r)
+        ]
+        for r in sorted(refs, key=lambda r: abs(r["total_timesteps"] - self.args.total_timesteps))[
+            :1
+        ]:
             values = r["values"]
-            print(f"reference {r['id']} ({r['total_timesteps']:,} steps, {r['score']}, {len(values)} seeds): "
-                  f"{np.mean(values):.2f} +- {np.std(values):.2f}, seeds from {min(values):.2f} to {max(values):.2f}")
+            print(
+                f"reference {r['id']} ({r['total_timesteps']:,} steps, {r['score']}, "
+                f"{len(values)} seeds): {np.mean(values):.2f} +- {np.std(values):.2f}, "
+                f"seeds from {min(values):.2f} to {max(values):.2f}"
+            )
             results = results if isinstance(results, dict) else {"eval/episodic_return": results}
             wanted = "win" if r["score"] == "final_win_rate" else "episodic_return"
             name = next((n for n in results if wanted in n), None)
@@ -625,7 +991,10 @@ class RunLogger:
                 continue
             mean = float(np.mean(results[name]))
             if r["total_timesteps"] != self.args.total_timesteps:
-                print(f"this run: {mean:.2f} after {self.args.total_timesteps:,} steps: another budget, not compared")
+                print(
+                    f"this run: {mean:.2f} after {self.args.total_timesteps:,} "
+                    "steps: another budget, not compared"
+                )
             elif min(values) <= mean <= max(values):
                 print(f"this run: {mean:.2f}, within the reference's seeds")
             else:
@@ -635,7 +1004,8 @@ class RunLogger:
             print(f"no reference for {SCRIPT} on {self.args.env_id} to compare with")
 
     def same_setting(self, reference: dict) -> bool:
-        """True for a reference of this script and env (and, for an offline script, of this dataset)."""
+        """True for a reference of this script and env (and, for an offline script, of this
+        dataset)."""
         if (reference["script"], reference["env_id"]) != (SCRIPT, self.args.env_id):
             return False
         flags = reference.get("flags", [])
@@ -644,6 +1014,8 @@ class RunLogger:
         ours = Path(self.args.dataset)  # a directory, or an id such as canonrl/cartpole/medium-v0
         theirs = Path(flags[flags.index("--dataset") + 1]).name  # runs/datasets/cartpole-medium-v0
         return theirs in (ours.name, "-".join(ours.parts[-2:]))
+
+
 # ---- end shared: helpers ----
 
 

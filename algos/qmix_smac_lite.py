@@ -1,18 +1,30 @@
 """QMIX on smac_lite (3m by default): value decomposition with a monotonic mixing network.
 
-Rashid et al. 2018, "QMIX: Monotonic Value Function Factorisation for Deep Multi-Agent Reinforcement Learning": one
-recurrent Q-network shared by the agents (input: its observation, last action and one-hot id; a GRU cell), and a mixing
-network whose non-negative weights come from hypernetworks of the global state, so that Q_tot is monotonic in every
-agent's Q and each agent's own argmax is the joint argmax. pymarl's details: whole episodes in the replay buffer,
-double-Q targets, a hard target copy every 200 updates, epsilon-greedy over the available actions, gradient clip 10.
-Only a termination (not a time limit) cuts the bootstrap; global_step counts battle steps.
-Deviation: replay episodes are drawn with replacement (pymarl draws a batch without).
+Rashid et al. 2018, "QMIX: Monotonic Value Function Factorisation for Deep Multi-Agent RL": one GRU
+Q-network shared by the agents (observation, last action, id), mixed by a network whose non-negative
+weights come from hypernetworks of the state, so each agent's argmax is the joint argmax. pymarl's
+details: whole episodes replayed, double-Q targets, a target copy every 200 updates, epsilon-greedy
+over available actions, clip 10. Deviation: episodes are drawn with replacement.
 
 Run:    python algos/qmix_smac_lite.py --env-id 3m --seed 1
 Quick:  python algos/qmix_smac_lite.py --env-id 3m --total-timesteps 5000
-Result: benchmark/references.toml (3m: greedy win rate over 64 battles)
+Results: benchmark/references.toml
 """
-import csv, difflib, hashlib, importlib.util, json, os, random, re, signal, subprocess, sys, tempfile, time, tomllib
+
+import csv
+import difflib
+import hashlib
+import importlib.util
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
 import warnings
 from dataclasses import asdict, dataclass
 from importlib.metadata import version
@@ -33,80 +45,122 @@ from smac_lite.render import render_frame
 
 @dataclass
 class Args:
-    learning_rate: float = 5e-4  # Adam learning rate (EPyMARL's QMIX; pymarl's RMSprop used the same rate)
-    buffer_size: int = 5000  # replay buffer capacity in episodes (pymarl's 5000; ~190 MB on 3m, less on big maps)
-    batch_size: int = 32  # episodes per gradient update (pymarl's 32)
-    gamma: float = 0.99  # discount factor
-    tau: float = 1.0  # target network update rate (1.0: pymarl's hard copy, kept: it learns 3m as is)
-    target_network_frequency: int = 200  # gradient updates between target updates (pymarl: 200 episodes = updates)
-    start_e: float = 1.0  # initial exploration epsilon
-    end_e: float = 0.05  # final exploration epsilon
-    exploration_steps: int = 50_000  # battle steps over which epsilon goes from start_e to end_e (pymarl's 50k)
-    learning_starts: int = 2_000  # battle steps before learning starts (some 50 episodes of random play)
-    train_frequency: int = 4  # env steps between gradient updates (with 8 battles one per 32 steps, ~ per episode)
-    max_grad_norm: float = 10.0  # global gradient norm clip (pymarl's 10)
-    hidden_dim: int = 64  # width of the agent network's layer and GRU (pymarl's 64)
-    mixing_embed_dim: int = 32  # width of the mixing network (pymarl's 32)
-    hypernet_embed: int = 64  # hidden width of the 2-layer hypernetworks (pymarl's hypernet_layers=2, 64)
-    double_q: bool = True  # the online net picks the next action, the target net rates it (van Hasselt et al. 2016)
-    env_id: str = "3m"  # smac_lite map name (SMAC's maps: 3m, 8m, 2s3z, 5m_vs_6m, ...)
-    total_timesteps: int = 200_000  # battle steps over all battles
-    num_envs: int = 8  # battles stepped at once (one batched smac_lite env)
+    learning_rate: float = 5e-4
+    """Adam learning rate (EPyMARL's QMIX; pymarl's RMSprop used the same rate)"""
+    buffer_size: int = 5000
+    """replay buffer capacity in episodes (pymarl's 5000; ~190 MB on 3m, less on big maps)"""
+    batch_size: int = 32
+    """episodes per gradient update (pymarl's 32)"""
+    gamma: float = 0.99
+    """discount factor"""
+    tau: float = 1.0
+    """target network update rate (1.0: pymarl's hard copy, kept: it learns 3m as is)"""
+    target_network_frequency: int = 200
+    """gradient updates between target updates (pymarl: 200 episodes = updates)"""
+    start_e: float = 1.0
+    """initial exploration epsilon"""
+    end_e: float = 0.05
+    """final exploration epsilon"""
+    exploration_steps: int = 50_000
+    """battle steps over which epsilon goes from start_e to end_e (pymarl's 50k)"""
+    learning_starts: int = 2_000
+    """battle steps before learning starts (some 50 episodes of random play)"""
+    train_frequency: int = 4
+    """env steps between gradient updates (with 8 battles one per 32 steps, ~ per episode)"""
+    max_grad_norm: float = 10.0
+    """global gradient norm clip (pymarl's 10)"""
+    hidden_dim: int = 64
+    """width of the agent network's layer and GRU (pymarl's 64)"""
+    mixing_embed_dim: int = 32
+    """width of the mixing network (pymarl's 32)"""
+    hypernet_embed: int = 64
+    """hidden width of the 2-layer hypernetworks (pymarl's hypernet_layers=2, 64)"""
+    double_q: bool = True
+    """the online net picks the next action, the target net rates it (van Hasselt et al. 2016)"""
+    env_id: str = "3m"
+    """smac_lite map name (SMAC's maps: 3m, 8m, 2s3z, 5m_vs_6m, ...)"""
+    total_timesteps: int = 200_000
+    """battle steps over all battles"""
+    num_envs: int = 8
+    """battles stepped at once (one batched smac_lite env)"""
     # ---- shared: args ----
-    seed: int = 1  # seed of torch, numpy, random and the envs
-    cuda: bool = False  # run on CUDA when available (the CNN scripts gain from it; small MLPs are fastest on a CPU)
-    torch_deterministic: bool = True  # torch.backends.cudnn.deterministic and one CPU thread
-    track: bool = False  # log to Weights & Biases (works offline with WANDB_MODE=offline)
-    wandb_project_name: str = "canonrl"  # wandb project
-    wandb_entity: str | None = None  # wandb entity (team)
-    capture_video: bool = False  # record episode 0 of the final evaluation to <run_dir>/videos
-    save_model: bool = False  # save <run_dir>/model.pt at the end
-    eval_episodes: int = 10  # evaluation episodes (the policy evaluate() runs) at the end and each --eval-every
-    eval_every: int = 0  # also evaluate every this many steps (0: only at the end); logs charts/train_seconds too
-    run_dir: str | None = None  # where the run is written (default runs/<env>__<script>__<seed>__<time>); must be new
-    resume: str | None = None  # continue the run in this directory (its flags; --total-timesteps may extend it)
-    checkpoint_every: int = 50_000  # save <run_dir>/checkpoint.pt every this many steps (and at the end and on Ctrl-C)
+    seed: int = 1
+    """seed of torch, numpy, random and the envs"""
+    cuda: bool = False
+    """run on CUDA when available (the CNN scripts gain from it; small MLPs are fastest on a CPU)"""
+    torch_deterministic: bool = True
+    """torch.backends.cudnn.deterministic and one CPU thread"""
+    track: bool = False
+    """log to Weights & Biases (works offline with WANDB_MODE=offline)"""
+    wandb_project_name: str = "canonrl"
+    """wandb project"""
+    wandb_entity: str | None = None
+    """wandb entity (team)"""
+    capture_video: bool = False
+    """record episode 0 of the final evaluation to <run_dir>/videos"""
+    save_model: bool = False
+    """save <run_dir>/model.pt at the end"""
+    eval_episodes: int = 10
+    """evaluation episodes (the policy evaluate() runs) at the end and each --eval-every"""
+    eval_every: int = 0
+    """also evaluate every this many steps (0: only at the end); logs charts/train_seconds too"""
+    run_dir: str | None = None
+    """where the run is written (default runs/<env>__<script>__<seed>__<time>); must be new"""
+    resume: str | None = None
+    """continue the run in this directory (its flags; --total-timesteps may extend it)"""
+    checkpoint_every: int = 50_000
+    """save <run_dir>/checkpoint.pt every this many steps (and at the end and on Ctrl-C)"""
     # ---- end shared: args ----
 
 
 # ---- shared: qmix/RNNAgent ----
 class RNNAgent(nn.Module):
-    """The agent Q-network, one for all agents (pymarl's RNNAgent): [obs, last action, agent id] -> hidden (ReLU) ->
-    GRU cell -> one Q-value per action; nn.Linear's default init."""
+    """The agent Q-network, one for all agents (pymarl's RNNAgent): [obs, last action, agent id] ->
+    hidden (ReLU) -> GRU cell -> one Q-value per action; nn.Linear's default init."""
 
     def __init__(self, input_dim: int, n_actions: int, hidden: int):
         super().__init__()
-        self.fc1, self.gru, self.fc2 = nn.Linear(input_dim, hidden), nn.GRUCell(hidden, hidden), nn.Linear(hidden,
-                                                                                                           n_actions)
+        self.fc1, self.gru, self.fc2 = (
+            nn.Linear(input_dim, hidden),
+            nn.GRUCell(hidden, hidden),
+            nn.Linear(hidden, n_actions),
+        )
 
     def forward(self, inputs, hidden):
-        """One step of every agent of every battle: inputs (..., agents, features), hidden (..., agents, hidden) ->
-        (Q-values (..., agents, n_actions), the next hidden)."""
+        """One step of every agent of every battle: inputs (..., agents, features), hidden (...,
+        agents, hidden) -> (Q-values (..., agents, n_actions), the next hidden)."""
         x = F.relu(self.fc1(inputs))
         hidden = self.gru(x.flatten(0, -2), hidden.flatten(0, -2)).view_as(hidden)
         return self.fc2(hidden), hidden
 
     def get_greedy_action(self, inputs, hidden, avail):
-        """(each agent's argmax over its available actions, the next hidden): the exploiting action of the rollout
-        and the policy that evaluate() runs."""
+        """(each agent's argmax over its available actions, the next hidden): the exploiting action
+        of the rollout and the policy that evaluate() runs."""
         q_values, hidden = self(inputs, hidden)
         return masked(q_values, avail).argmax(-1), hidden
+
+
 # ---- end shared: qmix/RNNAgent ----
 
 
 class QMixer(nn.Module):
-    """QMIX's mixing network: Q_tot = elu(q W1(s) + b1(s)) . w2(s) + V(s), the agents' chosen-action Qs q mixed with
-    weights that hypernetworks compute from the global state s (W1 and w2 by two layers: pymarl's hypernet_layers=2).
-    abs() keeps W1 and w2 non-negative, so Q_tot increases with every agent's Q (the paper's eq. 5): each agent's
-    argmax is the joint argmax. The biases are unconstrained; V(s), two layers, replaces the last bias."""
+    """QMIX's mixing network: Q_tot = elu(q W1(s) + b1(s)) . w2(s) + V(s), the agents' chosen-action
+    Qs q mixed with weights that hypernetworks compute from the global state s (W1 and w2 by two
+    layers: pymarl's hypernet_layers=2). abs() keeps W1 and w2 non-negative, so Q_tot increases with
+    every agent's Q (the paper's eq. 5): each agent's argmax is the joint argmax. The biases are
+    unconstrained; V(s), two layers, replaces the last bias."""
 
     def __init__(self, state_dim: int, n_agents: int, embed_dim: int, hypernet_embed: int):
         super().__init__()
         self.n_agents, self.embed_dim = n_agents, embed_dim
-        self.hyper_w1 = nn.Sequential(nn.Linear(state_dim, hypernet_embed), nn.ReLU(),
-                                      nn.Linear(hypernet_embed, n_agents * embed_dim))
-        self.hyper_w2 = nn.Sequential(nn.Linear(state_dim, hypernet_embed), nn.ReLU(),
-                                      nn.Linear(hypernet_embed, embed_dim))
+        self.hyper_w1 = nn.Sequential(
+            nn.Linear(state_dim, hypernet_embed),
+            nn.ReLU(),
+            nn.Linear(hypernet_embed, n_agents * embed_dim),
+        )
+        self.hyper_w2 = nn.Sequential(
+            nn.Linear(state_dim, hypernet_embed), nn.ReLU(), nn.Linear(hypernet_embed, embed_dim)
+        )
         self.hyper_b1 = nn.Linear(state_dim, embed_dim)
         self.V = nn.Sequential(nn.Linear(state_dim, embed_dim), nn.ReLU(), nn.Linear(embed_dim, 1))
 
@@ -119,7 +173,8 @@ class QMixer(nn.Module):
 
 # ---- shared: qmix/learning ----
 def agent_inputs(obs, last_actions, agent_ids):
-    """pymarl's agent input: the observation, the agent's last action one-hot (zeros at an episode's start), its id."""
+    """pymarl's agent input: the observation, the agent's last action one-hot (zeros at an episode's
+    start), its id."""
     return torch.cat([obs, last_actions, agent_ids.expand(*obs.shape[:-1], -1)], -1)
 
 
@@ -129,8 +184,9 @@ def masked(q_values, avail):
 
 
 def epsilon_greedy(greedy_actions, avail, epsilon: float):
-    """Each agent's greedy action or, with probability epsilon, one of its available actions drawn uniformly
-    (pymarl's EpsilonGreedyActionSelector: exploration never picks an unavailable action)."""
+    """Each agent's greedy action or, with probability epsilon, one of its available actions drawn
+    uniformly (pymarl's EpsilonGreedyActionSelector: exploration never picks an unavailable
+    action)."""
     random_actions = torch.multinomial(avail.flatten(0, -2).float(), 1).view(avail.shape[:-1])
     explore = torch.rand(avail.shape[:-1], device=avail.device) < epsilon
     return torch.where(explore, random_actions, greedy_actions)
@@ -141,56 +197,100 @@ def linear_schedule(start_e: float, end_e: float, duration: float, t: int):
 
 
 class EpisodeBuffer:
-    """Whole episodes as preallocated tensors on the training device, padded to episode_limit + 1 steps: step t holds
-    the obs, state, avail seen at t and the actions, reward, terminated flag of t; the step after an episode's last
-    holds its final obs, state, avail (a truncated episode bootstraps from them); `filled` marks the real steps.
-    Each battle writes its running episode into its own staging row at its own step; the battles that end are copied
-    into the ring of `size` episodes by one index_copy_ of every staging row, the others into a scratch row (index
-    `size`): nothing depends on how many ended, so there is no host sync. Checkpointable through state_dict()."""
+    """Whole episodes as preallocated tensors on the training device, padded to episode_limit + 1
+    steps: step t holds the obs, state, avail seen at t and the actions, reward, terminated flag of
+    t; the step after an episode's last holds its final obs, state, avail (a truncated episode
+    bootstraps from them); `filled` marks the real steps. Each battle writes its running episode
+    into its own staging row at its own step; the battles that end are copied into the ring of
+    `size` episodes by one index_copy_ of every staging row, the others into a scratch row (index
+    `size`): nothing depends on how many ended, so there is no host sync. Checkpointable through
+    state_dict()."""
 
     def __init__(self, size, num_envs, steps, n_agents, obs_dim, state_dim, n_actions, device):
-        shapes = {"obs": ((n_agents, obs_dim), torch.float32), "state": ((state_dim,), torch.float32),
-                  "avail": ((n_agents, n_actions), torch.bool), "actions": ((n_agents,), torch.long),
-                  "reward": ((), torch.float32), "terminated": ((), torch.float32), "filled": ((), torch.float32)}
-        self.episodes, self.staging = ({k: torch.zeros((n, steps + 1, *shape), dtype=dtype, device=device)
-                                        for k, (shape, dtype) in shapes.items()} for n in (size + 1, num_envs))
-        self.t = torch.zeros(num_envs, dtype=torch.long, device=device)  # each battle's step in its episode
-        self.pos, self.count = (torch.zeros((), dtype=torch.long, device=device) for _ in range(2))  # next row, stored
+        shapes = {
+            "obs": ((n_agents, obs_dim), torch.float32),
+            "state": ((state_dim,), torch.float32),
+            "avail": ((n_agents, n_actions), torch.bool),
+            "actions": ((n_agents,), torch.long),
+            "reward": ((), torch.float32),
+            "terminated": ((), torch.float32),
+            "filled": ((), torch.float32),
+        }
+        self.episodes, self.staging = (
+            {
+                k: torch.zeros((n, steps + 1, *shape), dtype=dtype, device=device)
+                for k, (shape, dtype) in shapes.items()
+            }
+            for n in (size + 1, num_envs)
+        )
+        # each battle's step in its episode
+        self.t = torch.zeros(num_envs, dtype=torch.long, device=device)
+        # next row, stored
+        self.pos, self.count = (torch.zeros((), dtype=torch.long, device=device) for _ in range(2))
         self.size, self.battles = size, torch.arange(num_envs, device=device)
 
-    def add(self, obs, state, avail, actions, reward, terminated, done, final_obs, final_state, final_avail):
-        """One step of every battle; the episodes that end (done) go into the ring and their battles restart at t 0."""
-        for name, value in zip(("obs", "state", "avail", "actions", "reward", "terminated", "filled"),
-                               (obs, state, avail, actions, reward, terminated, torch.ones_like(reward))):
+    def add(
+        self,
+        obs,
+        state,
+        avail,
+        actions,
+        reward,
+        terminated,
+        done,
+        final_obs,
+        final_state,
+        final_avail,
+    ):
+        """One step of every battle; the episodes that end (done) go into the ring and their battles
+        restart at t 0."""
+        for name, value in zip(
+            ("obs", "state", "avail", "actions", "reward", "terminated", "filled"),
+            (obs, state, avail, actions, reward, terminated, torch.ones_like(reward)),
+        ):
             self.staging[name][self.battles, self.t] = value.to(self.staging[name].dtype)
         for name, value in zip(("obs", "state", "avail"), (final_obs, final_state, final_avail)):
-            self.staging[name][self.battles, self.t + 1] = value.to(self.staging[name].dtype)  # the next step's
-        dest = torch.where(done, (self.pos + done.cumsum(0) - 1) % self.size, self.size)  # not done: scratch row
+            # the next step's
+            self.staging[name][self.battles, self.t + 1] = value.to(self.staging[name].dtype)
+        # not done: scratch row
+        dest = torch.where(done, (self.pos + done.cumsum(0) - 1) % self.size, self.size)
         for name, episodes in self.episodes.items():
             episodes.index_copy_(0, dest, self.staging[name])
-        self.pos, self.count = (self.pos + done.sum()) % self.size, (self.count + done.sum()).clamp(max=self.size)
-        self.staging["filled"].mul_((~done)[:, None])  # a new episode starts empty (its padding stays unfilled)
+        self.pos, self.count = (
+            (self.pos + done.sum()) % self.size,
+            (self.count + done.sum()).clamp(max=self.size),
+        )
+        # a new episode starts empty (its padding stays unfilled)
+        self.staging["filled"].mul_((~done)[:, None])
         self.t = torch.where(done, 0, self.t + 1)
 
     def sample(self, batch_size: int):
-        """batch_size episodes drawn uniformly (with replacement) from those stored: {field: (batch, steps + 1, ...)}"""
+        """batch_size episodes drawn uniformly (with replacement) from those stored: {field: (batch,
+        steps + 1, ...)}"""
         idx = (torch.rand(batch_size, device=self.pos.device) * self.count).long()
         return {name: episodes[idx] for name, episodes in self.episodes.items()}
 
     def state_dict(self):  # the stored episodes only (tensors): a resumed run restarts its battles
         n = int(self.count)
-        return {"episodes": {k: v[:n].clone() for k, v in self.episodes.items()}, "pos": self.pos, "count": self.count}
+        return {
+            "episodes": {k: v[:n].clone() for k, v in self.episodes.items()},
+            "pos": self.pos,
+            "count": self.count,
+        }
 
     def load_state_dict(self, state):
         for name, episodes in state["episodes"].items():
-            self.episodes[name][:len(episodes)] = episodes
-        self.pos.copy_(state["pos"]), self.count.copy_(state["count"])
+            self.episodes[name][: len(episodes)] = episodes
+        self.pos.copy_(state["pos"])
+        self.count.copy_(state["count"])
 
 
 def unroll(agent, inputs):
-    """The Q-values of every step of whole episodes (inputs (batch, steps, agents, features)): the GRU starts from a
-    zero memory at each episode's first step, as when acting."""
-    hidden = torch.zeros(inputs.shape[0], inputs.shape[2], agent.gru.hidden_size, device=inputs.device)
+    """The Q-values of every step of whole episodes (inputs (batch, steps, agents, features)): the
+    GRU starts from a zero memory at each episode's first step, as when acting."""
+    hidden = torch.zeros(
+        inputs.shape[0], inputs.shape[2], agent.gru.hidden_size, device=inputs.device
+    )
     q_values = []
     for t in range(inputs.shape[1]):
         q, hidden = agent(inputs[:, t], hidden)
@@ -199,31 +299,42 @@ def unroll(agent, inputs):
 
 
 def next_values(q_online_next, q_target_next, avail_next, double_q: bool):
-    """Each agent's value of the next step for the target: with double Q the online net's argmax over the available
-    actions, rated by the target net; else the target net's max over the available actions."""
+    """Each agent's value of the next step for the target: with double Q the online net's argmax
+    over the available actions, rated by the target net; else the target net's max over the
+    available actions."""
     if double_q:
-        return q_target_next.gather(-1, masked(q_online_next, avail_next).argmax(-1, keepdim=True)).squeeze(-1)
+        return q_target_next.gather(
+            -1, masked(q_online_next, avail_next).argmax(-1, keepdim=True)
+        ).squeeze(-1)
     return masked(q_target_next, avail_next).max(-1).values
 
 
 def td_targets(rewards, terminated, target_q_tot_next, gamma: float):
-    """One-step targets r + gamma * Q_tot_target(s', a') of every step (shapes (batch, steps)); only termination stops
-    the bootstrap: a time-limit truncation still has a future."""
+    """One-step targets r + gamma * Q_tot_target(s', a') of every step (shapes (batch, steps)); only
+    termination stops the bootstrap: a time-limit truncation still has a future."""
     return rewards + gamma * (1.0 - terminated) * target_q_tot_next
 
 
-def td_loss(batch, agent, mixer, target_agent, target_mixer, agent_ids, gamma: float, double_q: bool):
-    """The squared TD error of Q_tot averaged over the real steps of a batch of episodes (the filled mask; padding
-    adds nothing), and the mean Q_tot of the actions taken."""
+def td_loss(
+    batch, agent, mixer, target_agent, target_mixer, agent_ids, gamma: float, double_q: bool
+):
+    """The squared TD error of Q_tot averaged over the real steps of a batch of episodes (the filled
+    mask; padding adds nothing), and the mean Q_tot of the actions taken."""
     actions = F.one_hot(batch["actions"], batch["avail"].shape[-1]).float()
     last_actions = torch.cat([torch.zeros_like(actions[:, :1]), actions[:, :-1]], 1)
     inputs = agent_inputs(batch["obs"], last_actions, agent_ids)
     q_values = unroll(agent, inputs)  # (batch, steps + 1, agents, n_actions)
     chosen = q_values[:, :-1].gather(-1, batch["actions"][:, :-1, :, None]).squeeze(-1)
     with torch.no_grad():
-        q_next = next_values(q_values[:, 1:], unroll(target_agent, inputs)[:, 1:], batch["avail"][:, 1:], double_q)
-        targets = td_targets(batch["reward"][:, :-1], batch["terminated"][:, :-1],
-                             target_mixer(q_next, batch["state"][:, 1:]), gamma)
+        q_next = next_values(
+            q_values[:, 1:], unroll(target_agent, inputs)[:, 1:], batch["avail"][:, 1:], double_q
+        )
+        targets = td_targets(
+            batch["reward"][:, :-1],
+            batch["terminated"][:, :-1],
+            target_mixer(q_next, batch["state"][:, 1:]),
+            gamma,
+        )
     q_tot, mask = mixer(chosen, batch["state"][:, :-1]), batch["filled"][:, :-1]
     n = mask.sum().clamp(min=1)
     return (((q_tot - targets) * mask) ** 2).sum() / n, (q_tot * mask).sum().detach() / n
@@ -232,27 +343,39 @@ def td_loss(batch, agent, mixer, target_agent, target_mixer, agent_ids, gamma: f
 @torch.no_grad()
 def evaluate(agent, map_name, battles, seed, device="cpu", frames=None):
     """Greedy play (agent.get_greedy_action) of the first episode of `battles` battles; returns
-    {"eval/episodic_return_team": [...], "eval/win_rate": [1.0 or 0.0, ...]}, one value per battle. frames: a list
-    that receives battle 0's frames (--capture-video)."""
+    {"eval/episodic_return_team": [...], "eval/win_rate": [1.0 or 0.0, ...]}, one value per battle.
+    frames: a list that receives battle 0's frames (--capture-video)."""
     if battles == 0:
         return {"eval/episodic_return_team": [], "eval/win_rate": []}
-    env = smac_lite.BatchedSMAC(map_name, num_envs=battles, device=device, seed=seed, auto_reset=False)
+    env = smac_lite.BatchedSMAC(
+        map_name, num_envs=battles, device=device, seed=seed, auto_reset=False
+    )
     (obs, _, avail), agent_ids = env.reset(), torch.eye(env.n_agents, device=device)
     hidden = torch.zeros(battles, env.n_agents, agent.gru.hidden_size, device=device)
     last_actions = torch.zeros(battles, env.n_agents, env.n_actions, device=device)
-    finished, won = torch.zeros(battles, dtype=torch.bool, device=device), torch.zeros(battles, device=device)
+    finished, won = (
+        torch.zeros(battles, dtype=torch.bool, device=device),
+        torch.zeros(battles, device=device),
+    )
     returns = torch.zeros(battles, device=device)
     for _ in range(env.episode_limit):
-        actions, hidden = agent.get_greedy_action(agent_inputs(obs, last_actions, agent_ids), hidden, avail)
+        actions, hidden = agent.get_greedy_action(
+            agent_inputs(obs, last_actions, agent_ids), hidden, avail
+        )
         obs, _, avail, _, done, info = env.step(actions)
         last_actions = F.one_hot(actions, env.n_actions).float()
         new = done & ~finished  # each battle's first episode; finished battles are left as they are
-        returns, won = torch.where(new, info["episode_return"], returns), torch.where(new, info["won"].float(), won)
+        returns, won = (
+            torch.where(new, info["episode_return"], returns),
+            torch.where(new, info["won"].float(), won),
+        )
         if frames is not None and not finished[0]:
             frames.append(render_frame(env, 0, 384))
         if (finished := finished | done).all():
             break
     return {"eval/episodic_return_team": returns.tolist(), "eval/win_rate": won.tolist()}
+
+
 # ---- end shared: qmix/learning ----
 
 
@@ -260,84 +383,153 @@ def main(args: Args):
     # ---- shared: qmix/setup ----
     args, ckpt, run_dir = start_run(args, check_args)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    env = smac_lite.BatchedSMAC(args.env_id, num_envs=args.num_envs, device=device, seed=args.seed, return_final=True)
+    env = smac_lite.BatchedSMAC(
+        args.env_id, num_envs=args.num_envs, device=device, seed=args.seed, return_final=True
+    )
     N, A, n_actions = args.num_envs, env.n_agents, env.n_actions
     agent_ids = torch.eye(A, device=device)  # row i: agent i's one-hot id
     input_dim = env.obs_dim + n_actions + A
-    agent, target_agent = (RNNAgent(input_dim, n_actions, args.hidden_dim).to(device) for _ in range(2))
+    agent, target_agent = (
+        RNNAgent(input_dim, n_actions, args.hidden_dim).to(device) for _ in range(2)
+    )
     # ---- end shared: qmix/setup ----
-    mixer, target_mixer = (QMixer(env.state_dim, A, args.mixing_embed_dim, args.hypernet_embed).to(device)
-                           for _ in range(2))
+    mixer, target_mixer = (
+        QMixer(env.state_dim, A, args.mixing_embed_dim, args.hypernet_embed).to(device)
+        for _ in range(2)
+    )
     # ---- shared: qmix/main ----
-    target_agent.load_state_dict(agent.state_dict()), target_mixer.load_state_dict(mixer.state_dict())
+    target_agent.load_state_dict(agent.state_dict())
+    target_mixer.load_state_dict(mixer.state_dict())
     params = [*agent.parameters(), *mixer.parameters()]
     target_params = [*target_agent.parameters(), *target_mixer.parameters()]
     optimizer = torch.optim.Adam(params, lr=args.learning_rate, fused=True)  # fused: a faster step
-    rb = EpisodeBuffer(args.buffer_size, N, env.episode_limit, A, env.obs_dim, env.state_dim, n_actions, device)
+    rb = EpisodeBuffer(
+        args.buffer_size, N, env.episode_limit, A, env.obs_dim, env.state_dim, n_actions, device
+    )
     num_iterations = args.total_timesteps // N  # one iteration = one step of every battle
-    iteration, log_every = 0, max(1, 1000 // N)  # iterations between logs (and host copies of the episodes' results)
+    # iterations between logs (and host copies of the episodes' results)
+    iteration, log_every = 0, max(1, 1000 // N)
 
     def run_eval(frames=None):  # evaluation battles are seeded apart from training
         return evaluate(agent, args.env_id, args.eval_episodes, args.seed + 100_000, device, frames)
 
-    stateful = {"agent": agent, "mixer": mixer, "target_agent": target_agent, "target_mixer": target_mixer,
-                "optimizer": optimizer, "episode_buffer": rb, "rng": RNGs()}  # what a checkpoint holds
+    stateful = {
+        "agent": agent,
+        "mixer": mixer,
+        "target_agent": target_agent,
+        "target_mixer": target_mixer,
+        # what a checkpoint holds
+        "optimizer": optimizer,
+        "episode_buffer": rb,
+        "rng": RNGs(),
+    }
     if ckpt is not None:
         load_states(stateful, ckpt, run_dir)  # battles are not saved: they are seeded anew on reset
         iteration = ckpt["iteration"]
     global_step = iteration * N
     logger = RunLogger(args, run_dir, num_iterations * N, global_step, ckpt=ckpt)
-    # gradient updates done: one after each train_frequency-th iteration once global_step passed learning_starts
-    updates = sum((i + 1) * N > args.learning_starts and i % args.train_frequency == 0 for i in range(iteration))
+    # gradient updates done: one after each train_frequency-th iteration once global_step passed
+    # learning_starts
+    updates = sum(
+        (i + 1) * N > args.learning_starts and i % args.train_frequency == 0
+        for i in range(iteration)
+    )
 
     def log_episodes(ended, first_step):
-        """Log the episodes that ended in the steps since first_step (one host copy of (done, return, length, won))."""
+        """Log the episodes that ended in the steps since first_step (one host copy of (done,
+        return, length, won))."""
         if not ended:
             return
         done, ret, length, won = torch.stack(ended, 1).cpu().numpy()  # each (steps, battles)
         for t, i in zip(*np.nonzero(done)):
-            logger.log(first_step + (t + 1) * N, {"train/episodic_return_team": ret[t, i],
-                                                  "train/episodic_length": length[t, i]})
+            logger.log(
+                first_step + (t + 1) * N,
+                {"train/episodic_return_team": ret[t, i], "train/episodic_length": length[t, i]},
+            )
         if done.any():
             logger.last_return = ret[done > 0].mean()
             logger.log(first_step + len(ended) * N, {"train/win_rate": won[done > 0].mean()})
         ended.clear()
 
-    obs, state, avail = env.reset(seed=args.seed + global_step)  # a resumed run starts fresh battles
-    hidden, last_actions = torch.zeros((N, A, args.hidden_dim), device=device), torch.zeros((N, A, n_actions),
-                                                                                             device=device)
+    # a resumed run starts fresh battles
+    obs, state, avail = env.reset(seed=args.seed + global_step)
+    hidden, last_actions = (
+        torch.zeros((N, A, args.hidden_dim), device=device),
+        torch.zeros((N, A, n_actions), device=device),
+    )
     ended, first_step, stats = [], global_step, {}
     for iteration in range(iteration, num_iterations):
         epsilon = linear_schedule(args.start_e, args.end_e, args.exploration_steps, global_step)
         with torch.no_grad():
-            greedy, hidden = agent.get_greedy_action(agent_inputs(obs, last_actions, agent_ids), hidden, avail)
+            greedy, hidden = agent.get_greedy_action(
+                agent_inputs(obs, last_actions, agent_ids), hidden, avail
+            )
         actions = epsilon_greedy(greedy, avail, epsilon)
         next_obs, next_state, next_avail, reward, done, info = env.step(actions)
-        rb.add(obs, state, avail, actions, reward, info["terminated"], done, info["final_obs"], info["final_state"],
-               info["final_avail"])
+        rb.add(
+            obs,
+            state,
+            avail,
+            actions,
+            reward,
+            info["terminated"],
+            done,
+            info["final_obs"],
+            info["final_state"],
+            info["final_avail"],
+        )
         global_step += N
-        ended.append(torch.stack([done.float(), info["episode_return"], info["episode_length"].float(),
-                                  info["won"].float()], 0))
+        ended.append(
+            torch.stack(
+                [
+                    done.float(),
+                    info["episode_return"],
+                    info["episode_length"].float(),
+                    info["won"].float(),
+                ],
+                0,
+            )
+        )
         obs, state, avail = next_obs, next_state, next_avail
-        going_on = (~done).float()[:, None, None]  # a battle that ended starts a new episode: memory and
-        hidden, last_actions = hidden * going_on, F.one_hot(actions, n_actions).float() * going_on  # last action 0
+        # a battle that ended starts a new episode: memory and
+        going_on = (~done).float()[:, None, None]
+        # last action 0
+        hidden, last_actions = hidden * going_on, F.one_hot(actions, n_actions).float() * going_on
 
         if global_step > args.learning_starts and iteration % args.train_frequency == 0:
             batch = rb.sample(args.batch_size)
-            steps = int(batch["filled"].sum(1).max().clamp(min=1))  # unroll only to the longest episode drawn
-            loss, q_values = td_loss({k: v[:, :steps + 1] for k, v in batch.items()}, agent, mixer, target_agent,
-                                     target_mixer, agent_ids, args.gamma, args.double_q)
+            # unroll only to the longest episode drawn
+            steps = int(batch["filled"].sum(1).max().clamp(min=1))
+            loss, q_values = td_loss(
+                {k: v[:, : steps + 1] for k, v in batch.items()},
+                agent,
+                mixer,
+                target_agent,
+                target_mixer,
+                agent_ids,
+                args.gamma,
+                args.double_q,
+            )
             optimizer.zero_grad()
             loss.backward()
             grad_norm = nn.utils.clip_grad_norm_(params, args.max_grad_norm)
             optimizer.step()
             updates += 1
             if updates % args.target_network_frequency == 0:
-                with torch.no_grad():  # target <- tau * online + (1 - tau) * target (tau = 1: a copy)
+                # target <- tau * online + (1 - tau) * target (tau = 1: a copy)
+                with torch.no_grad():
                     for target_param, param in zip(target_params, params):
                         target_param.lerp_(param, args.tau)
-            stats = {"losses/td_loss": loss, "losses/q_values": q_values, "losses/grad_norm": grad_norm}
-        if (iteration + 1) % log_every == 0 or iteration + 1 == num_iterations or logger.stop_requested:
+            stats = {
+                "losses/td_loss": loss,
+                "losses/q_values": q_values,
+                "losses/grad_norm": grad_norm,
+            }
+        if (
+            (iteration + 1) % log_every == 0
+            or iteration + 1 == num_iterations
+            or logger.stop_requested
+        ):
             log_episodes(ended, first_step)
             first_step = global_step
             logger.log(global_step, {**stats, "charts/epsilon": epsilon, "charts/updates": updates})
@@ -353,13 +545,25 @@ def main(args: Args):
     logger.save_checkpoint(stateful, num_iterations, global_step, finished=True)
     if frames:
         import imageio.v2 as imageio
+
         (run_dir / "videos").mkdir(exist_ok=True)
         imageio.mimsave(run_dir / "videos" / "eval_battle0.gif", frames, duration=125, loop=0)
     if args.save_model:
-        save_model({"agent": agent.state_dict(), "mixer": mixer.state_dict(), "args": asdict(args),
-                    "eval_returns": eval_results, "input_dim": input_dim, "obs_dim": env.obs_dim,
-                    "state_dim": env.state_dim, "n_agents": A, "n_actions": n_actions, "hidden": args.hidden_dim},
-                   run_dir)
+        save_model(
+            {
+                "agent": agent.state_dict(),
+                "mixer": mixer.state_dict(),
+                "args": asdict(args),
+                "eval_returns": eval_results,
+                "input_dim": input_dim,
+                "obs_dim": env.obs_dim,
+                "state_dim": env.state_dim,
+                "n_agents": A,
+                "n_actions": n_actions,
+                "hidden": args.hidden_dim,
+            },
+            run_dir,
+        )
     logger.close(eval_results)
     # ---- end shared: qmix/main ----
 
@@ -372,31 +576,59 @@ def check_args(args: Args):
 # ---- shared: qmix/check_args ----
 def check_value_decomposition_args(args, rules: dict):
     """The flags of qmix and vdn, then `rules` (the script's own ranges, as in check_ranges)."""
-    check_ranges(args, {"num_envs": "x >= 1", "learning_rate": "x > 0", "buffer_size": "x >= 1", "batch_size": "x >= 1",
-                        "gamma": "0 <= x <= 1", "tau": "0 < x <= 1", "target_network_frequency": "x >= 1",
-                        "start_e": "0 <= x <= 1", "end_e": "0 <= x <= 1", "exploration_steps": "x >= 1",
-                        "learning_starts": "x >= 0", "train_frequency": "x >= 1", "max_grad_norm": "x > 0",
-                        "hidden_dim": "x >= 1", **rules})
+    check_ranges(
+        args,
+        {
+            "num_envs": "x >= 1",
+            "learning_rate": "x > 0",
+            "buffer_size": "x >= 1",
+            "batch_size": "x >= 1",
+            "gamma": "0 <= x <= 1",
+            "tau": "0 < x <= 1",
+            "target_network_frequency": "x >= 1",
+            "start_e": "0 <= x <= 1",
+            "end_e": "0 <= x <= 1",
+            "exploration_steps": "x >= 1",
+            "learning_starts": "x >= 0",
+            "train_frequency": "x >= 1",
+            "max_grad_norm": "x > 0",
+            "hidden_dim": "x >= 1",
+            **rules,
+        },
+    )
     if args.end_e > args.start_e:
         fail(f"--end-e {args.end_e} is above --start-e {args.start_e}: epsilon is annealed down")
     if args.batch_size > args.buffer_size:
-        fail(f"--batch-size {args.batch_size} exceeds --buffer-size {args.buffer_size} (both count episodes)")
+        fail(
+            f"--batch-size {args.batch_size} exceeds --buffer-size "
+            f"{args.buffer_size} (both count episodes)"
+        )
     if args.total_timesteps <= args.learning_starts:
-        fail(f"--total-timesteps {args.total_timesteps} must exceed --learning-starts {args.learning_starts}")
+        fail(
+            f"--total-timesteps {args.total_timesteps} must "
+            f"exceed --learning-starts {args.learning_starts}"
+        )
+
+
 # ---- end shared: qmix/check_args ----
 
 
 # ---- shared: smac_lite/check_map ----
 def check_map(env_id: str, *single_agent_scripts: str):
-    """A smac_lite map, or one error line that names the scripts that take env_id (single_agent_scripts: those
-    suggested for a Gymnasium id)."""
+    """A smac_lite map, or one error line that names the scripts that take env_id
+    (single_agent_scripts: those suggested for a Gymnasium id)."""
     if env_id in smac_lite.MAPS:
         return
     if scripts := other_family(env_id) or (single_agent_scripts if env_id in gym.registry else ()):
         fail(f"{env_id} is not a smac_lite map (the maps: {', '.join(smac_lite.MAPS)})", *scripts)
     close = difflib.get_close_matches(env_id, list(smac_lite.MAPS), n=1)
-    fail(f"unknown smac_lite map '{env_id}'" + (f"; did you mean '{close[0]}'?" if close else "") +
-         f"; the maps: {', '.join(smac_lite.MAPS)}")
+    fail(
+        f"unknown smac_lite map '{env_id}'"
+        + (f"; did you mean '{close[0]}'?" if close else "")
+        + f"; the maps: {', '.join(smac_lite.MAPS)}"
+    )
+
+
 # ---- end shared: smac_lite/check_map ----
 
 
@@ -405,55 +637,78 @@ SCRIPT, ALGOS = Path(__file__).name, Path(__file__).resolve().parent
 
 
 def fail(msg: str, *scripts: str):
-    """Bad input: one line on stderr, exit status 2. It suggests those of `scripts` that exist beside this one."""
+    """Bad input: one line on stderr, exit status 2. It suggests those of `scripts` that exist
+    beside this one."""
     found = [s for s in scripts if s != SCRIPT and (ALGOS / s).is_file()]
     print(f"error: {msg}" + (f"; use {' or '.join(found)}" if found else ""), file=sys.stderr)
     sys.exit(2)
 
 
 def other_family(env_id: str) -> tuple[str, ...]:
-    """The scripts that take env_id, an id of another family of envs (Atari, MinAtar, mpe2, smac_lite)."""
+    """The scripts that take env_id, an id of another family of envs (Atari, MinAtar, mpe2,
+    smac_lite)."""
     if env_id.startswith("ALE/") or env_id.endswith("NoFrameskip-v4"):
         return "ppo_atari.py", "dqn_atari.py"
     if env_id.startswith("MinAtar/"):
         return "dqn_atari.py", "ddqn_atari.py"
     if re.fullmatch(r"(simple\w*|collect_treasure)_v\d+", env_id):
         return "mappo_mpe.py", "maddpg_mpe.py"
-    if importlib.util.find_spec("smac_lite") and env_id in importlib.import_module("smac_lite.maps").MAPS:
+    if (
+        importlib.util.find_spec("smac_lite")
+        and env_id in importlib.import_module("smac_lite.maps").MAPS
+    ):
         return "mappo_smac_lite.py", "qmix_smac_lite.py"
     return ()
 
 
 def env_spaces(env_id: str):
-    """(observation space, action space) of env_id, or a one-line error. The env is made in a temporary directory
-    with stderr muted: MuJoCo prints warnings and leaves MUJOCO_LOG.TXT behind, which must not precede an error."""
+    """(observation space, action space) of env_id, or a one-line error. The env is made in a
+    temporary directory with stderr muted: MuJoCo prints warnings and leaves MUJOCO_LOG.TXT behind,
+    which must not precede an error."""
     if env_id not in gym.registry:
         if scripts := other_family(env_id):
             fail(f"{env_id} is not an env of {SCRIPT}", *scripts)
         close = difflib.get_close_matches(env_id, list(gym.registry), n=1)
         fail(f"unknown env id '{env_id}'" + (f"; did you mean '{close[0]}'?" if close else ""))
     cwd, stderr_fd = os.getcwd(), os.dup(2)
-    with tempfile.TemporaryDirectory() as tmp, open(os.devnull, "w") as null, warnings.catch_warnings(action="ignore"):
-        os.chdir(tmp), os.dup2(null.fileno(), 2)
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        open(os.devnull, "w") as null,
+        warnings.catch_warnings(action="ignore"),
+    ):
+        os.chdir(tmp)
+        os.dup2(null.fileno(), 2)
         try:
             with gym.make(env_id) as env:
                 return env.observation_space, env.action_space
         except Exception as e:
-            error = f"cannot make env '{env_id}': {type(e).__name__}: {(str(e).strip() or ' ').splitlines()[0]}"
+            error = (
+                f"cannot make env '{env_id}': {type(e).__name__}: "
+                f"{(str(e).strip() or ' ').splitlines()[0]}"
+            )
         finally:
-            os.dup2(stderr_fd, 2), os.close(stderr_fd), os.chdir(cwd)
+            os.dup2(stderr_fd, 2)
+            os.close(stderr_fd)
+            os.chdir(cwd)
     fail(error)
 
 
 def check_ranges(args, rules: dict):
-    """Fail on the first flag outside its range; a rule is a condition on x, the flag's value (e.g. "0 <= x <= 1")."""
-    rules = {"total_timesteps": "x >= 1", "eval_episodes": "x >= 0", "eval_every": "x >= 0",
-             "checkpoint_every": "x >= 1", **rules}
+    """Fail on the first flag outside its range; a rule is a condition on x, the flag's value (e.g.
+    "0 <= x <= 1")."""
+    rules = {
+        "total_timesteps": "x >= 1",
+        "eval_episodes": "x >= 0",
+        "eval_every": "x >= 0",
+        "checkpoint_every": "x >= 1",
+        **rules,
+    }
     for name, x in asdict(args).items():
         if isinstance(x, float) and not np.isfinite(x):
             fail(f"--{name.replace('_', '-')} {x} is not a finite number")
     for name, rule in rules.items():
-        if (x := getattr(args, name)) is not None and not eval(rule, {"x": x}):  # the rules are literals of this file
+        # the rules are literals of this file
+        if (x := getattr(args, name)) is not None and not eval(rule, {"x": x}):
             fail(f"--{name.replace('_', '-')} {x} is out of range: it must satisfy {rule}")
 
 
@@ -463,9 +718,10 @@ def sha256(path: Path) -> str:
 
 
 def start_run(args, check_args):
-    """Resume (--resume DIR: the run's saved flags; --total-timesteps may extend it), check the flags, choose the run
-    directory (a new run never writes into one that holds files), seed everything. Returns (args, checkpoint, dir).
-    A checkpoint is data: its SHA-256 must match checkpoint.sha256, and it is read with weights_only=True."""
+    """Resume (--resume DIR: the run's saved flags; --total-timesteps may extend it), check the
+    flags, choose the run directory (a new run never writes into one that holds files), seed
+    everything. Returns (args, checkpoint, dir). A checkpoint is data: its SHA-256 must match
+    checkpoint.sha256, and it is read with weights_only=True."""
     ckpt = None
     if args.resume:
         path = Path(args.resume) / "checkpoint.pt"
@@ -477,26 +733,48 @@ def start_run(args, check_args):
             ckpt = torch.load(path, weights_only=True)
             saved = Args(**ckpt["args"])
         except Exception as e:
-            fail(f"{path} is corrupt or not a {SCRIPT} checkpoint ({type(e).__name__}); delete it or start anew")
-        given = [k for k, v in asdict(args).items() if k in given_flags() or v != getattr(Args(), k)]
-        given = [k for k in given if k not in ("resume", "run_dir") and getattr(args, k) != getattr(saved, k)]
+            fail(
+                f"{path} is corrupt or not a {SCRIPT} checkpoint "
+                f"({type(e).__name__}); delete it or start anew"
+            )
+        given = [
+            k for k, v in asdict(args).items() if k in given_flags() or v != getattr(Args(), k)
+        ]
+        given = [
+            k
+            for k in given
+            if k not in ("resume", "run_dir") and getattr(args, k) != getattr(saved, k)
+        ]
         if "total_timesteps" in given:
             if args.total_timesteps < ckpt["global_step"]:
-                fail(f"--total-timesteps {args.total_timesteps} is below the {ckpt['global_step']} steps already done")
-            print(f"resume: --total-timesteps {args.total_timesteps} (was {saved.total_timesteps})", file=sys.stderr)
+                fail(
+                    f"--total-timesteps {args.total_timesteps} is below "
+                    f"the {ckpt['global_step']} steps already done"
+                )
+            print(
+                f"resume: --total-timesteps {args.total_timesteps} (was {saved.total_timesteps})",
+                file=sys.stderr,
+            )
             saved.total_timesteps = args.total_timesteps
         elif ckpt["finished"]:
-            print(f"the run in {path.parent} is finished; give a larger --total-timesteps to extend it")
+            print(
+                f"the run in {path.parent} is finished; give "
+                "a larger --total-timesteps to extend it"
+            )
             sys.exit(0)
         if ignored := [f"--{k.replace('_', '-')}" for k in given if k != "total_timesteps"]:
-            print(f"resume: the run's saved flags are kept; ignored: {' '.join(ignored)}", file=sys.stderr)
+            print(
+                f"resume: the run's saved flags are kept; ignored: {' '.join(ignored)}",
+                file=sys.stderr,
+            )
         args = saved
         args.resume = args.run_dir = str(path.parent)
         check_metrics(path.parent / "metrics.csv")
     check_args(args)
     if args.track:
         check_wandb()
-    if args.capture_video and not os.environ.get("XDG_RUNTIME_DIR"):  # SDL warns on every render without it
+    # SDL warns on every render without it
+    if args.capture_video and not os.environ.get("XDG_RUNTIME_DIR"):
         os.environ["XDG_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="canonrl-xdg-")
     name = f"{args.env_id.replace('/', '-')}__{SCRIPT[:-3]}__{args.seed}__{time.time():.0f}"
     run_dir = Path(args.run_dir or f"runs/{name}")
@@ -504,18 +782,24 @@ def start_run(args, check_args):
         fail(f"--run-dir {run_dir} is a file; pass a directory")
     if ckpt is None and run_dir.is_dir() and any(run_dir.iterdir()):
         if (run_dir / "metrics.csv").is_file():
-            fail(f"--run-dir {run_dir} holds a run; continue it with --resume {run_dir} or choose a new --run-dir")
+            fail(
+                f"--run-dir {run_dir} holds a run; continue it "
+                f"with --resume {run_dir} or choose a new --run-dir"
+            )
         fail(f"--run-dir {run_dir} is not empty and holds no run; choose a new --run-dir")
     check_writable(run_dir)
-    random.seed(args.seed), np.random.seed(args.seed), torch.manual_seed(args.seed)
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
-    torch.set_num_threads(1 if args.torch_deterministic else torch.get_num_threads())  # 1: fastest for small nets
+    # 1: fastest for small nets
+    torch.set_num_threads(1 if args.torch_deterministic else torch.get_num_threads())
     return args, ckpt, run_dir
 
 
 def given_flags() -> set[str]:
-    """The Args fields named on the command line (--name, --name=value, --no-name): on --resume, a flag given there
-    counts even when its value is the default."""
+    """The Args fields named on the command line (--name, --name=value, --no-name): on --resume, a
+    flag given there counts even when its value is the default."""
     names = set()
     for token in sys.argv[1:]:
         if token.startswith("--"):
@@ -526,37 +810,53 @@ def given_flags() -> set[str]:
 
 
 def check_metrics(path: Path):
-    """Fail on a line of metrics.csv that is not global_step,wall_time,name,value (before --resume rewrites it)."""
+    """Fail on a line of metrics.csv that is not global_step,wall_time,name,value (before --resume
+    rewrites it)."""
     lines = path.read_text().splitlines()[1:] if path.is_file() else []
     for number, line in enumerate(lines, start=2):
         fields = line.split(",")
         if len(fields) != 4 or not fields[0].isdigit():
-            fail(f"{path} line {number} is not 'global_step,wall_time,name,value'; delete that line and resume again")
+            fail(
+                f"{path} line {number} is not 'global_step,wall_time,name,value'; "
+                "delete that line and resume again"
+            )
 
 
 def check_wandb():
     """--track needs a wandb login, or WANDB_MODE=offline: checked before anything is written."""
     from wandb.sdk import wandb_setup
     from wandb.sdk.lib import wbauth
+
     try:
         settings = wandb_setup.singleton().settings
     except Exception as e:
         fail(f"--track: wandb cannot start ({type(e).__name__}: {str(e).strip().splitlines()[0]})")
     if settings.mode in ("offline", "dryrun", "disabled"):
         return
-    if not (os.getenv("WANDB_API_KEY") or wbauth.read_netrc_auth(host=settings.base_url) or settings.api_key):
-        fail("--track needs a wandb login: run `wandb login`, or set WANDB_MODE=offline to log to files only")
+    if not (
+        os.getenv("WANDB_API_KEY")
+        or wbauth.read_netrc_auth(host=settings.base_url)
+        or settings.api_key
+    ):
+        fail(
+            "--track needs a wandb login: run `wandb login`, "
+            "or set WANDB_MODE=offline to log to files only"
+        )
 
 
 def check_writable(run_dir: Path):
-    """Fail unless files can be written in run_dir; the folders made to find out are removed again."""
+    """Fail unless files can be written in run_dir; the folders made to find out are removed
+    again."""
     made = [p for p in [run_dir, *run_dir.parents] if not p.exists()]
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=run_dir):
             pass
     except OSError as e:
-        fail(f"--run-dir {run_dir} cannot be written ({e.strerror or type(e).__name__}); choose another --run-dir")
+        fail(
+            f"--run-dir {run_dir} cannot be written "
+            f"({e.strerror or type(e).__name__}); choose another --run-dir"
+        )
     finally:
         for p in made:
             if p.is_dir() and not any(p.iterdir()):
@@ -575,20 +875,26 @@ def finite(state) -> bool:
 
 
 def load_states(stateful: dict, ckpt: dict, run_dir: Path):
-    """Resume every object of `stateful` ({name: object with load_state_dict}) from the checkpoint."""
+    """Resume every object of `stateful` ({name: object with load_state_dict}) from the
+    checkpoint."""
     for name, obj in stateful.items():
-        weights = isinstance(obj, (torch.nn.Module, torch.optim.Optimizer))  # a buffer may hold unwritten slots
+        # a buffer may hold unwritten slots
+        weights = isinstance(obj, (torch.nn.Module, torch.optim.Optimizer))
         if weights and not finite(ckpt.get(name)):
             fail(f"{run_dir / 'checkpoint.pt'} holds non-finite values in {name}; start anew")
         try:
             obj.load_state_dict(ckpt[name])
         except Exception as e:
-            fail(f"{run_dir / 'checkpoint.pt'} does not fit this run's {name} ({type(e).__name__}); start anew")
+            fail(
+                f"{run_dir / 'checkpoint.pt'} does not fit this "
+                f"run's {name} ({type(e).__name__}); start anew"
+            )
 
 
 def save_with_digest(state: dict, path: Path):
-    """torch.save(state) to path, written then renamed (a crash never leaves half a file), and its SHA-256 beside it
-    (checkpoint.pt: checkpoint.sha256, model.pt: model.sha256): a file is checked against it before it is read."""
+    """torch.save(state) to path, written then renamed (a crash never leaves half a file), and its
+    SHA-256 beside it (checkpoint.pt: checkpoint.sha256, model.pt: model.sha256): a file is checked
+    against it before it is read."""
     torch.save(state, path.with_suffix(".tmp"))
     digest = sha256(path.with_suffix(".tmp"))
     os.replace(path.with_suffix(".tmp"), path)
@@ -601,12 +907,19 @@ def save_model(state: dict, run_dir: Path):
 
 
 def plain(obj):
-    """obj with numpy arrays as tensors and numpy scalars as numbers: what torch.load(weights_only=True) reads."""
+    """obj with numpy arrays as tensors and numpy scalars as numbers: what
+    torch.load(weights_only=True) reads."""
     if isinstance(obj, dict):
         return {k: plain(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return type(obj)(plain(v) for v in obj)
-    return torch.from_numpy(obj) if isinstance(obj, np.ndarray) else obj.item() if isinstance(obj, np.generic) else obj
+    return (
+        torch.from_numpy(obj)
+        if isinstance(obj, np.ndarray)
+        else obj.item()
+        if isinstance(obj, np.generic)
+        else obj
+    )
 
 
 class RNGs:
@@ -616,7 +929,10 @@ class RNGs:
         self.np_rngs = np_rngs
 
     def state_dict(self):
-        return {"torch": torch.get_rng_state(), "numpy": [rng.bit_generator.state for rng in self.np_rngs]}
+        return {
+            "torch": torch.get_rng_state(),
+            "numpy": [rng.bit_generator.state for rng in self.np_rngs],
+        }
 
     def load_state_dict(self, state):
         torch.set_rng_state(state["torch"])
@@ -625,56 +941,94 @@ class RNGs:
 
 
 class RunLogger:
-    """What a run shows and leaves behind: config.json, metrics.csv (global_step, wall_time, name, value; append-only),
-    TensorBoard events, a wandb run with --track, the progress bar, checkpoint.pt. Resuming drops the rows logged after
-    the checkpoint (those steps are redone): no step is logged twice. The training clock stops during evaluations.
-    Ctrl-C sets stop_requested: the script finishes its iteration, saves it and calls exit_interrupted()."""
+    """What a run shows and leaves behind: config.json, metrics.csv (global_step, wall_time, name,
+    value; append-only), TensorBoard events, a wandb run with --track, the progress bar,
+    checkpoint.pt. Resuming drops the rows logged after the checkpoint (those steps are redone): no
+    step is logged twice. The training clock stops during evaluations. Ctrl-C sets stop_requested:
+    the script finishes its iteration, saves it and calls exit_interrupted()."""
 
     def __init__(self, args, run_dir: Path, total: int, step: int, ckpt: dict | None):
         run_dir.mkdir(parents=True, exist_ok=True)
         metrics, header = run_dir / "metrics.csv", "global_step,wall_time,name,value\n"
         if ckpt is not None:
             lines = metrics.read_text().splitlines(keepends=True)[1:] if metrics.is_file() else []
-            (run_dir / "metrics.tmp").write_text(header + "".join(ln for ln in lines if int(ln.split(",")[0]) <= step))
+            (run_dir / "metrics.tmp").write_text(
+                header + "".join(ln for ln in lines if int(ln.split(",")[0]) <= step)
+            )
             os.replace(run_dir / "metrics.tmp", metrics)
         else:
-            git = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ALGOS)
-            config = {"script": SCRIPT, "args": asdict(args), "git_commit": git.stdout.strip() or None,
-                      "versions": {p: version(p) for p in ("torch", "gymnasium", "numpy")}}
+            git = subprocess.run(
+                ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ALGOS
+            )
+            config = {
+                "script": SCRIPT,
+                "args": asdict(args),
+                "git_commit": git.stdout.strip() or None,
+                "versions": {p: version(p) for p in ("torch", "gymnasium", "numpy")},
+            }
             (run_dir / "config.json").write_text(json.dumps(config, indent=2))
             metrics.write_text(header)
         if total != args.total_timesteps:
-            print(f"{total:,} steps will run: whole iterations up to --total-timesteps {args.total_timesteps:,}")
+            print(
+                f"{total:,} steps will run: whole iterations up "
+                f"to --total-timesteps {args.total_timesteps:,}"
+            )
         self.args, self.run_dir, self.wandb = args, run_dir, None
         if args.track:  # every row of metrics.csv is one wandb row, plotted against global_step
             import wandb
-            self.wandb = wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=asdict(args),
-                                    name=run_dir.name, dir=str(run_dir), id=run_dir.name, resume="allow")
+
+            self.wandb = wandb.init(
+                project=args.wandb_project_name,
+                entity=args.wandb_entity,
+                config=asdict(args),
+                name=run_dir.name,
+                dir=str(run_dir),
+                id=run_dir.name,
+                resume="allow",
+            )
             self.wandb.define_metric("global_step")
             self.wandb.define_metric("*", step_metric="global_step")
         self.file = open(metrics, "a", newline="")
         self.csv, self.tb = csv.writer(self.file, lineterminator="\n"), SummaryWriter(str(run_dir))
         self.bar = tqdm(total=total, initial=step, unit="step", mininterval=1.0)
-        self.first_step, self.start, self.eval_seconds, self.last_return = step, time.time(), 0.0, float("nan")
-        self.seconds_before = ckpt.get("train_seconds", 0.0) if ckpt is not None else 0.0  # of the run resumed
+        self.first_step, self.start, self.eval_seconds, self.last_return = (
+            step,
+            time.time(),
+            0.0,
+            float("nan"),
+        )
+        # of the run resumed
+        self.seconds_before = ckpt.get("train_seconds", 0.0) if ckpt is not None else 0.0
         self.stop_requested, self.duration_said = False, False
         signal.signal(signal.SIGINT, self.request_stop)
 
     def request_stop(self, *_):
         self.stop_requested = True
-        signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C stops at once, unsaved
-        print("\nCtrl-C: stopping after this iteration (again: at once, without saving it)", file=sys.stderr)
+        # a second Ctrl-C stops at once, unsaved
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        print(
+            "\nCtrl-C: stopping after this iteration (again: at once, without saving it)",
+            file=sys.stderr,
+        )
 
     def log(self, step: int, metrics: dict, to_wandb: bool = True):
-        """One row per metric in metrics.csv and TensorBoard; one wandb row for them all. A non-finite loss stops
-        the run (the weights have diverged) before it is written; the last checkpoint is kept."""
+        """One row per metric in metrics.csv and TensorBoard; one wandb row for them all. A
+        non-finite loss stops the run (the weights have diverged) before it is written; the last
+        checkpoint is kept."""
         values = {}
         for name, value in metrics.items():
-            values[name] = float(value.detach() if torch.is_tensor(value) else value)  # a loss may require grad
-            if name.startswith("losses/") and name != "losses/explained_variance" and not np.isfinite(values[name]):
+            # a loss may require grad
+            values[name] = float(value.detach() if torch.is_tensor(value) else value)
+            if (
+                name.startswith("losses/")
+                and name != "losses/explained_variance"
+                and not np.isfinite(values[name])
+            ):
                 self.close_files()
-                fail(f"{name} is {values[name]} at step {step}: training diverged; {self.run_dir} keeps its last "
-                     "checkpoint (try a lower --learning-rate)")
+                fail(
+                    f"{name} is {values[name]} at step {step}: training diverged; "
+                    f"{self.run_dir} keeps its last checkpoint (try a lower --learning-rate)"
+                )
         for name, value in values.items():
             self.csv.writerow([step, f"{time.time():.3f}", name, repr(value)])
             self.tb.add_scalar(name, value, step)
@@ -688,7 +1042,9 @@ class RunLogger:
 
     def progress(self, step: int):
         """Log charts/sps (environment steps per training second) and update the progress bar."""
-        sps = int((step - self.first_step) / max(time.time() - self.start - self.eval_seconds, 1e-9))
+        sps = int(
+            (step - self.first_step) / max(time.time() - self.start - self.eval_seconds, 1e-9)
+        )
         self.log(step, {"charts/sps": sps})
         self.bar.update(step - self.bar.n)
         self.bar.set_postfix(sps=sps, ret=f"{self.last_return:.1f}", refresh=False)
@@ -696,33 +1052,56 @@ class RunLogger:
             self.duration_said = True
             hours = (self.bar.total - step) / max(sps, 1) / 3600
             if hours > 1:
-                self.bar.write(f"at {sps:,} steps/s the rest of this run takes about {hours:.1f} hours here; "
-                               "--total-timesteps sets the budget")
+                self.bar.write(
+                    f"at {sps:,} steps/s the rest of this run takes about "
+                    f"{hours:.1f} hours here; --total-timesteps sets the budget"
+                )
 
     def evaluate(self, step: int, run_episodes):
-        """Log charts/train_seconds, then one row per episode of run_episodes(): a list of episodic returns (logged as
-        eval/episodic_return) or a dict {metric name: one value per episode} (multi-agent: team return, win)."""
+        """Log charts/train_seconds, then one row per episode of run_episodes(): a list of episodic
+        returns (logged as eval/episodic_return) or a dict {metric name: one value per episode}
+        (multi-agent: team return, win)."""
         self.log(step, {"charts/train_seconds": self.train_seconds()})
         start, results = time.time(), run_episodes()
         self.eval_seconds += time.time() - start
-        for name, values in (results if isinstance(results, dict) else {"eval/episodic_return": results}).items():
+        for name, values in (
+            results if isinstance(results, dict) else {"eval/episodic_return": results}
+        ).items():
             for value in values:
                 self.log(step, {name: value}, to_wandb=False)
-            if self.wandb is not None and len(values):  # wandb keeps one value per step: the mean, and a histogram
+            # wandb keeps one value per step: the mean, and a histogram
+            if self.wandb is not None and len(values):
                 import wandb
-                self.wandb.log({"global_step": step, name: float(np.mean(values)),
-                                f"{name}_histogram": wandb.Histogram(np.asarray(values, dtype=np.float64))})
+
+                self.wandb.log(
+                    {
+                        "global_step": step,
+                        name: float(np.mean(values)),
+                        f"{name}_histogram": wandb.Histogram(np.asarray(values, dtype=np.float64)),
+                    }
+                )
         return results
 
-    def save_checkpoint(self, stateful: dict, iteration: int, global_step: int, finished: bool = False):
-        """checkpoint.pt: the flags, the counters and the state_dict() of every object of `stateful`, written then
-        renamed (a crash never leaves half a checkpoint), and its SHA-256 in checkpoint.sha256."""
-        state = {"args": asdict(self.args), "iteration": iteration, "global_step": global_step, "finished": finished,
-                 "train_seconds": self.train_seconds(), **{name: obj.state_dict() for name, obj in stateful.items()}}
+    def save_checkpoint(
+        self, stateful: dict, iteration: int, global_step: int, finished: bool = False
+    ):
+        """checkpoint.pt: the flags, the counters and the state_dict() of every object of
+        `stateful`, written then renamed (a crash never leaves half a checkpoint), and its SHA-256
+        in checkpoint.sha256."""
+        state = {
+            "args": asdict(self.args),
+            "iteration": iteration,
+            "global_step": global_step,
+            "finished": finished,
+            "train_seconds": self.train_seconds(),
+            **{name: obj.state_dict() for name, obj in stateful.items()},
+        }
         save_with_digest(plain(state), self.run_dir / "checkpoint.pt")
 
     def close_files(self):
-        self.bar.close(), self.file.close(), self.tb.close()
+        self.bar.close()
+        self.file.close()
+        self.tb.close()
         if self.wandb is not None:
             self.wandb.finish()
 
@@ -732,21 +1111,40 @@ class RunLogger:
         sys.exit(130)
 
     def close(self, results):
-        """Close the files; the last lines say the evaluation, where the run is and the script's reference."""
+        """Close the files; the last lines say the evaluation, where the run is and the script's
+        reference."""
         self.bar.update(self.bar.total - self.bar.n)
         self.close_files()
-        for name, values in (results if isinstance(results, dict) else {"eval/episodic_return": results}).items():
+        for name, values in (
+            results if isinstance(results, dict) else {"eval/episodic_return": results}
+        ).items():
             if len(values):
-                print(f"{name}: {np.mean(values):.2f} +- {np.std(values):.2f} over {len(values)} episodes")
-        print(f"run saved in {self.run_dir}" + (" (model.pt, checkpoint.pt)" if self.args.save_model else
-                                                " (checkpoint.pt)"))
-        path = ALGOS.parent / "benchmark" / "references.toml"  # our multi-seed runs of each script, if present
-        refs = [r for r in (tomllib.loads(path.read_text())["reference"] if path.is_file() else [])
-                if "values" in r and r["score"] in ("final_eval", "final_win_rate") and self.same_setting(r)]
-        for r in sorted(refs, key=lambda r: abs(r["total_timesteps"] - self.args.total_timesteps))[:1]:
+                print(
+                    f"{name}: {np.mean(values):.2f} +- "
+                    f"{np.std(values):.2f} over {len(values)} episodes"
+                )
+        print(
+            f"run saved in {self.run_dir}"
+            + (" (model.pt, checkpoint.pt)" if self.args.save_model else " (checkpoint.pt)")
+        )
+        # our multi-seed runs of each script, if present
+        path = ALGOS.parent / "benchmark" / "references.toml"
+        refs = [
+            r
+            for r in (tomllib.loads(path.read_text())["reference"] if path.is_file() else [])
+            if "values" in r
+            and r["score"] in ("final_eval", "final_win_rate")
+            and self.same_setting(r)
+        ]
+        for r in sorted(refs, key=lambda r: abs(r["total_timesteps"] - self.args.total_timesteps))[
+            :1
+        ]:
             values = r["values"]
-            print(f"reference {r['id']} ({r['total_timesteps']:,} steps, {r['score']}, {len(values)} seeds): "
-                  f"{np.mean(values):.2f} +- {np.std(values):.2f}, seeds from {min(values):.2f} to {max(values):.2f}")
+            print(
+                f"reference {r['id']} ({r['total_timesteps']:,} steps, {r['score']}, "
+                f"{len(values)} seeds): {np.mean(values):.2f} +- {np.std(values):.2f}, "
+                f"seeds from {min(values):.2f} to {max(values):.2f}"
+            )
             results = results if isinstance(results, dict) else {"eval/episodic_return": results}
             wanted = "win" if r["score"] == "final_win_rate" else "episodic_return"
             name = next((n for n in results if wanted in n), None)
@@ -754,7 +1152,10 @@ class RunLogger:
                 continue
             mean = float(np.mean(results[name]))
             if r["total_timesteps"] != self.args.total_timesteps:
-                print(f"this run: {mean:.2f} after {self.args.total_timesteps:,} steps: another budget, not compared")
+                print(
+                    f"this run: {mean:.2f} after {self.args.total_timesteps:,} "
+                    "steps: another budget, not compared"
+                )
             elif min(values) <= mean <= max(values):
                 print(f"this run: {mean:.2f}, within the reference's seeds")
             else:
@@ -764,7 +1165,8 @@ class RunLogger:
             print(f"no reference for {SCRIPT} on {self.args.env_id} to compare with")
 
     def same_setting(self, reference: dict) -> bool:
-        """True for a reference of this script and env (and, for an offline script, of this dataset)."""
+        """True for a reference of this script and env (and, for an offline script, of this
+        dataset)."""
         if (reference["script"], reference["env_id"]) != (SCRIPT, self.args.env_id):
             return False
         flags = reference.get("flags", [])
@@ -773,6 +1175,8 @@ class RunLogger:
         ours = Path(self.args.dataset)  # a directory, or an id such as canonrl/cartpole/medium-v0
         theirs = Path(flags[flags.index("--dataset") + 1]).name  # runs/datasets/cartpole-medium-v0
         return theirs in (ours.name, "-".join(ours.parts[-2:]))
+
+
 # ---- end shared: helpers ----
 
 

@@ -1,18 +1,33 @@
 """SAC on continuous control (Hopper-v5 by default).
 
-Haarnoja et al. 2018, "Soft Actor-Critic Algorithms and Applications" (arXiv:1812.05905, SAC v2): a tanh-squashed
-Gaussian policy, two Q-functions whose minimum makes the soft Bellman target, Polyak-averaged target Q-networks and
-automatic entropy tuning towards -dim(A). The paper's hyperparameters (256x256 ReLU, Adam 3e-4 for all, batch 256,
-tau 0.005, every network updated on every step; CleanRL: Q lr 1e-3 and a delayed actor); log_std clamped to [-20, 2]
-(softlearning, SB3); 5e3 uniformly random steps first (CleanRL). Only termination (not a time limit) cuts the bootstrap.
-Deviation: the log-probability leaves out the action scale (that of tanh(u) in [-1, 1]), as SB3 does.
+Haarnoja et al. 2018, "Soft Actor-Critic Algorithms and Applications" (SAC v2): a tanh-squashed
+Gaussian policy, the minimum of two Q-functions in the soft Bellman target, Polyak-averaged targets,
+entropy tuned towards -dim(A). The paper's settings (256x256, Adam 3e-4, batch 256, every network
+updated every step; CleanRL: Q lr 1e-3, a delayed actor), log_std in [-20, 2], 5e3 random steps
+first. Deviation: the log-probability leaves out the action scale, as SB3 does.
 
 Run:    python algos/sac_continuous.py --env-id Hopper-v5 --seed 1
-Quick:  python algos/sac_continuous.py --env-id Pendulum-v1 --total-timesteps 5000 --learning-starts 1000
-Result: benchmark/references.toml (Pendulum-v1; Hopper-v5 at 100k steps beside SB3's SAC)
+Quick:  python algos/sac_continuous.py --env-id Pendulum-v1 --total-timesteps 5000 \
+            --learning-starts 1000
+Results: benchmark/references.toml
 """
-import csv, difflib, hashlib, importlib.util, json, math, os, random, re, signal, subprocess, sys, tempfile, time
-import tomllib, warnings
+
+import csv
+import difflib
+import hashlib
+import importlib.util
+import json
+import math
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+import warnings
 from dataclasses import asdict, dataclass
 from importlib.metadata import version
 from pathlib import Path
@@ -29,74 +44,118 @@ from tqdm import tqdm
 
 @dataclass
 class Args:
-    learning_rate: float = 3e-4  # Adam learning rate of the actor, the Q-functions and the temperature
-    buffer_size: int = 1_000_000  # replay buffer capacity (transitions)
-    gamma: float = 0.99  # discount factor
-    tau: float = 0.005  # target network update rate (1.0: a hard copy)
-    batch_size: int = 256  # replay minibatch size
-    learning_starts: int = 5_000  # env steps of uniformly random actions before learning starts
-    gradient_steps: int = 1  # gradient updates after each vector-env step (--num-envs N: N for one per env step)
-    alpha: float = 1.0  # entropy temperature: fixed, or its initial value with --autotune (softlearning, SB3: 1.0)
-    autotune: bool = True  # tune the temperature towards the target entropy -dim(A) (SAC v2, eq. 18)
-    env_id: str = "Hopper-v5"  # Gymnasium id of a continuous-action (bounded Box) env with a flat observation vector
-    total_timesteps: int = 1_000_000  # environment steps over all envs
-    num_envs: int = 1  # parallel environments (one synchronous vector env)
+    learning_rate: float = 3e-4
+    """Adam learning rate of the actor, the Q-functions and the temperature"""
+    buffer_size: int = 1_000_000
+    """replay buffer capacity (transitions)"""
+    gamma: float = 0.99
+    """discount factor"""
+    tau: float = 0.005
+    """target network update rate (1.0: a hard copy)"""
+    batch_size: int = 256
+    """replay minibatch size"""
+    learning_starts: int = 5_000
+    """env steps of uniformly random actions before learning starts"""
+    gradient_steps: int = 1
+    """gradient updates after each vector-env step (--num-envs N: N for one per env step)"""
+    alpha: float = 1.0
+    """entropy temperature: fixed, or its initial value with --autotune (softlearning, SB3: 1.0)"""
+    autotune: bool = True
+    """tune the temperature towards the target entropy -dim(A) (SAC v2, eq. 18)"""
+    env_id: str = "Hopper-v5"
+    """Gymnasium id of a continuous-action (bounded Box) env with a flat observation vector"""
+    total_timesteps: int = 1_000_000
+    """environment steps over all envs"""
+    num_envs: int = 1
+    """parallel environments (one synchronous vector env)"""
     # ---- shared: args ----
-    seed: int = 1  # seed of torch, numpy, random and the envs
-    cuda: bool = False  # run on CUDA when available (the CNN scripts gain from it; small MLPs are fastest on a CPU)
-    torch_deterministic: bool = True  # torch.backends.cudnn.deterministic and one CPU thread
-    track: bool = False  # log to Weights & Biases (works offline with WANDB_MODE=offline)
-    wandb_project_name: str = "canonrl"  # wandb project
-    wandb_entity: str | None = None  # wandb entity (team)
-    capture_video: bool = False  # record episode 0 of the final evaluation to <run_dir>/videos
-    save_model: bool = False  # save <run_dir>/model.pt at the end
-    eval_episodes: int = 10  # evaluation episodes (the policy evaluate() runs) at the end and each --eval-every
-    eval_every: int = 0  # also evaluate every this many steps (0: only at the end); logs charts/train_seconds too
-    run_dir: str | None = None  # where the run is written (default runs/<env>__<script>__<seed>__<time>); must be new
-    resume: str | None = None  # continue the run in this directory (its flags; --total-timesteps may extend it)
-    checkpoint_every: int = 50_000  # save <run_dir>/checkpoint.pt every this many steps (and at the end and on Ctrl-C)
+    seed: int = 1
+    """seed of torch, numpy, random and the envs"""
+    cuda: bool = False
+    """run on CUDA when available (the CNN scripts gain from it; small MLPs are fastest on a CPU)"""
+    torch_deterministic: bool = True
+    """torch.backends.cudnn.deterministic and one CPU thread"""
+    track: bool = False
+    """log to Weights & Biases (works offline with WANDB_MODE=offline)"""
+    wandb_project_name: str = "canonrl"
+    """wandb project"""
+    wandb_entity: str | None = None
+    """wandb entity (team)"""
+    capture_video: bool = False
+    """record episode 0 of the final evaluation to <run_dir>/videos"""
+    save_model: bool = False
+    """save <run_dir>/model.pt at the end"""
+    eval_episodes: int = 10
+    """evaluation episodes (the policy evaluate() runs) at the end and each --eval-every"""
+    eval_every: int = 0
+    """also evaluate every this many steps (0: only at the end); logs charts/train_seconds too"""
+    run_dir: str | None = None
+    """where the run is written (default runs/<env>__<script>__<seed>__<time>); must be new"""
+    resume: str | None = None
+    """continue the run in this directory (its flags; --total-timesteps may extend it)"""
+    checkpoint_every: int = 50_000
+    """save <run_dir>/checkpoint.pt every this many steps (and at the end and on Ctrl-C)"""
     # ---- end shared: args ----
 
 
 # ---- shared: continuous/make_env ----
 def make_env(env_id, video_dir=None):
-    """env_id; with video_dir, episode 0 is recorded there as eval-episode-0.mp4 (--capture-video)."""
+    """env_id; with video_dir, episode 0 is recorded there as eval-episode-0.mp4
+    (--capture-video)."""
     if video_dir is None:
         return gym.make(env_id)
     if sys.platform == "linux" and "DISPLAY" not in os.environ:
-        os.environ.setdefault("MUJOCO_GL", "egl")  # no display: MuJoCo renders off-screen through EGL
-    return gym.wrappers.RecordVideo(gym.make(env_id, render_mode="rgb_array"), str(video_dir), lambda ep: ep == 0,
-                                    name_prefix="eval", disable_logger=True)
+        # no display: MuJoCo renders off-screen through EGL
+        os.environ.setdefault("MUJOCO_GL", "egl")
+    return gym.wrappers.RecordVideo(
+        gym.make(env_id, render_mode="rgb_array"),
+        str(video_dir),
+        lambda ep: ep == 0,
+        name_prefix="eval",
+        disable_logger=True,
+    )
+
+
 # ---- end shared: continuous/make_env ----
 
 
 # ---- shared: continuous/QNetwork ----
 class QNetwork(nn.Module):
-    """(obs, action) -> 256 -> 256 -> Q-value, ReLU (the critic of the TD3 authors, SAC v2 and CleanRL);
-    nn.Linear's default init."""
+    """(obs, action) -> 256 -> 256 -> Q-value, ReLU (the critic of the TD3 authors, SAC v2 and
+    CleanRL); nn.Linear's default init."""
 
     def __init__(self, obs_dim: int, action_dim: int):
         super().__init__()
         self.network = nn.Sequential(
-            nn.Linear(obs_dim + action_dim, 256), nn.ReLU(),
-            nn.Linear(256, 256), nn.ReLU(),
+            nn.Linear(obs_dim + action_dim, 256),
+            nn.ReLU(),
+            nn.Linear(256, 256),
+            nn.ReLU(),
             nn.Linear(256, 1),
         )
 
     def forward(self, obs, actions):
         return self.network(torch.cat([obs, actions], dim=1)).squeeze(1)
+
+
 # ---- end shared: continuous/QNetwork ----
 
 
 class Actor(nn.Module):
-    """obs -> 256 -> 256 -> mean and log_std of a Gaussian over u; the action tanh(u) is scaled to the env's bounds
-    (action_scale and action_bias are buffers: saved with the weights, so a saved actor needs no env to act)."""
+    """obs -> 256 -> 256 -> mean and log_std of a Gaussian over u; the action tanh(u) is scaled to
+    the env's bounds (action_scale and action_bias are buffers: saved with the weights, so a saved
+    actor needs no env to act)."""
 
     def __init__(self, obs_dim: int, action_dim: int, action_low=-1.0, action_high=1.0):
         super().__init__()
-        self.trunk = nn.Sequential(nn.Linear(obs_dim, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU())
+        self.trunk = nn.Sequential(
+            nn.Linear(obs_dim, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU()
+        )
         self.mean, self.log_std = nn.Linear(256, action_dim), nn.Linear(256, action_dim)
-        low, high = (torch.tensor(x, dtype=torch.float32).expand(action_dim).clone() for x in (action_low, action_high))
+        low, high = (
+            torch.tensor(x, dtype=torch.float32).expand(action_dim).clone()
+            for x in (action_low, action_high)
+        )
         self.register_buffer("action_scale", (high - low) / 2)
         self.register_buffer("action_bias", (high + low) / 2)
 
@@ -105,14 +164,18 @@ class Actor(nn.Module):
         return self.mean(hidden), self.log_std(hidden).clamp(-20.0, 2.0)
 
     def get_action(self, obs):
-        """(a sampled action, its log-probability): reparameterised, so that gradients flow through the sample."""
+        """(a sampled action, its log-probability): reparameterised, so that gradients flow through
+        the sample."""
         mean, log_std = self(obs)
         normal = torch.distributions.Normal(mean, log_std.exp(), validate_args=False)
         u = normal.rsample()
-        return torch.tanh(u) * self.action_scale + self.action_bias, squashed_log_prob(normal.log_prob(u), u)
+        return torch.tanh(u) * self.action_scale + self.action_bias, squashed_log_prob(
+            normal.log_prob(u), u
+        )
 
     def get_greedy_action(self, obs):
-        """The deterministic action: the Gaussian's mean, squashed and scaled (no noise); the policy evaluate() runs."""
+        """The deterministic action: the Gaussian's mean, squashed and scaled (no noise); the policy
+        evaluate() runs."""
         return torch.tanh(self(obs)[0]) * self.action_scale + self.action_bias
 
 
@@ -125,43 +188,59 @@ class Temperature(nn.Module):
 
 
 def squashed_log_prob(gaussian_log_prob, u):
-    """log pi(tanh(u)) = sum_i [log N(u_i) - log(1 - tanh(u_i)^2)] (arXiv:1801.01290, eq. 21), in the stable form
-    log(1 - tanh(u)^2) = 2 (log 2 - u - softplus(-2u)); the density is that of tanh(u) in [-1, 1], before scaling."""
+    """log pi(tanh(u)) = sum_i [log N(u_i) - log(1 - tanh(u_i)^2)] (arXiv:1801.01290, eq. 21), in
+    the stable form log(1 - tanh(u)^2) = 2 (log 2 - u - softplus(-2u)); the density is that of
+    tanh(u) in [-1, 1], before scaling."""
     return (gaussian_log_prob - 2.0 * (math.log(2.0) - u - F.softplus(-2.0 * u))).sum(dim=1)
 
 
 def sac_target(next_q1, next_q2, next_log_prob, rewards, terminated, gamma, alpha):
-    """Soft Bellman target r + gamma * (min(Q1', Q2')(s', a') - alpha * log pi(a'|s')), a' ~ pi(s') (SAC v2, eq. 3
-    with the clipped double Q of TD3); only termination stops the bootstrap: a time-limit truncation has a future."""
-    return rewards + gamma * (1.0 - terminated) * (torch.min(next_q1, next_q2) - alpha * next_log_prob)
+    """Soft Bellman target r + gamma * (min(Q1', Q2')(s', a') - alpha * log pi(a'|s')), a' ~ pi(s')
+    (SAC v2, eq. 3 with the clipped double Q of TD3); only termination stops the bootstrap: a
+    time-limit truncation has a future."""
+    return rewards + gamma * (1.0 - terminated) * (
+        torch.min(next_q1, next_q2) - alpha * next_log_prob
+    )
 
 
 def temperature_loss(log_alpha, log_prob, target_entropy):
-    """J(alpha) = E[-alpha * (log pi(a|s) + target entropy)] (SAC v2, eq. 18): alpha grows when the policy's entropy
-    falls below the target and shrinks when it exceeds it."""
+    """J(alpha) = E[-alpha * (log pi(a|s) + target entropy)] (SAC v2, eq. 18): alpha grows when the
+    policy's entropy falls below the target and shrinks when it exceeds it."""
     return -(log_alpha.exp() * (log_prob.detach() + target_entropy)).mean()
 
 
 # ---- shared: continuous/ReplayBuffer ----
 class ReplayBuffer:
-    """A ring buffer of preallocated numpy arrays. next_obs is the true next observation (the last one of an episode
-    cut by a time limit), so that only `terminated` stops the bootstrap. Checkpointable through state_dict()."""
+    """A ring buffer of preallocated numpy arrays. next_obs is the true next observation (the last
+    one of an episode cut by a time limit), so that only `terminated` stops the bootstrap.
+    Checkpointable through state_dict()."""
+
     FIELDS = ("obs", "next_obs", "actions", "rewards", "terminated")
 
     def __init__(self, size: int, obs_dim: int, action_dim: int, rng: np.random.Generator):
-        self.obs, self.next_obs = np.zeros((size, obs_dim), np.float32), np.zeros((size, obs_dim), np.float32)
-        self.actions, self.rewards, self.terminated = (np.zeros((size, action_dim), np.float32),
-                                                       np.zeros(size, np.float32), np.zeros(size, np.float32))
+        self.obs, self.next_obs = (
+            np.zeros((size, obs_dim), np.float32),
+            np.zeros((size, obs_dim), np.float32),
+        )
+        self.actions, self.rewards, self.terminated = (
+            np.zeros((size, action_dim), np.float32),
+            np.zeros(size, np.float32),
+            np.zeros(size, np.float32),
+        )
         self.size, self.pos, self.full, self.rng = size, 0, False, rng
 
     def add(self, obs, next_obs, actions, rewards, terminated):
         idx = (self.pos + np.arange(len(obs))) % self.size
         for name, value in zip(self.FIELDS, (obs, next_obs, actions, rewards, terminated)):
             getattr(self, name)[idx] = value
-        self.full, self.pos = self.full or self.pos + len(obs) >= self.size, (self.pos + len(obs)) % self.size
+        self.full, self.pos = (
+            self.full or self.pos + len(obs) >= self.size,
+            (self.pos + len(obs)) % self.size,
+        )
 
     def sample(self, batch_size: int, device):
-        """A uniform minibatch (obs, next_obs, actions, rewards, terminated) as tensors on `device`."""
+        """A uniform minibatch (obs, next_obs, actions, rewards, terminated) as tensors on
+        `device`."""
         idx = self.rng.integers(0, self.size if self.full else self.pos, batch_size)
         return [torch.as_tensor(getattr(self, name)[idx], device=device) for name in self.FIELDS]
 
@@ -171,23 +250,30 @@ class ReplayBuffer:
     def load_state_dict(self, state):  # a checkpoint holds the arrays as tensors
         for name, value in state.items():
             setattr(self, name, value.numpy() if torch.is_tensor(value) else value)
+
+
 # ---- end shared: continuous/ReplayBuffer ----
 
 
 # ---- shared: continuous/evaluate ----
 @torch.no_grad()
 def evaluate(actor, env_id, episodes, seed, device="cpu", video_dir=None):
-    """Deterministic episodes (actor.get_greedy_action, no noise) on a fresh env; returns the episodic returns."""
+    """Deterministic episodes (actor.get_greedy_action, no noise) on a fresh env; returns the
+    episodic returns."""
     env, returns = make_env(env_id, video_dir), []
     for ep in range(episodes):
         (obs, _), done, total = env.reset(seed=seed + ep), False, 0.0
         while not done:
-            action = actor.get_greedy_action(torch.as_tensor(obs, dtype=torch.float32, device=device)[None])
+            action = actor.get_greedy_action(
+                torch.as_tensor(obs, dtype=torch.float32, device=device)[None]
+            )
             obs, reward, terminated, truncated, _ = env.step(action[0].cpu().numpy())
             total, done = total + float(reward), terminated or truncated
         returns.append(total)
     env.close()
     return returns
+
+
 # ---- end shared: continuous/evaluate ----
 
 
@@ -195,33 +281,54 @@ def main(args: Args):
     # ---- shared: continuous/envs ----
     args, ckpt, run_dir = start_run(args, check_args)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    envs = gym.vector.SyncVectorEnv(  # same-step autoreset: a finished episode's last observation is in infos
+    # same-step autoreset: a finished episode's last observation is in infos
+    envs = gym.vector.SyncVectorEnv(
         [lambda: make_env(args.env_id)] * args.num_envs,
-        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+    )
     obs_dim, action_dim = envs.single_observation_space.shape[0], envs.single_action_space.shape[0]
     low, high = envs.single_action_space.low, envs.single_action_space.high
     # ---- end shared: continuous/envs ----
     actor = Actor(obs_dim, action_dim, low, high).to(device)
     qf1, qf2 = QNetwork(obs_dim, action_dim).to(device), QNetwork(obs_dim, action_dim).to(device)
-    qf1_target, qf2_target = QNetwork(obs_dim, action_dim).to(device), QNetwork(obs_dim, action_dim).to(device)
-    qf1_target.load_state_dict(qf1.state_dict()), qf2_target.load_state_dict(qf2.state_dict())
-    q_optimizer = torch.optim.Adam([*qf1.parameters(), *qf2.parameters()], lr=args.learning_rate, fused=True)
+    qf1_target, qf2_target = (
+        QNetwork(obs_dim, action_dim).to(device),
+        QNetwork(obs_dim, action_dim).to(device),
+    )
+    qf1_target.load_state_dict(qf1.state_dict())
+    qf2_target.load_state_dict(qf2.state_dict())
+    q_optimizer = torch.optim.Adam(
+        [*qf1.parameters(), *qf2.parameters()], lr=args.learning_rate, fused=True
+    )
     actor_optimizer = torch.optim.Adam(actor.parameters(), lr=args.learning_rate, fused=True)
     target_entropy = -float(action_dim)  # SAC v2, section 5: -dim(A)
     temperature = Temperature(args.alpha).to(device)
     alpha_optimizer = torch.optim.Adam(temperature.parameters(), lr=args.learning_rate, fused=True)
-    rng = np.random.default_rng(args.seed)  # random actions before learning starts and replay sampling
+    # random actions before learning starts and replay sampling
+    rng = np.random.default_rng(args.seed)
     rb = ReplayBuffer(args.buffer_size, obs_dim, action_dim, rng)
-    stateful = {"actor": actor, "qf1": qf1, "qf2": qf2, "qf1_target": qf1_target, "qf2_target": qf2_target,
-                "temperature": temperature, "q_optimizer": q_optimizer, "actor_optimizer": actor_optimizer,
-                "alpha_optimizer": alpha_optimizer, "rb": rb,
-                "rng": RNGs(rng)}  # what a checkpoint holds, saved and resumed; torch's RNG: the policy's noise
+    stateful = {
+        "actor": actor,
+        "qf1": qf1,
+        "qf2": qf2,
+        "qf1_target": qf1_target,
+        "qf2_target": qf2_target,
+        "temperature": temperature,
+        "q_optimizer": q_optimizer,
+        "actor_optimizer": actor_optimizer,
+        "alpha_optimizer": alpha_optimizer,
+        "rb": rb,
+        # what a checkpoint holds, saved and resumed; torch's RNG: the policy's noise
+        "rng": RNGs(rng),
+    }
     # ---- shared: continuous/resume ----
     num_iterations = args.total_timesteps // args.num_envs  # one iteration = one step of every env
     iteration = 0
 
     def run_eval(video_dir=None):  # evaluation episodes are seeded apart from training
-        return evaluate(actor, args.env_id, args.eval_episodes, args.seed + 100_000, device, video_dir)
+        return evaluate(
+            actor, args.env_id, args.eval_episodes, args.seed + 100_000, device, video_dir
+        )
 
     if ckpt is not None:
         load_states(stateful, ckpt, run_dir)  # envs are not saved: they are seeded anew on reset
@@ -229,7 +336,10 @@ def main(args: Args):
     global_step = iteration * args.num_envs
     logger = RunLogger(args, run_dir, num_iterations * args.num_envs, global_step, ckpt=ckpt)
     obs, _ = envs.reset(seed=args.seed + global_step)  # a resumed run starts fresh episodes
-    episode_return, episode_length = np.zeros(args.num_envs), np.zeros(args.num_envs, dtype=np.int64)
+    episode_return, episode_length = (
+        np.zeros(args.num_envs),
+        np.zeros(args.num_envs, dtype=np.int64),
+    )
     # ---- end shared: continuous/resume ----
     alpha = temperature.log_alpha.detach().exp()  # a tensor: reading it never waits for the host
     for iteration in range(iteration, num_iterations):
@@ -237,31 +347,49 @@ def main(args: Args):
             actions = rng.uniform(low, high, (args.num_envs, action_dim)).astype(np.float32)
         else:
             with torch.no_grad():
-                actions, _ = actor.get_action(torch.as_tensor(obs, dtype=torch.float32, device=device))
+                actions, _ = actor.get_action(
+                    torch.as_tensor(obs, dtype=torch.float32, device=device)
+                )
             actions = actions.cpu().numpy()
         # ---- shared: continuous/step ----
         next_obs, rewards, terminated, truncated, infos = envs.step(actions)
-        real_next_obs = next_obs.copy()  # same-step autoreset: store the true last observation, not the reset one
+        # same-step autoreset: store the true last observation, not the reset one
+        real_next_obs = next_obs.copy()
         for i in np.flatnonzero(infos.get("_final_obs", [])):
             real_next_obs[i] = infos["final_obs"][i]
         rb.add(obs, real_next_obs, actions, rewards, terminated)
-        global_step += args.num_envs  # right after rb.add: on Ctrl-C the steps counted are the steps stored
+        # right after rb.add: on Ctrl-C the steps counted are the steps stored
+        global_step += args.num_envs
         obs = next_obs
         episode_return, episode_length = episode_return + rewards, episode_length + 1
         for i in np.flatnonzero(terminated | truncated):  # every finished episode of every sub-env
             logger.last_return = episode_return[i]
-            logger.log(global_step, {"train/episodic_return": episode_return[i],
-                                     "train/episodic_length": episode_length[i]})
+            logger.log(
+                global_step,
+                {
+                    "train/episodic_return": episode_return[i],
+                    "train/episodic_length": episode_length[i],
+                },
+            )
             episode_return[i], episode_length[i] = 0.0, 0
         # ---- end shared: continuous/step ----
 
         if global_step > args.learning_starts:
             for _ in range(args.gradient_steps):
-                b_obs, b_next_obs, b_actions, b_rewards, b_terminated = rb.sample(args.batch_size, device)
+                b_obs, b_next_obs, b_actions, b_rewards, b_terminated = rb.sample(
+                    args.batch_size, device
+                )
                 with torch.no_grad():
                     next_actions, next_log_prob = actor.get_action(b_next_obs)
-                    target = sac_target(qf1_target(b_next_obs, next_actions), qf2_target(b_next_obs, next_actions),
-                                        next_log_prob, b_rewards, b_terminated, args.gamma, alpha)
+                    target = sac_target(
+                        qf1_target(b_next_obs, next_actions),
+                        qf2_target(b_next_obs, next_actions),
+                        next_log_prob,
+                        b_rewards,
+                        b_terminated,
+                        args.gamma,
+                        alpha,
+                    )
                 q1, q2 = qf1(b_obs, b_actions), qf2(b_obs, b_actions)
                 qf1_loss, qf2_loss = F.mse_loss(q1, target), F.mse_loss(q2, target)
                 q_optimizer.zero_grad()
@@ -269,10 +397,14 @@ def main(args: Args):
                 q_optimizer.step()
 
                 pi, log_prob = actor.get_action(b_obs)
-                qf1.requires_grad_(False), qf2.requires_grad_(False)  # no gradient for Q weights needed
+                # no gradient for Q weights needed
+                qf1.requires_grad_(False)
+                qf2.requires_grad_(False)
                 q_pi = torch.min(qf1(b_obs, pi), qf2(b_obs, pi))
-                qf1.requires_grad_(True), qf2.requires_grad_(True)
-                actor_loss = (alpha * log_prob - q_pi).mean()  # SAC v2, eq. 7 with the reparameterised action
+                qf1.requires_grad_(True)
+                qf2.requires_grad_(True)
+                # SAC v2, eq. 7 with the reparameterised action
+                actor_loss = (alpha * log_prob - q_pi).mean()
                 actor_optimizer.zero_grad()
                 actor_loss.backward()
                 actor_optimizer.step()
@@ -284,19 +416,34 @@ def main(args: Args):
                     alpha = temperature.log_alpha.detach().exp()
 
                 with torch.no_grad():  # target <- tau * online + (1 - tau) * target
-                    for target_param, param in zip([*qf1_target.parameters(), *qf2_target.parameters()],
-                                                   [*qf1.parameters(), *qf2.parameters()]):
+                    for target_param, param in zip(
+                        [*qf1_target.parameters(), *qf2_target.parameters()],
+                        [*qf1.parameters(), *qf2.parameters()],
+                    ):
                         target_param.lerp_(param, args.tau)
         if iteration % 100 == 0:  # every 100 vector steps (the only host syncs of the losses)
             if global_step > args.learning_starts:  # qf_*: the mean over the two Q-functions
-                logger.log(global_step, {"losses/qf_loss": (qf1_loss + qf2_loss) / 2, "losses/actor_loss": actor_loss,
-                                         **({"losses/alpha_loss": alpha_loss} if args.autotune else {}),
-                                         "losses/qf_values": (q1.mean() + q2.mean()) / 2, "charts/alpha": alpha})
+                logger.log(
+                    global_step,
+                    {
+                        "losses/qf_loss": (qf1_loss + qf2_loss) / 2,
+                        "losses/actor_loss": actor_loss,
+                        **({"losses/alpha_loss": alpha_loss} if args.autotune else {}),
+                        "losses/qf_values": (q1.mean() + q2.mean()) / 2,
+                        "charts/alpha": alpha,
+                    },
+                )
             logger.progress(global_step)
         # ---- shared: continuous/loop_end ----
-        if args.eval_every and iteration + 1 < num_iterations and global_step % args.eval_every < args.num_envs:
+        if (
+            args.eval_every
+            and iteration + 1 < num_iterations
+            and global_step % args.eval_every < args.num_envs
+        ):
             logger.evaluate(global_step, run_eval)
-        if (iteration + 1) % max(1, args.checkpoint_every // args.num_envs) == 0 or logger.stop_requested:
+        if (iteration + 1) % max(
+            1, args.checkpoint_every // args.num_envs
+        ) == 0 or logger.stop_requested:
             logger.save_checkpoint(stateful, iteration + 1, global_step)
         if logger.stop_requested:  # Ctrl-C: the iteration it came in is finished and saved
             logger.exit_interrupted()
@@ -307,8 +454,16 @@ def main(args: Args):
     eval_returns = logger.evaluate(global_step, lambda: run_eval(video_dir))
     logger.save_checkpoint(stateful, num_iterations, global_step, finished=True)
     if args.save_model:
-        save_model({"actor": actor.state_dict(), "args": asdict(args), "eval_returns": eval_returns,
-                    "obs_dim": obs_dim, "action_dim": action_dim}, run_dir)
+        save_model(
+            {
+                "actor": actor.state_dict(),
+                "args": asdict(args),
+                "eval_returns": eval_returns,
+                "obs_dim": obs_dim,
+                "action_dim": action_dim,
+            },
+            run_dir,
+        )
     logger.close(eval_returns)
     # ---- end shared: continuous/finish ----
 
@@ -319,22 +474,49 @@ def check_args(args: Args):
 
 # ---- shared: continuous/check_args ----
 def check_continuous_args(args, rules: dict):
-    """The flags of every script of this family, then `rules` (the script's own ranges, as in check_ranges)."""
+    """The flags of every script of this family, then `rules` (the script's own ranges, as in
+    check_ranges)."""
     obs_space, act_space = env_spaces(args.env_id)
     if not isinstance(act_space, gym.spaces.Box) or len(act_space.shape) != 1:
-        fail(f"{SCRIPT} needs continuous (Box) actions but {args.env_id} has {act_space}", "dqn.py", "ppo.py")
+        fail(
+            f"{SCRIPT} needs continuous (Box) actions but {args.env_id} has {act_space}",
+            "dqn.py",
+            "ppo.py",
+        )
     if not (np.isfinite(act_space.low).all() and np.isfinite(act_space.high).all()):
-        fail(f"{SCRIPT} squashes actions into the env's bounds but {args.env_id} has unbounded actions {act_space}")
+        fail(
+            f"{SCRIPT} squashes actions into the env's bounds "
+            f"but {args.env_id} has unbounded actions {act_space}"
+        )
     if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) != 1:
         fail(f"{SCRIPT} needs flat vector observations but {args.env_id} has {obs_space}")
-    check_ranges(args, {"num_envs": "x >= 1", "batch_size": "x >= 1", "gradient_steps": "x >= 1",
-                        "learning_rate": "x > 0", "gamma": "0 <= x <= 1", "tau": "0 < x <= 1",
-                        "learning_starts": "x >= 0", "buffer_size": "x >= 1", **rules})
+    check_ranges(
+        args,
+        {
+            "num_envs": "x >= 1",
+            "batch_size": "x >= 1",
+            "gradient_steps": "x >= 1",
+            "learning_rate": "x > 0",
+            "gamma": "0 <= x <= 1",
+            "tau": "0 < x <= 1",
+            "learning_starts": "x >= 0",
+            "buffer_size": "x >= 1",
+            **rules,
+        },
+    )
     if args.batch_size > min(args.buffer_size, max(args.learning_starts, 1)):
-        fail(f"--batch-size {args.batch_size} must not exceed --learning-starts ({args.learning_starts}) or "
-             f"--buffer-size ({args.buffer_size}): the first minibatch is drawn when learning starts")
+        fail(
+            f"--batch-size {args.batch_size} must not exceed --learning-starts "
+            f"({args.learning_starts}) or --buffer-size ({args.buffer_size}): "
+            "the first minibatch is drawn when learning starts"
+        )
     if args.total_timesteps <= args.learning_starts:
-        fail(f"--total-timesteps {args.total_timesteps} must exceed --learning-starts {args.learning_starts}")
+        fail(
+            f"--total-timesteps {args.total_timesteps} must "
+            f"exceed --learning-starts {args.learning_starts}"
+        )
+
+
 # ---- end shared: continuous/check_args ----
 
 
@@ -343,55 +525,78 @@ SCRIPT, ALGOS = Path(__file__).name, Path(__file__).resolve().parent
 
 
 def fail(msg: str, *scripts: str):
-    """Bad input: one line on stderr, exit status 2. It suggests those of `scripts` that exist beside this one."""
+    """Bad input: one line on stderr, exit status 2. It suggests those of `scripts` that exist
+    beside this one."""
     found = [s for s in scripts if s != SCRIPT and (ALGOS / s).is_file()]
     print(f"error: {msg}" + (f"; use {' or '.join(found)}" if found else ""), file=sys.stderr)
     sys.exit(2)
 
 
 def other_family(env_id: str) -> tuple[str, ...]:
-    """The scripts that take env_id, an id of another family of envs (Atari, MinAtar, mpe2, smac_lite)."""
+    """The scripts that take env_id, an id of another family of envs (Atari, MinAtar, mpe2,
+    smac_lite)."""
     if env_id.startswith("ALE/") or env_id.endswith("NoFrameskip-v4"):
         return "ppo_atari.py", "dqn_atari.py"
     if env_id.startswith("MinAtar/"):
         return "dqn_atari.py", "ddqn_atari.py"
     if re.fullmatch(r"(simple\w*|collect_treasure)_v\d+", env_id):
         return "mappo_mpe.py", "maddpg_mpe.py"
-    if importlib.util.find_spec("smac_lite") and env_id in importlib.import_module("smac_lite.maps").MAPS:
+    if (
+        importlib.util.find_spec("smac_lite")
+        and env_id in importlib.import_module("smac_lite.maps").MAPS
+    ):
         return "mappo_smac_lite.py", "qmix_smac_lite.py"
     return ()
 
 
 def env_spaces(env_id: str):
-    """(observation space, action space) of env_id, or a one-line error. The env is made in a temporary directory
-    with stderr muted: MuJoCo prints warnings and leaves MUJOCO_LOG.TXT behind, which must not precede an error."""
+    """(observation space, action space) of env_id, or a one-line error. The env is made in a
+    temporary directory with stderr muted: MuJoCo prints warnings and leaves MUJOCO_LOG.TXT behind,
+    which must not precede an error."""
     if env_id not in gym.registry:
         if scripts := other_family(env_id):
             fail(f"{env_id} is not an env of {SCRIPT}", *scripts)
         close = difflib.get_close_matches(env_id, list(gym.registry), n=1)
         fail(f"unknown env id '{env_id}'" + (f"; did you mean '{close[0]}'?" if close else ""))
     cwd, stderr_fd = os.getcwd(), os.dup(2)
-    with tempfile.TemporaryDirectory() as tmp, open(os.devnull, "w") as null, warnings.catch_warnings(action="ignore"):
-        os.chdir(tmp), os.dup2(null.fileno(), 2)
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        open(os.devnull, "w") as null,
+        warnings.catch_warnings(action="ignore"),
+    ):
+        os.chdir(tmp)
+        os.dup2(null.fileno(), 2)
         try:
             with gym.make(env_id) as env:
                 return env.observation_space, env.action_space
         except Exception as e:
-            error = f"cannot make env '{env_id}': {type(e).__name__}: {(str(e).strip() or ' ').splitlines()[0]}"
+            error = (
+                f"cannot make env '{env_id}': {type(e).__name__}: "
+                f"{(str(e).strip() or ' ').splitlines()[0]}"
+            )
         finally:
-            os.dup2(stderr_fd, 2), os.close(stderr_fd), os.chdir(cwd)
+            os.dup2(stderr_fd, 2)
+            os.close(stderr_fd)
+            os.chdir(cwd)
     fail(error)
 
 
 def check_ranges(args, rules: dict):
-    """Fail on the first flag outside its range; a rule is a condition on x, the flag's value (e.g. "0 <= x <= 1")."""
-    rules = {"total_timesteps": "x >= 1", "eval_episodes": "x >= 0", "eval_every": "x >= 0",
-             "checkpoint_every": "x >= 1", **rules}
+    """Fail on the first flag outside its range; a rule is a condition on x, the flag's value (e.g.
+    "0 <= x <= 1")."""
+    rules = {
+        "total_timesteps": "x >= 1",
+        "eval_episodes": "x >= 0",
+        "eval_every": "x >= 0",
+        "checkpoint_every": "x >= 1",
+        **rules,
+    }
     for name, x in asdict(args).items():
         if isinstance(x, float) and not np.isfinite(x):
             fail(f"--{name.replace('_', '-')} {x} is not a finite number")
     for name, rule in rules.items():
-        if (x := getattr(args, name)) is not None and not eval(rule, {"x": x}):  # the rules are literals of this file
+        # the rules are literals of this file
+        if (x := getattr(args, name)) is not None and not eval(rule, {"x": x}):
             fail(f"--{name.replace('_', '-')} {x} is out of range: it must satisfy {rule}")
 
 
@@ -401,9 +606,10 @@ def sha256(path: Path) -> str:
 
 
 def start_run(args, check_args):
-    """Resume (--resume DIR: the run's saved flags; --total-timesteps may extend it), check the flags, choose the run
-    directory (a new run never writes into one that holds files), seed everything. Returns (args, checkpoint, dir).
-    A checkpoint is data: its SHA-256 must match checkpoint.sha256, and it is read with weights_only=True."""
+    """Resume (--resume DIR: the run's saved flags; --total-timesteps may extend it), check the
+    flags, choose the run directory (a new run never writes into one that holds files), seed
+    everything. Returns (args, checkpoint, dir). A checkpoint is data: its SHA-256 must match
+    checkpoint.sha256, and it is read with weights_only=True."""
     ckpt = None
     if args.resume:
         path = Path(args.resume) / "checkpoint.pt"
@@ -415,26 +621,48 @@ def start_run(args, check_args):
             ckpt = torch.load(path, weights_only=True)
             saved = Args(**ckpt["args"])
         except Exception as e:
-            fail(f"{path} is corrupt or not a {SCRIPT} checkpoint ({type(e).__name__}); delete it or start anew")
-        given = [k for k, v in asdict(args).items() if k in given_flags() or v != getattr(Args(), k)]
-        given = [k for k in given if k not in ("resume", "run_dir") and getattr(args, k) != getattr(saved, k)]
+            fail(
+                f"{path} is corrupt or not a {SCRIPT} checkpoint "
+                f"({type(e).__name__}); delete it or start anew"
+            )
+        given = [
+            k for k, v in asdict(args).items() if k in given_flags() or v != getattr(Args(), k)
+        ]
+        given = [
+            k
+            for k in given
+            if k not in ("resume", "run_dir") and getattr(args, k) != getattr(saved, k)
+        ]
         if "total_timesteps" in given:
             if args.total_timesteps < ckpt["global_step"]:
-                fail(f"--total-timesteps {args.total_timesteps} is below the {ckpt['global_step']} steps already done")
-            print(f"resume: --total-timesteps {args.total_timesteps} (was {saved.total_timesteps})", file=sys.stderr)
+                fail(
+                    f"--total-timesteps {args.total_timesteps} is below "
+                    f"the {ckpt['global_step']} steps already done"
+                )
+            print(
+                f"resume: --total-timesteps {args.total_timesteps} (was {saved.total_timesteps})",
+                file=sys.stderr,
+            )
             saved.total_timesteps = args.total_timesteps
         elif ckpt["finished"]:
-            print(f"the run in {path.parent} is finished; give a larger --total-timesteps to extend it")
+            print(
+                f"the run in {path.parent} is finished; give "
+                "a larger --total-timesteps to extend it"
+            )
             sys.exit(0)
         if ignored := [f"--{k.replace('_', '-')}" for k in given if k != "total_timesteps"]:
-            print(f"resume: the run's saved flags are kept; ignored: {' '.join(ignored)}", file=sys.stderr)
+            print(
+                f"resume: the run's saved flags are kept; ignored: {' '.join(ignored)}",
+                file=sys.stderr,
+            )
         args = saved
         args.resume = args.run_dir = str(path.parent)
         check_metrics(path.parent / "metrics.csv")
     check_args(args)
     if args.track:
         check_wandb()
-    if args.capture_video and not os.environ.get("XDG_RUNTIME_DIR"):  # SDL warns on every render without it
+    # SDL warns on every render without it
+    if args.capture_video and not os.environ.get("XDG_RUNTIME_DIR"):
         os.environ["XDG_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="canonrl-xdg-")
     name = f"{args.env_id.replace('/', '-')}__{SCRIPT[:-3]}__{args.seed}__{time.time():.0f}"
     run_dir = Path(args.run_dir or f"runs/{name}")
@@ -442,18 +670,24 @@ def start_run(args, check_args):
         fail(f"--run-dir {run_dir} is a file; pass a directory")
     if ckpt is None and run_dir.is_dir() and any(run_dir.iterdir()):
         if (run_dir / "metrics.csv").is_file():
-            fail(f"--run-dir {run_dir} holds a run; continue it with --resume {run_dir} or choose a new --run-dir")
+            fail(
+                f"--run-dir {run_dir} holds a run; continue it "
+                f"with --resume {run_dir} or choose a new --run-dir"
+            )
         fail(f"--run-dir {run_dir} is not empty and holds no run; choose a new --run-dir")
     check_writable(run_dir)
-    random.seed(args.seed), np.random.seed(args.seed), torch.manual_seed(args.seed)
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
-    torch.set_num_threads(1 if args.torch_deterministic else torch.get_num_threads())  # 1: fastest for small nets
+    # 1: fastest for small nets
+    torch.set_num_threads(1 if args.torch_deterministic else torch.get_num_threads())
     return args, ckpt, run_dir
 
 
 def given_flags() -> set[str]:
-    """The Args fields named on the command line (--name, --name=value, --no-name): on --resume, a flag given there
-    counts even when its value is the default."""
+    """The Args fields named on the command line (--name, --name=value, --no-name): on --resume, a
+    flag given there counts even when its value is the default."""
     names = set()
     for token in sys.argv[1:]:
         if token.startswith("--"):
@@ -464,37 +698,53 @@ def given_flags() -> set[str]:
 
 
 def check_metrics(path: Path):
-    """Fail on a line of metrics.csv that is not global_step,wall_time,name,value (before --resume rewrites it)."""
+    """Fail on a line of metrics.csv that is not global_step,wall_time,name,value (before --resume
+    rewrites it)."""
     lines = path.read_text().splitlines()[1:] if path.is_file() else []
     for number, line in enumerate(lines, start=2):
         fields = line.split(",")
         if len(fields) != 4 or not fields[0].isdigit():
-            fail(f"{path} line {number} is not 'global_step,wall_time,name,value'; delete that line and resume again")
+            fail(
+                f"{path} line {number} is not 'global_step,wall_time,name,value'; "
+                "delete that line and resume again"
+            )
 
 
 def check_wandb():
     """--track needs a wandb login, or WANDB_MODE=offline: checked before anything is written."""
     from wandb.sdk import wandb_setup
     from wandb.sdk.lib import wbauth
+
     try:
         settings = wandb_setup.singleton().settings
     except Exception as e:
         fail(f"--track: wandb cannot start ({type(e).__name__}: {str(e).strip().splitlines()[0]})")
     if settings.mode in ("offline", "dryrun", "disabled"):
         return
-    if not (os.getenv("WANDB_API_KEY") or wbauth.read_netrc_auth(host=settings.base_url) or settings.api_key):
-        fail("--track needs a wandb login: run `wandb login`, or set WANDB_MODE=offline to log to files only")
+    if not (
+        os.getenv("WANDB_API_KEY")
+        or wbauth.read_netrc_auth(host=settings.base_url)
+        or settings.api_key
+    ):
+        fail(
+            "--track needs a wandb login: run `wandb login`, "
+            "or set WANDB_MODE=offline to log to files only"
+        )
 
 
 def check_writable(run_dir: Path):
-    """Fail unless files can be written in run_dir; the folders made to find out are removed again."""
+    """Fail unless files can be written in run_dir; the folders made to find out are removed
+    again."""
     made = [p for p in [run_dir, *run_dir.parents] if not p.exists()]
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=run_dir):
             pass
     except OSError as e:
-        fail(f"--run-dir {run_dir} cannot be written ({e.strerror or type(e).__name__}); choose another --run-dir")
+        fail(
+            f"--run-dir {run_dir} cannot be written "
+            f"({e.strerror or type(e).__name__}); choose another --run-dir"
+        )
     finally:
         for p in made:
             if p.is_dir() and not any(p.iterdir()):
@@ -513,20 +763,26 @@ def finite(state) -> bool:
 
 
 def load_states(stateful: dict, ckpt: dict, run_dir: Path):
-    """Resume every object of `stateful` ({name: object with load_state_dict}) from the checkpoint."""
+    """Resume every object of `stateful` ({name: object with load_state_dict}) from the
+    checkpoint."""
     for name, obj in stateful.items():
-        weights = isinstance(obj, (torch.nn.Module, torch.optim.Optimizer))  # a buffer may hold unwritten slots
+        # a buffer may hold unwritten slots
+        weights = isinstance(obj, (torch.nn.Module, torch.optim.Optimizer))
         if weights and not finite(ckpt.get(name)):
             fail(f"{run_dir / 'checkpoint.pt'} holds non-finite values in {name}; start anew")
         try:
             obj.load_state_dict(ckpt[name])
         except Exception as e:
-            fail(f"{run_dir / 'checkpoint.pt'} does not fit this run's {name} ({type(e).__name__}); start anew")
+            fail(
+                f"{run_dir / 'checkpoint.pt'} does not fit this "
+                f"run's {name} ({type(e).__name__}); start anew"
+            )
 
 
 def save_with_digest(state: dict, path: Path):
-    """torch.save(state) to path, written then renamed (a crash never leaves half a file), and its SHA-256 beside it
-    (checkpoint.pt: checkpoint.sha256, model.pt: model.sha256): a file is checked against it before it is read."""
+    """torch.save(state) to path, written then renamed (a crash never leaves half a file), and its
+    SHA-256 beside it (checkpoint.pt: checkpoint.sha256, model.pt: model.sha256): a file is checked
+    against it before it is read."""
     torch.save(state, path.with_suffix(".tmp"))
     digest = sha256(path.with_suffix(".tmp"))
     os.replace(path.with_suffix(".tmp"), path)
@@ -539,12 +795,19 @@ def save_model(state: dict, run_dir: Path):
 
 
 def plain(obj):
-    """obj with numpy arrays as tensors and numpy scalars as numbers: what torch.load(weights_only=True) reads."""
+    """obj with numpy arrays as tensors and numpy scalars as numbers: what
+    torch.load(weights_only=True) reads."""
     if isinstance(obj, dict):
         return {k: plain(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return type(obj)(plain(v) for v in obj)
-    return torch.from_numpy(obj) if isinstance(obj, np.ndarray) else obj.item() if isinstance(obj, np.generic) else obj
+    return (
+        torch.from_numpy(obj)
+        if isinstance(obj, np.ndarray)
+        else obj.item()
+        if isinstance(obj, np.generic)
+        else obj
+    )
 
 
 class RNGs:
@@ -554,7 +817,10 @@ class RNGs:
         self.np_rngs = np_rngs
 
     def state_dict(self):
-        return {"torch": torch.get_rng_state(), "numpy": [rng.bit_generator.state for rng in self.np_rngs]}
+        return {
+            "torch": torch.get_rng_state(),
+            "numpy": [rng.bit_generator.state for rng in self.np_rngs],
+        }
 
     def load_state_dict(self, state):
         torch.set_rng_state(state["torch"])
@@ -563,56 +829,94 @@ class RNGs:
 
 
 class RunLogger:
-    """What a run shows and leaves behind: config.json, metrics.csv (global_step, wall_time, name, value; append-only),
-    TensorBoard events, a wandb run with --track, the progress bar, checkpoint.pt. Resuming drops the rows logged after
-    the checkpoint (those steps are redone): no step is logged twice. The training clock stops during evaluations.
-    Ctrl-C sets stop_requested: the script finishes its iteration, saves it and calls exit_interrupted()."""
+    """What a run shows and leaves behind: config.json, metrics.csv (global_step, wall_time, name,
+    value; append-only), TensorBoard events, a wandb run with --track, the progress bar,
+    checkpoint.pt. Resuming drops the rows logged after the checkpoint (those steps are redone): no
+    step is logged twice. The training clock stops during evaluations. Ctrl-C sets stop_requested:
+    the script finishes its iteration, saves it and calls exit_interrupted()."""
 
     def __init__(self, args, run_dir: Path, total: int, step: int, ckpt: dict | None):
         run_dir.mkdir(parents=True, exist_ok=True)
         metrics, header = run_dir / "metrics.csv", "global_step,wall_time,name,value\n"
         if ckpt is not None:
             lines = metrics.read_text().splitlines(keepends=True)[1:] if metrics.is_file() else []
-            (run_dir / "metrics.tmp").write_text(header + "".join(ln for ln in lines if int(ln.split(",")[0]) <= step))
+            (run_dir / "metrics.tmp").write_text(
+                header + "".join(ln for ln in lines if int(ln.split(",")[0]) <= step)
+            )
             os.replace(run_dir / "metrics.tmp", metrics)
         else:
-            git = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ALGOS)
-            config = {"script": SCRIPT, "args": asdict(args), "git_commit": git.stdout.strip() or None,
-                      "versions": {p: version(p) for p in ("torch", "gymnasium", "numpy")}}
+            git = subprocess.run(
+                ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ALGOS
+            )
+            config = {
+                "script": SCRIPT,
+                "args": asdict(args),
+                "git_commit": git.stdout.strip() or None,
+                "versions": {p: version(p) for p in ("torch", "gymnasium", "numpy")},
+            }
             (run_dir / "config.json").write_text(json.dumps(config, indent=2))
             metrics.write_text(header)
         if total != args.total_timesteps:
-            print(f"{total:,} steps will run: whole iterations up to --total-timesteps {args.total_timesteps:,}")
+            print(
+                f"{total:,} steps will run: whole iterations up "
+                f"to --total-timesteps {args.total_timesteps:,}"
+            )
         self.args, self.run_dir, self.wandb = args, run_dir, None
         if args.track:  # every row of metrics.csv is one wandb row, plotted against global_step
             import wandb
-            self.wandb = wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=asdict(args),
-                                    name=run_dir.name, dir=str(run_dir), id=run_dir.name, resume="allow")
+
+            self.wandb = wandb.init(
+                project=args.wandb_project_name,
+                entity=args.wandb_entity,
+                config=asdict(args),
+                name=run_dir.name,
+                dir=str(run_dir),
+                id=run_dir.name,
+                resume="allow",
+            )
             self.wandb.define_metric("global_step")
             self.wandb.define_metric("*", step_metric="global_step")
         self.file = open(metrics, "a", newline="")
         self.csv, self.tb = csv.writer(self.file, lineterminator="\n"), SummaryWriter(str(run_dir))
         self.bar = tqdm(total=total, initial=step, unit="step", mininterval=1.0)
-        self.first_step, self.start, self.eval_seconds, self.last_return = step, time.time(), 0.0, float("nan")
-        self.seconds_before = ckpt.get("train_seconds", 0.0) if ckpt is not None else 0.0  # of the run resumed
+        self.first_step, self.start, self.eval_seconds, self.last_return = (
+            step,
+            time.time(),
+            0.0,
+            float("nan"),
+        )
+        # of the run resumed
+        self.seconds_before = ckpt.get("train_seconds", 0.0) if ckpt is not None else 0.0
         self.stop_requested, self.duration_said = False, False
         signal.signal(signal.SIGINT, self.request_stop)
 
     def request_stop(self, *_):
         self.stop_requested = True
-        signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C stops at once, unsaved
-        print("\nCtrl-C: stopping after this iteration (again: at once, without saving it)", file=sys.stderr)
+        # a second Ctrl-C stops at once, unsaved
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        print(
+            "\nCtrl-C: stopping after this iteration (again: at once, without saving it)",
+            file=sys.stderr,
+        )
 
     def log(self, step: int, metrics: dict, to_wandb: bool = True):
-        """One row per metric in metrics.csv and TensorBoard; one wandb row for them all. A non-finite loss stops
-        the run (the weights have diverged) before it is written; the last checkpoint is kept."""
+        """One row per metric in metrics.csv and TensorBoard; one wandb row for them all. A
+        non-finite loss stops the run (the weights have diverged) before it is written; the last
+        checkpoint is kept."""
         values = {}
         for name, value in metrics.items():
-            values[name] = float(value.detach() if torch.is_tensor(value) else value)  # a loss may require grad
-            if name.startswith("losses/") and name != "losses/explained_variance" and not np.isfinite(values[name]):
+            # a loss may require grad
+            values[name] = float(value.detach() if torch.is_tensor(value) else value)
+            if (
+                name.startswith("losses/")
+                and name != "losses/explained_variance"
+                and not np.isfinite(values[name])
+            ):
                 self.close_files()
-                fail(f"{name} is {values[name]} at step {step}: training diverged; {self.run_dir} keeps its last "
-                     "checkpoint (try a lower --learning-rate)")
+                fail(
+                    f"{name} is {values[name]} at step {step}: training diverged; "
+                    f"{self.run_dir} keeps its last checkpoint (try a lower --learning-rate)"
+                )
         for name, value in values.items():
             self.csv.writerow([step, f"{time.time():.3f}", name, repr(value)])
             self.tb.add_scalar(name, value, step)
@@ -626,7 +930,9 @@ class RunLogger:
 
     def progress(self, step: int):
         """Log charts/sps (environment steps per training second) and update the progress bar."""
-        sps = int((step - self.first_step) / max(time.time() - self.start - self.eval_seconds, 1e-9))
+        sps = int(
+            (step - self.first_step) / max(time.time() - self.start - self.eval_seconds, 1e-9)
+        )
         self.log(step, {"charts/sps": sps})
         self.bar.update(step - self.bar.n)
         self.bar.set_postfix(sps=sps, ret=f"{self.last_return:.1f}", refresh=False)
@@ -634,33 +940,56 @@ class RunLogger:
             self.duration_said = True
             hours = (self.bar.total - step) / max(sps, 1) / 3600
             if hours > 1:
-                self.bar.write(f"at {sps:,} steps/s the rest of this run takes about {hours:.1f} hours here; "
-                               "--total-timesteps sets the budget")
+                self.bar.write(
+                    f"at {sps:,} steps/s the rest of this run takes about "
+                    f"{hours:.1f} hours here; --total-timesteps sets the budget"
+                )
 
     def evaluate(self, step: int, run_episodes):
-        """Log charts/train_seconds, then one row per episode of run_episodes(): a list of episodic returns (logged as
-        eval/episodic_return) or a dict {metric name: one value per episode} (multi-agent: team return, win)."""
+        """Log charts/train_seconds, then one row per episode of run_episodes(): a list of episodic
+        returns (logged as eval/episodic_return) or a dict {metric name: one value per episode}
+        (multi-agent: team return, win)."""
         self.log(step, {"charts/train_seconds": self.train_seconds()})
         start, results = time.time(), run_episodes()
         self.eval_seconds += time.time() - start
-        for name, values in (results if isinstance(results, dict) else {"eval/episodic_return": results}).items():
+        for name, values in (
+            results if isinstance(results, dict) else {"eval/episodic_return": results}
+        ).items():
             for value in values:
                 self.log(step, {name: value}, to_wandb=False)
-            if self.wandb is not None and len(values):  # wandb keeps one value per step: the mean, and a histogram
+            # wandb keeps one value per step: the mean, and a histogram
+            if self.wandb is not None and len(values):
                 import wandb
-                self.wandb.log({"global_step": step, name: float(np.mean(values)),
-                                f"{name}_histogram": wandb.Histogram(np.asarray(values, dtype=np.float64))})
+
+                self.wandb.log(
+                    {
+                        "global_step": step,
+                        name: float(np.mean(values)),
+                        f"{name}_histogram": wandb.Histogram(np.asarray(values, dtype=np.float64)),
+                    }
+                )
         return results
 
-    def save_checkpoint(self, stateful: dict, iteration: int, global_step: int, finished: bool = False):
-        """checkpoint.pt: the flags, the counters and the state_dict() of every object of `stateful`, written then
-        renamed (a crash never leaves half a checkpoint), and its SHA-256 in checkpoint.sha256."""
-        state = {"args": asdict(self.args), "iteration": iteration, "global_step": global_step, "finished": finished,
-                 "train_seconds": self.train_seconds(), **{name: obj.state_dict() for name, obj in stateful.items()}}
+    def save_checkpoint(
+        self, stateful: dict, iteration: int, global_step: int, finished: bool = False
+    ):
+        """checkpoint.pt: the flags, the counters and the state_dict() of every object of
+        `stateful`, written then renamed (a crash never leaves half a checkpoint), and its SHA-256
+        in checkpoint.sha256."""
+        state = {
+            "args": asdict(self.args),
+            "iteration": iteration,
+            "global_step": global_step,
+            "finished": finished,
+            "train_seconds": self.train_seconds(),
+            **{name: obj.state_dict() for name, obj in stateful.items()},
+        }
         save_with_digest(plain(state), self.run_dir / "checkpoint.pt")
 
     def close_files(self):
-        self.bar.close(), self.file.close(), self.tb.close()
+        self.bar.close()
+        self.file.close()
+        self.tb.close()
         if self.wandb is not None:
             self.wandb.finish()
 
@@ -670,21 +999,40 @@ class RunLogger:
         sys.exit(130)
 
     def close(self, results):
-        """Close the files; the last lines say the evaluation, where the run is and the script's reference."""
+        """Close the files; the last lines say the evaluation, where the run is and the script's
+        reference."""
         self.bar.update(self.bar.total - self.bar.n)
         self.close_files()
-        for name, values in (results if isinstance(results, dict) else {"eval/episodic_return": results}).items():
+        for name, values in (
+            results if isinstance(results, dict) else {"eval/episodic_return": results}
+        ).items():
             if len(values):
-                print(f"{name}: {np.mean(values):.2f} +- {np.std(values):.2f} over {len(values)} episodes")
-        print(f"run saved in {self.run_dir}" + (" (model.pt, checkpoint.pt)" if self.args.save_model else
-                                                " (checkpoint.pt)"))
-        path = ALGOS.parent / "benchmark" / "references.toml"  # our multi-seed runs of each script, if present
-        refs = [r for r in (tomllib.loads(path.read_text())["reference"] if path.is_file() else [])
-                if "values" in r and r["score"] in ("final_eval", "final_win_rate") and self.same_setting(r)]
-        for r in sorted(refs, key=lambda r: abs(r["total_timesteps"] - self.args.total_timesteps))[:1]:
+                print(
+                    f"{name}: {np.mean(values):.2f} +- "
+                    f"{np.std(values):.2f} over {len(values)} episodes"
+                )
+        print(
+            f"run saved in {self.run_dir}"
+            + (" (model.pt, checkpoint.pt)" if self.args.save_model else " (checkpoint.pt)")
+        )
+        # our multi-seed runs of each script, if present
+        path = ALGOS.parent / "benchmark" / "references.toml"
+        refs = [
+            r
+            for r in (tomllib.loads(path.read_text())["reference"] if path.is_file() else [])
+            if "values" in r
+            and r["score"] in ("final_eval", "final_win_rate")
+            and self.same_setting(r)
+        ]
+        for r in sorted(refs, key=lambda r: abs(r["total_timesteps"] - self.args.total_timesteps))[
+            :1
+        ]:
             values = r["values"]
-            print(f"reference {r['id']} ({r['total_timesteps']:,} steps, {r['score']}, {len(values)} seeds): "
-                  f"{np.mean(values):.2f} +- {np.std(values):.2f}, seeds from {min(values):.2f} to {max(values):.2f}")
+            print(
+                f"reference {r['id']} ({r['total_timesteps']:,} steps, {r['score']}, "
+                f"{len(values)} seeds): {np.mean(values):.2f} +- {np.std(values):.2f}, "
+                f"seeds from {min(values):.2f} to {max(values):.2f}"
+            )
             results = results if isinstance(results, dict) else {"eval/episodic_return": results}
             wanted = "win" if r["score"] == "final_win_rate" else "episodic_return"
             name = next((n for n in results if wanted in n), None)
@@ -692,7 +1040,10 @@ class RunLogger:
                 continue
             mean = float(np.mean(results[name]))
             if r["total_timesteps"] != self.args.total_timesteps:
-                print(f"this run: {mean:.2f} after {self.args.total_timesteps:,} steps: another budget, not compared")
+                print(
+                    f"this run: {mean:.2f} after {self.args.total_timesteps:,} "
+                    "steps: another budget, not compared"
+                )
             elif min(values) <= mean <= max(values):
                 print(f"this run: {mean:.2f}, within the reference's seeds")
             else:
@@ -702,7 +1053,8 @@ class RunLogger:
             print(f"no reference for {SCRIPT} on {self.args.env_id} to compare with")
 
     def same_setting(self, reference: dict) -> bool:
-        """True for a reference of this script and env (and, for an offline script, of this dataset)."""
+        """True for a reference of this script and env (and, for an offline script, of this
+        dataset)."""
         if (reference["script"], reference["env_id"]) != (SCRIPT, self.args.env_id):
             return False
         flags = reference.get("flags", [])
@@ -711,6 +1063,8 @@ class RunLogger:
         ours = Path(self.args.dataset)  # a directory, or an id such as canonrl/cartpole/medium-v0
         theirs = Path(flags[flags.index("--dataset") + 1]).name  # runs/datasets/cartpole-medium-v0
         return theirs in (ours.name, "-".join(ours.parts[-2:]))
+
+
 # ---- end shared: helpers ----
 
 

@@ -1,17 +1,31 @@
-"""TD3+BC on an offline dataset (a Minari dataset of Pendulum-v1 by default): no environment step while it learns.
+"""TD3+BC on an offline dataset (a Minari dataset of Pendulum-v1 by default).
 
-Fujimoto & Gu 2021, "A Minimalist Approach to Offline Reinforcement Learning" (NeurIPS): TD3 (clipped double Q,
-target policy smoothing, delayed policy updates) whose actor loss adds a behaviour-cloning term,
--lambda * Q(s, pi(s)) + (pi(s) - a)^2 with lambda = alpha / mean|Q|, and whose states are normalised by the dataset's
-mean and std. The paper's and CORL's hyperparameters: alpha 2.5, 256x256 ReLU, Adam 3e-4, batch 256, tau 0.005,
-policy noise 0.2 clipped 0.5, policy delay 2, 1M gradient steps. --total-timesteps counts gradient steps.
+Fujimoto & Gu 2021, "A Minimalist Approach to Offline Reinforcement Learning": TD3 whose actor loss
+adds behaviour cloning, -lambda Q(s, pi(s)) + (pi(s) - a)^2 with lambda = alpha / mean|Q|, on states
+normalised by the dataset's mean and std. The paper's and CORL's settings: alpha 2.5, 256x256 ReLU,
+Adam 3e-4, batch 256, policy noise 0.2 clipped 0.5, delay 2. Steps are gradient steps.
 
-Run:    python benchmark/datasets.py --kind medium --policy <a sac_continuous.py run>/model.pt --expert <...>/model.pt
-        python algos/td3_bc_continuous.py --dataset canonrl/pendulum/medium-v0 --total-timesteps 20000
-Quick:  python algos/td3_bc_continuous.py --dataset canonrl/pendulum/medium-v0 --total-timesteps 2000
-Results: benchmark/references.toml (the Pendulum medium dataset, 10 seeds; CI gate, a regression check)
+Run:    python benchmark/datasets.py --kind medium --policy <SAC model.pt> --expert <...>
+        python algos/td3_bc_continuous.py --dataset canonrl/pendulum/medium-v0
+Quick:  python algos/td3_bc_continuous.py --dataset canonrl/pendulum/medium-v0 \
+            --total-timesteps 2000
+Results: benchmark/references.toml
 """
-import csv, difflib, hashlib, importlib.util, json, os, random, re, signal, subprocess, sys, tempfile, time, tomllib
+
+import csv
+import difflib
+import hashlib
+import importlib.util
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
 import warnings
 from dataclasses import asdict, dataclass
 from importlib.metadata import version
@@ -30,44 +44,78 @@ from tqdm import tqdm
 
 @dataclass
 class Args:
-    dataset: str = "canonrl/pendulum/medium-v0"  # Minari dataset: a directory, or an id in MINARI_DATASETS_PATH
-    alpha: float = 2.5  # weight of the Q term against behaviour cloning: lambda = alpha / mean|Q(s, pi(s))|
-    normalize_obs: bool = True  # states normalised by the dataset's mean and std (the paper's section 5)
-    learning_rate: float = 3e-4  # Adam learning rate of the actor and the Q-functions
-    gamma: float = 0.99  # discount factor
-    tau: float = 0.005  # target network update rate
-    batch_size: int = 256  # minibatch size
-    policy_noise: float = 0.2  # std of the target policy smoothing noise (in half-ranges of the action)
-    noise_clip: float = 0.5  # the target policy smoothing noise is clipped to [-noise_clip, noise_clip]
-    policy_frequency: int = 2  # Q updates per actor and target update (the policy delay)
-    env_id: str | None = None  # the env the policy is evaluated in (default: the dataset's)
-    total_timesteps: int = 1_000_000  # gradient steps (an offline run takes no environment step to learn)
+    dataset: str = "canonrl/pendulum/medium-v0"
+    """Minari dataset: a directory, or an id in MINARI_DATASETS_PATH"""
+    alpha: float = 2.5
+    """weight of the Q term against behaviour cloning: lambda = alpha / mean|Q(s, pi(s))|"""
+    normalize_obs: bool = True
+    """states normalised by the dataset's mean and std (the paper's section 5)"""
+    learning_rate: float = 3e-4
+    """Adam learning rate of the actor and the Q-functions"""
+    gamma: float = 0.99
+    """discount factor"""
+    tau: float = 0.005
+    """target network update rate"""
+    batch_size: int = 256
+    """minibatch size"""
+    policy_noise: float = 0.2
+    """std of the target policy smoothing noise (in half-ranges of the action)"""
+    noise_clip: float = 0.5
+    """the target policy smoothing noise is clipped to [-noise_clip, noise_clip]"""
+    policy_frequency: int = 2
+    """Q updates per actor and target update (the policy delay)"""
+    env_id: str | None = None
+    """the env the policy is evaluated in (default: the dataset's)"""
+    total_timesteps: int = 1_000_000
+    """gradient steps (an offline run takes no environment step to learn)"""
     # ---- shared: args ----
-    seed: int = 1  # seed of torch, numpy, random and the envs
-    cuda: bool = False  # run on CUDA when available (the CNN scripts gain from it; small MLPs are fastest on a CPU)
-    torch_deterministic: bool = True  # torch.backends.cudnn.deterministic and one CPU thread
-    track: bool = False  # log to Weights & Biases (works offline with WANDB_MODE=offline)
-    wandb_project_name: str = "canonrl"  # wandb project
-    wandb_entity: str | None = None  # wandb entity (team)
-    capture_video: bool = False  # record episode 0 of the final evaluation to <run_dir>/videos
-    save_model: bool = False  # save <run_dir>/model.pt at the end
-    eval_episodes: int = 10  # evaluation episodes (the policy evaluate() runs) at the end and each --eval-every
-    eval_every: int = 0  # also evaluate every this many steps (0: only at the end); logs charts/train_seconds too
-    run_dir: str | None = None  # where the run is written (default runs/<env>__<script>__<seed>__<time>); must be new
-    resume: str | None = None  # continue the run in this directory (its flags; --total-timesteps may extend it)
-    checkpoint_every: int = 50_000  # save <run_dir>/checkpoint.pt every this many steps (and at the end and on Ctrl-C)
+    seed: int = 1
+    """seed of torch, numpy, random and the envs"""
+    cuda: bool = False
+    """run on CUDA when available (the CNN scripts gain from it; small MLPs are fastest on a CPU)"""
+    torch_deterministic: bool = True
+    """torch.backends.cudnn.deterministic and one CPU thread"""
+    track: bool = False
+    """log to Weights & Biases (works offline with WANDB_MODE=offline)"""
+    wandb_project_name: str = "canonrl"
+    """wandb project"""
+    wandb_entity: str | None = None
+    """wandb entity (team)"""
+    capture_video: bool = False
+    """record episode 0 of the final evaluation to <run_dir>/videos"""
+    save_model: bool = False
+    """save <run_dir>/model.pt at the end"""
+    eval_episodes: int = 10
+    """evaluation episodes (the policy evaluate() runs) at the end and each --eval-every"""
+    eval_every: int = 0
+    """also evaluate every this many steps (0: only at the end); logs charts/train_seconds too"""
+    run_dir: str | None = None
+    """where the run is written (default runs/<env>__<script>__<seed>__<time>); must be new"""
+    resume: str | None = None
+    """continue the run in this directory (its flags; --total-timesteps may extend it)"""
+    checkpoint_every: int = 50_000
+    """save <run_dir>/checkpoint.pt every this many steps (and at the end and on Ctrl-C)"""
     # ---- end shared: args ----
 
 
 # ---- shared: offline_continuous/make_env ----
 def make_env(env_id, video_dir=None):
-    """env_id; with video_dir, episode 0 is recorded there as eval-episode-0.mp4 (--capture-video)."""
+    """env_id; with video_dir, episode 0 is recorded there as eval-episode-0.mp4
+    (--capture-video)."""
     if video_dir is None:
         return gym.make(env_id)
     if sys.platform == "linux" and "DISPLAY" not in os.environ:
-        os.environ.setdefault("MUJOCO_GL", "egl")  # no display: MuJoCo renders off-screen through EGL
-    return gym.wrappers.RecordVideo(gym.make(env_id, render_mode="rgb_array"), str(video_dir), lambda ep: ep == 0,
-                                    name_prefix="eval", disable_logger=True)
+        # no display: MuJoCo renders off-screen through EGL
+        os.environ.setdefault("MUJOCO_GL", "egl")
+    return gym.wrappers.RecordVideo(
+        gym.make(env_id, render_mode="rgb_array"),
+        str(video_dir),
+        lambda ep: ep == 0,
+        name_prefix="eval",
+        disable_logger=True,
+    )
+
+
 # ---- end shared: offline_continuous/make_env ----
 
 
@@ -77,8 +125,10 @@ class QNetwork(nn.Module):
     def __init__(self, obs_dim: int, action_dim: int):
         super().__init__()
         self.network = nn.Sequential(
-            nn.Linear(obs_dim + action_dim, 256), nn.ReLU(),
-            nn.Linear(256, 256), nn.ReLU(),
+            nn.Linear(obs_dim + action_dim, 256),
+            nn.ReLU(),
+            nn.Linear(256, 256),
+            nn.ReLU(),
             nn.Linear(256, 1),
         )
 
@@ -87,17 +137,38 @@ class QNetwork(nn.Module):
 
 
 class Actor(nn.Module):
-    """normalised obs -> 256 -> 256 -> tanh, scaled to the env's action bounds: a deterministic policy. The bounds and
-    the dataset's observation mean and std are buffers: saved with the weights, so a saved actor needs no dataset."""
+    """normalised obs -> 256 -> 256 -> tanh, scaled to the env's action bounds: a deterministic
+    policy. The bounds and the dataset's observation mean and std are buffers: saved with the
+    weights, so a saved actor needs no dataset."""
 
-    def __init__(self, obs_dim: int, action_dim: int, action_low=-1.0, action_high=1.0, obs_mean=0.0, obs_std=1.0):
+    def __init__(
+        self,
+        obs_dim: int,
+        action_dim: int,
+        action_low=-1.0,
+        action_high=1.0,
+        obs_mean=0.0,
+        obs_std=1.0,
+    ):
         super().__init__()
-        self.network = nn.Sequential(nn.Linear(obs_dim, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(),
-                                     nn.Linear(256, action_dim), nn.Tanh())
-        low, high = (torch.tensor(x, dtype=torch.float32).expand(action_dim).clone() for x in (action_low, action_high))
+        self.network = nn.Sequential(
+            nn.Linear(obs_dim, 256),
+            nn.ReLU(),
+            nn.Linear(256, 256),
+            nn.ReLU(),
+            nn.Linear(256, action_dim),
+            nn.Tanh(),
+        )
+        low, high = (
+            torch.tensor(x, dtype=torch.float32).expand(action_dim).clone()
+            for x in (action_low, action_high)
+        )
         self.register_buffer("action_scale", (high - low) / 2)
         self.register_buffer("action_bias", (high + low) / 2)
-        mean, std = (torch.tensor(x, dtype=torch.float32).expand(obs_dim).clone() for x in (obs_mean, obs_std))
+        mean, std = (
+            torch.tensor(x, dtype=torch.float32).expand(obs_dim).clone()
+            for x in (obs_mean, obs_std)
+        )
         self.register_buffer("obs_mean", mean)
         self.register_buffer("obs_std", std)
 
@@ -110,59 +181,78 @@ class Actor(nn.Module):
 
 
 def td3_bc_actor_loss(q, actions, dataset_actions, alpha):
-    """-lambda * mean Q(s, pi(s)) + mean (pi(s) - a)^2, lambda = alpha / mean|Q| without gradient (TD3+BC, eq. 3):
-    the Q term is scaled to the size of the BC term whatever the scale of the rewards."""
+    """-lambda * mean Q(s, pi(s)) + mean (pi(s) - a)^2, lambda = alpha / mean|Q| without gradient
+    (TD3+BC, eq. 3): the Q term is scaled to the size of the BC term whatever the scale of the
+    rewards."""
     lmbda = alpha / q.abs().mean().detach()
     return -lmbda * q.mean() + F.mse_loss(actions, dataset_actions)
 
 
 def smoothed_target_action(target_actions, noise, noise_clip, action_scale, action_bias):
-    """a' = clip(mu'(s') + clip(noise, -c, c) * scale, low, high), noise ~ N(0, policy_noise) (TD3, eq. 14)."""
+    """a' = clip(mu'(s') + clip(noise, -c, c) * scale, low, high), noise ~ N(0, policy_noise) (TD3,
+    eq. 14)."""
     actions = target_actions + noise.clamp(-noise_clip, noise_clip) * action_scale
     return actions.clamp(action_bias - action_scale, action_bias + action_scale)
 
 
 def td3_target(next_q1, next_q2, rewards, terminated, gamma):
-    """Clipped double-Q target r + gamma * min(Q1', Q2')(s', a'); only termination stops the bootstrap."""
+    """Clipped double-Q target r + gamma * min(Q1', Q2')(s', a'); only termination stops the
+    bootstrap."""
     return rewards + gamma * (1.0 - terminated) * torch.min(next_q1, next_q2)
 
 
 # ---- shared: offline/dataset ----
 def open_dataset(name: str):
-    """The Minari dataset `name`: a directory (the dataset's, or its data/ folder), or the id of one under
-    MINARI_DATASETS_PATH (default ~/.minari/datasets). Nothing is downloaded; a missing one is a one-line error."""
+    """The Minari dataset `name`: a directory (the dataset's, or its data/ folder), or the id of one
+    under MINARI_DATASETS_PATH (default ~/.minari/datasets). Nothing is downloaded; a missing one is
+    a one-line error."""
     root = Path(os.environ.get("MINARI_DATASETS_PATH") or Path.home() / ".minari" / "datasets")
     path = Path(name).expanduser()
-    data = next((d for d in (path / "data", path, root / name / "data") if (d / "metadata.json").is_file()), None)
+    data = next(
+        (d for d in (path / "data", path, root / name / "data") if (d / "metadata.json").is_file()),
+        None,
+    )
     if data is None:
-        fail(f"no dataset {name!r}: give a Minari dataset directory or the id of one in {root} (make one with python "
-             f"benchmark/datasets.py)")
+        fail(
+            f"no dataset {name!r}: give a Minari dataset directory or the id "
+            f"of one in {root} (make one with python benchmark/datasets.py)"
+        )
     try:
         dataset = minari.MinariDataset(data)
-        next(dataset.iterate_episodes([0]), None) if dataset.total_episodes else None  # the data file opens, too
+        # the data file opens, too
+        next(dataset.iterate_episodes([0]), None) if dataset.total_episodes else None
         return dataset
     except Exception as e:
-        fail(f"dataset {name!r} cannot be read ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
-             f"make it anew")
+        fail(
+            f"dataset {name!r} cannot be read ({type(e).__name__}: "
+            f"{str(e).splitlines()[0] if str(e) else ''}); make it anew"
+        )
 
 
 def dataset_arrays(dataset) -> dict:
-    """Every transition of every episode: obs, next_obs, actions, rewards, terminated, as float32 arrays (discrete
-    actions as int64). Only termination stops a bootstrap: an episode cut by a time limit has a future. A data file
-    that cannot be read to its end, or that holds numbers that are not finite, is a one-line error that names it."""
+    """Every transition of every episode: obs, next_obs, actions, rewards, terminated, as float32
+    arrays (discrete actions as int64). Only termination stops a bootstrap: an episode cut by a time
+    limit has a future. A data file that cannot be read to its end, or that holds numbers that are
+    not finite, is a one-line error that names it."""
     parts = {"obs": [], "next_obs": [], "actions": [], "rewards": [], "terminated": []}
     data_dir = dataset.storage.data_path
-    where = data_dir / "main_data.hdf5" if (data_dir / "main_data.hdf5").is_file() else data_dir  # HDF5, or Arrow
-    try:  # open_dataset read episode 0 only: damaged bytes further on show here (h5py's KeyError, OSError, ...)
+    # HDF5, or Arrow
+    where = data_dir / "main_data.hdf5" if (data_dir / "main_data.hdf5").is_file() else data_dir
+    # open_dataset read episode 0 only: damaged bytes further on show here (h5py's KeyError,
+    # OSError, ...)
+    try:
         for episode in dataset.iterate_episodes():
-            parts["obs"].append(episode.observations[:-1]), parts["next_obs"].append(episode.observations[1:])
-            parts["actions"].append(episode.actions), parts["rewards"].append(episode.rewards)
+            parts["obs"].append(episode.observations[:-1])
+            parts["next_obs"].append(episode.observations[1:])
+            parts["actions"].append(episode.actions)
+            parts["rewards"].append(episode.rewards)
             parts["terminated"].append(episode.terminations)
     except (KeyError, OSError, RuntimeError, ValueError) as e:
         reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         fail(f"dataset file {where} is damaged ({reason}); make it anew")
     arrays = {k: np.concatenate(v).astype(np.float32) for k, v in parts.items()}
-    if not all(np.isfinite(v).all() for v in arrays.values()):  # a nan or inf would reach every loss
+    # a nan or inf would reach every loss
+    if not all(np.isfinite(v).all() for v in arrays.values()):
         fail(f"dataset file {where} holds numbers that are not finite (nan or inf); make it anew")
     if isinstance(dataset.action_space, gym.spaces.Discrete):
         arrays["actions"] = np.concatenate(parts["actions"]).astype(np.int64)
@@ -170,15 +260,17 @@ def dataset_arrays(dataset) -> dict:
 
 
 def normalized_scores(returns, dataset) -> list:
-    """D4RL's normalised score of each return, 100 * (R - random) / (expert - random), with the dataset's reference
-    returns (ref_min_score, ref_max_score); [] for a dataset without them."""
+    """D4RL's normalised score of each return, 100 * (R - random) / (expert - random), with the
+    dataset's reference returns (ref_min_score, ref_max_score); [] for a dataset without them."""
     low, high = (dataset.storage.metadata.get(k) for k in ("ref_min_score", "ref_max_score"))
     return [] if low is None or high is None else [100 * (r - low) / (high - low) for r in returns]
 
 
 class OfflineBuffer:
-    """The dataset's transitions as tensors on the device; uniform minibatches drawn with a numpy Generator (which a
-    checkpoint holds, so that a resumed run draws what the whole run would have)."""
+    """The dataset's transitions as tensors on the device; uniform minibatches drawn with a numpy
+    Generator (which a checkpoint holds, so that a resumed run draws what the whole run would
+    have)."""
+
     FIELDS = ("obs", "next_obs", "actions", "rewards", "terminated")
 
     def __init__(self, arrays: dict, device, rng: np.random.Generator):
@@ -189,23 +281,30 @@ class OfflineBuffer:
     def sample(self, batch_size: int):
         idx = torch.as_tensor(self.rng.integers(0, self.size, batch_size), device=self.obs.device)
         return [getattr(self, name)[idx] for name in self.FIELDS]
+
+
 # ---- end shared: offline/dataset ----
 
 
 # ---- shared: offline_continuous/evaluate ----
 @torch.no_grad()
 def evaluate(actor, env_id, episodes, seed, device="cpu", video_dir=None):
-    """Deterministic episodes (actor.get_greedy_action, no noise) on a fresh env; returns the episodic returns."""
+    """Deterministic episodes (actor.get_greedy_action, no noise) on a fresh env; returns the
+    episodic returns."""
     env, returns = make_env(env_id, video_dir), []
     for ep in range(episodes):
         (obs, _), done, total = env.reset(seed=seed + ep), False, 0.0
         while not done:
-            action = actor.get_greedy_action(torch.as_tensor(obs, dtype=torch.float32, device=device)[None])
+            action = actor.get_greedy_action(
+                torch.as_tensor(obs, dtype=torch.float32, device=device)[None]
+            )
             obs, reward, terminated, truncated, _ = env.step(action[0].cpu().numpy())
             total, done = total + float(reward), terminated or truncated
         returns.append(total)
     env.close()
     return returns
+
+
 # ---- end shared: offline_continuous/evaluate ----
 
 
@@ -217,30 +316,60 @@ def main(args: Args):
     data = dataset_arrays(dataset)
     # ---- end shared: offline/start ----
     obs_dim = data["obs"].shape[1]
-    action_dim, low, high = data["actions"].shape[1], dataset.action_space.low, dataset.action_space.high
+    action_dim, low, high = (
+        data["actions"].shape[1],
+        dataset.action_space.low,
+        dataset.action_space.high,
+    )
     obs_mean, obs_std = data["obs"].mean(0), data["obs"].std(0) + 1e-3  # CORL's epsilon
     if not args.normalize_obs:
         obs_mean, obs_std = np.zeros(obs_dim, np.float32), np.ones(obs_dim, np.float32)
-    data["obs"], data["next_obs"] = (data["obs"] - obs_mean) / obs_std, (data["next_obs"] - obs_mean) / obs_std
+    data["obs"], data["next_obs"] = (
+        (data["obs"] - obs_mean) / obs_std,
+        (data["next_obs"] - obs_mean) / obs_std,
+    )
     actor = Actor(obs_dim, action_dim, low, high, obs_mean, obs_std).to(device)
     actor_target = Actor(obs_dim, action_dim, low, high, obs_mean, obs_std).to(device)
     actor_target.load_state_dict(actor.state_dict())
     qf1, qf2 = QNetwork(obs_dim, action_dim).to(device), QNetwork(obs_dim, action_dim).to(device)
-    qf1_target, qf2_target = QNetwork(obs_dim, action_dim).to(device), QNetwork(obs_dim, action_dim).to(device)
-    qf1_target.load_state_dict(qf1.state_dict()), qf2_target.load_state_dict(qf2.state_dict())
-    q_optimizer = torch.optim.Adam([*qf1.parameters(), *qf2.parameters()], lr=args.learning_rate, fused=True)
+    qf1_target, qf2_target = (
+        QNetwork(obs_dim, action_dim).to(device),
+        QNetwork(obs_dim, action_dim).to(device),
+    )
+    qf1_target.load_state_dict(qf1.state_dict())
+    qf2_target.load_state_dict(qf2.state_dict())
+    q_optimizer = torch.optim.Adam(
+        [*qf1.parameters(), *qf2.parameters()], lr=args.learning_rate, fused=True
+    )
     actor_optimizer = torch.optim.Adam(actor.parameters(), lr=args.learning_rate, fused=True)
     rng = np.random.default_rng(args.seed)  # minibatch sampling
     buffer = OfflineBuffer(data, device, rng)
-    stateful = {"actor": actor, "actor_target": actor_target, "qf1": qf1, "qf2": qf2, "qf1_target": qf1_target,
-                "qf2_target": qf2_target, "q_optimizer": q_optimizer, "actor_optimizer": actor_optimizer,
-                "rng": RNGs(rng)}  # what a checkpoint holds (not the dataset); torch's RNG: the smoothing noise
+    stateful = {
+        "actor": actor,
+        "actor_target": actor_target,
+        "qf1": qf1,
+        "qf2": qf2,
+        "qf1_target": qf1_target,
+        "qf2_target": qf2_target,
+        "q_optimizer": q_optimizer,
+        "actor_optimizer": actor_optimizer,
+        # what a checkpoint holds (not the dataset); torch's RNG: the smoothing noise
+        "rng": RNGs(rng),
+    }
+
     # ---- shared: offline_continuous/run_eval ----
     def run_eval(video_dir=None):  # evaluation episodes are seeded apart from training
-        returns = evaluate(actor, args.env_id, args.eval_episodes, args.seed + 100_000, device, video_dir)
+        returns = evaluate(
+            actor, args.env_id, args.eval_episodes, args.seed + 100_000, device, video_dir
+        )
         scores = normalized_scores(returns, dataset)
-        logger.last_return = np.mean(returns) if returns else float("nan")  # the progress bar shows it
-        return {"eval/episodic_return": returns, **({"eval/normalized_score": scores} if scores else {})}
+        # the progress bar shows it
+        logger.last_return = np.mean(returns) if returns else float("nan")
+        return {
+            "eval/episodic_return": returns,
+            **({"eval/normalized_score": scores} if scores else {}),
+        }
+
     # ---- end shared: offline_continuous/run_eval ----
 
     # ---- shared: offline/resume ----
@@ -251,14 +380,25 @@ def main(args: Args):
     logger = RunLogger(args, run_dir, args.total_timesteps, global_step, ckpt=ckpt)
     # ---- end shared: offline/resume ----
     actor_loss = torch.tensor(float("nan"))  # logged before the first delayed actor update
-    for global_step in range(global_step + 1, args.total_timesteps + 1):  # global_step: gradient steps taken
+    # global_step: gradient steps taken
+    for global_step in range(global_step + 1, args.total_timesteps + 1):
         b_obs, b_next_obs, b_actions, b_rewards, b_terminated = buffer.sample(args.batch_size)
         with torch.no_grad():
             noise = torch.randn_like(b_actions) * args.policy_noise
-            next_actions = smoothed_target_action(actor_target(b_next_obs), noise, args.noise_clip,
-                                                  actor.action_scale, actor.action_bias)
-            target = td3_target(qf1_target(b_next_obs, next_actions), qf2_target(b_next_obs, next_actions),
-                                b_rewards, b_terminated, args.gamma)
+            next_actions = smoothed_target_action(
+                actor_target(b_next_obs),
+                noise,
+                args.noise_clip,
+                actor.action_scale,
+                actor.action_bias,
+            )
+            target = td3_target(
+                qf1_target(b_next_obs, next_actions),
+                qf2_target(b_next_obs, next_actions),
+                b_rewards,
+                b_terminated,
+                args.gamma,
+            )
         q1, q2 = qf1(b_obs, b_actions), qf2(b_obs, b_actions)
         qf1_loss, qf2_loss = F.mse_loss(q1, target), F.mse_loss(q2, target)
         q_optimizer.zero_grad()
@@ -276,15 +416,30 @@ def main(args: Args):
 
             with torch.no_grad():  # target <- tau * online + (1 - tau) * target
                 for target_param, param in zip(
-                        [*actor_target.parameters(), *qf1_target.parameters(), *qf2_target.parameters()],
-                        [*actor.parameters(), *qf1.parameters(), *qf2.parameters()]):
+                    [
+                        *actor_target.parameters(),
+                        *qf1_target.parameters(),
+                        *qf2_target.parameters(),
+                    ],
+                    [*actor.parameters(), *qf1.parameters(), *qf2.parameters()],
+                ):
                     target_param.lerp_(param, args.tau)
         if global_step % 100 == 0:  # the only host syncs of the losses
-            logger.log(global_step, {"losses/qf_loss": (qf1_loss + qf2_loss) / 2, "losses/actor_loss": actor_loss,
-                                     "losses/qf_values": (q1.mean() + q2.mean()) / 2})
+            logger.log(
+                global_step,
+                {
+                    "losses/qf_loss": (qf1_loss + qf2_loss) / 2,
+                    "losses/actor_loss": actor_loss,
+                    "losses/qf_values": (q1.mean() + q2.mean()) / 2,
+                },
+            )
             logger.progress(global_step)
         # ---- shared: offline/loop_end ----
-        if args.eval_every and global_step % args.eval_every == 0 and global_step < args.total_timesteps:
+        if (
+            args.eval_every
+            and global_step % args.eval_every == 0
+            and global_step < args.total_timesteps
+        ):
             logger.evaluate(global_step, run_eval)
         if global_step % args.checkpoint_every == 0 or logger.stop_requested:
             logger.save_checkpoint(stateful, global_step, global_step)
@@ -296,46 +451,81 @@ def main(args: Args):
     results = logger.evaluate(args.total_timesteps, lambda: run_eval(video_dir))
     logger.save_checkpoint(stateful, args.total_timesteps, args.total_timesteps, finished=True)
     if args.save_model:
-        save_model({"actor": actor.state_dict(), "args": asdict(args), "eval_returns": results["eval/episodic_return"],
-                    "obs_dim": obs_dim, "action_dim": actor.action_scale.shape[0]}, run_dir)
+        save_model(
+            {
+                "actor": actor.state_dict(),
+                "args": asdict(args),
+                "eval_returns": results["eval/episodic_return"],
+                "obs_dim": obs_dim,
+                "action_dim": actor.action_scale.shape[0],
+            },
+            run_dir,
+        )
     logger.close(results)
     # ---- end shared: offline_continuous/finish ----
 
 
 def check_args(args: Args):
-    check_offline_continuous_args(args, {"alpha": "x >= 0", "policy_noise": "x >= 0", "noise_clip": "x >= 0",
-                                         "policy_frequency": "x >= 1", "gamma": "0 <= x <= 1", "tau": "0 < x <= 1",
-                                         "learning_rate": "x > 0"})
+    check_offline_continuous_args(
+        args,
+        {
+            "alpha": "x >= 0",
+            "policy_noise": "x >= 0",
+            "noise_clip": "x >= 0",
+            "policy_frequency": "x >= 1",
+            "gamma": "0 <= x <= 1",
+            "tau": "0 < x <= 1",
+            "learning_rate": "x > 0",
+        },
+    )
 
 
 # ---- shared: offline_continuous/check_args ----
 def check_offline_continuous_args(args, rules: dict):
-    """The ranges of `rules` (as in check_ranges), the env the policy is evaluated in (given: continuous bounded
-    actions and flat observations; default: the dataset's), then the dataset: it exists, holds transitions, and has
-    the env's spaces. Nothing of the dataset but its metadata is read here."""
+    """The ranges of `rules` (as in check_ranges), the env the policy is evaluated in (given:
+    continuous bounded actions and flat observations; default: the dataset's), then the dataset: it
+    exists, holds transitions, and has the env's spaces. Nothing of the dataset but its metadata is
+    read here."""
     check_ranges(args, {"batch_size": "x >= 1", **rules})
     if args.env_id is not None:
         obs_space, act_space = env_spaces(args.env_id)
         if not isinstance(act_space, gym.spaces.Box) or len(act_space.shape) != 1:
-            fail(f"{SCRIPT} needs continuous (Box) actions but {args.env_id} has {act_space}", "cql_discrete.py")
+            fail(
+                f"{SCRIPT} needs continuous (Box) actions but {args.env_id} has {act_space}",
+                "cql_discrete.py",
+            )
         if not (np.isfinite(act_space.low).all() and np.isfinite(act_space.high).all()):
-            fail(f"{SCRIPT} squashes actions into the env's bounds but {args.env_id} has unbounded actions {act_space}")
+            fail(
+                f"{SCRIPT} squashes actions into the env's bounds "
+                f"but {args.env_id} has unbounded actions {act_space}"
+            )
         if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) != 1:
             fail(f"{SCRIPT} needs flat vector observations but {args.env_id} has {obs_space}")
     dataset = open_dataset(args.dataset)
     if dataset.total_steps == 0:
         fail(f"dataset {args.dataset!r} is empty: it holds no transition")
     if not isinstance(dataset.action_space, gym.spaces.Box):
-        fail(f"{SCRIPT} needs continuous (Box) actions but dataset {args.dataset!r} has {dataset.action_space}",
-             "cql_discrete.py")
+        fail(
+            f"{SCRIPT} needs continuous (Box) actions but "
+            f"dataset {args.dataset!r} has {dataset.action_space}",
+            "cql_discrete.py",
+        )
     if args.env_id is None:
         if dataset.spec.env_spec is None:
-            fail(f"dataset {args.dataset!r} names no env: give --env-id, the env to evaluate the policy in")
+            fail(
+                f"dataset {args.dataset!r} names no env: give "
+                "--env-id, the env to evaluate the policy in"
+            )
         args.env_id = dataset.spec.env_spec.id
         check_offline_continuous_args(args, rules)  # the dataset's env, checked as a given one
     elif env_spaces(args.env_id) != (dataset.observation_space, dataset.action_space):
-        fail(f"--env-id {args.env_id} has spaces {env_spaces(args.env_id)}, dataset {args.dataset!r} "
-             f"{(dataset.observation_space, dataset.action_space)}: evaluate in the dataset's env")
+        fail(
+            f"--env-id {args.env_id} has spaces {env_spaces(args.env_id)}, dataset "
+            f"{args.dataset!r} {(dataset.observation_space, dataset.action_space)}: "
+            "evaluate in the dataset's env"
+        )
+
+
 # ---- end shared: offline_continuous/check_args ----
 
 
@@ -344,55 +534,78 @@ SCRIPT, ALGOS = Path(__file__).name, Path(__file__).resolve().parent
 
 
 def fail(msg: str, *scripts: str):
-    """Bad input: one line on stderr, exit status 2. It suggests those of `scripts` that exist beside this one."""
+    """Bad input: one line on stderr, exit status 2. It suggests those of `scripts` that exist
+    beside this one."""
     found = [s for s in scripts if s != SCRIPT and (ALGOS / s).is_file()]
     print(f"error: {msg}" + (f"; use {' or '.join(found)}" if found else ""), file=sys.stderr)
     sys.exit(2)
 
 
 def other_family(env_id: str) -> tuple[str, ...]:
-    """The scripts that take env_id, an id of another family of envs (Atari, MinAtar, mpe2, smac_lite)."""
+    """The scripts that take env_id, an id of another family of envs (Atari, MinAtar, mpe2,
+    smac_lite)."""
     if env_id.startswith("ALE/") or env_id.endswith("NoFrameskip-v4"):
         return "ppo_atari.py", "dqn_atari.py"
     if env_id.startswith("MinAtar/"):
         return "dqn_atari.py", "ddqn_atari.py"
     if re.fullmatch(r"(simple\w*|collect_treasure)_v\d+", env_id):
         return "mappo_mpe.py", "maddpg_mpe.py"
-    if importlib.util.find_spec("smac_lite") and env_id in importlib.import_module("smac_lite.maps").MAPS:
+    if (
+        importlib.util.find_spec("smac_lite")
+        and env_id in importlib.import_module("smac_lite.maps").MAPS
+    ):
         return "mappo_smac_lite.py", "qmix_smac_lite.py"
     return ()
 
 
 def env_spaces(env_id: str):
-    """(observation space, action space) of env_id, or a one-line error. The env is made in a temporary directory
-    with stderr muted: MuJoCo prints warnings and leaves MUJOCO_LOG.TXT behind, which must not precede an error."""
+    """(observation space, action space) of env_id, or a one-line error. The env is made in a
+    temporary directory with stderr muted: MuJoCo prints warnings and leaves MUJOCO_LOG.TXT behind,
+    which must not precede an error."""
     if env_id not in gym.registry:
         if scripts := other_family(env_id):
             fail(f"{env_id} is not an env of {SCRIPT}", *scripts)
         close = difflib.get_close_matches(env_id, list(gym.registry), n=1)
         fail(f"unknown env id '{env_id}'" + (f"; did you mean '{close[0]}'?" if close else ""))
     cwd, stderr_fd = os.getcwd(), os.dup(2)
-    with tempfile.TemporaryDirectory() as tmp, open(os.devnull, "w") as null, warnings.catch_warnings(action="ignore"):
-        os.chdir(tmp), os.dup2(null.fileno(), 2)
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        open(os.devnull, "w") as null,
+        warnings.catch_warnings(action="ignore"),
+    ):
+        os.chdir(tmp)
+        os.dup2(null.fileno(), 2)
         try:
             with gym.make(env_id) as env:
                 return env.observation_space, env.action_space
         except Exception as e:
-            error = f"cannot make env '{env_id}': {type(e).__name__}: {(str(e).strip() or ' ').splitlines()[0]}"
+            error = (
+                f"cannot make env '{env_id}': {type(e).__name__}: "
+                f"{(str(e).strip() or ' ').splitlines()[0]}"
+            )
         finally:
-            os.dup2(stderr_fd, 2), os.close(stderr_fd), os.chdir(cwd)
+            os.dup2(stderr_fd, 2)
+            os.close(stderr_fd)
+            os.chdir(cwd)
     fail(error)
 
 
 def check_ranges(args, rules: dict):
-    """Fail on the first flag outside its range; a rule is a condition on x, the flag's value (e.g. "0 <= x <= 1")."""
-    rules = {"total_timesteps": "x >= 1", "eval_episodes": "x >= 0", "eval_every": "x >= 0",
-             "checkpoint_every": "x >= 1", **rules}
+    """Fail on the first flag outside its range; a rule is a condition on x, the flag's value (e.g.
+    "0 <= x <= 1")."""
+    rules = {
+        "total_timesteps": "x >= 1",
+        "eval_episodes": "x >= 0",
+        "eval_every": "x >= 0",
+        "checkpoint_every": "x >= 1",
+        **rules,
+    }
     for name, x in asdict(args).items():
         if isinstance(x, float) and not np.isfinite(x):
             fail(f"--{name.replace('_', '-')} {x} is not a finite number")
     for name, rule in rules.items():
-        if (x := getattr(args, name)) is not None and not eval(rule, {"x": x}):  # the rules are literals of this file
+        # the rules are literals of this file
+        if (x := getattr(args, name)) is not None and not eval(rule, {"x": x}):
             fail(f"--{name.replace('_', '-')} {x} is out of range: it must satisfy {rule}")
 
 
@@ -402,9 +615,10 @@ def sha256(path: Path) -> str:
 
 
 def start_run(args, check_args):
-    """Resume (--resume DIR: the run's saved flags; --total-timesteps may extend it), check the flags, choose the run
-    directory (a new run never writes into one that holds files), seed everything. Returns (args, checkpoint, dir).
-    A checkpoint is data: its SHA-256 must match checkpoint.sha256, and it is read with weights_only=True."""
+    """Resume (--resume DIR: the run's saved flags; --total-timesteps may extend it), check the
+    flags, choose the run directory (a new run never writes into one that holds files), seed
+    everything. Returns (args, checkpoint, dir). A checkpoint is data: its SHA-256 must match
+    checkpoint.sha256, and it is read with weights_only=True."""
     ckpt = None
     if args.resume:
         path = Path(args.resume) / "checkpoint.pt"
@@ -416,26 +630,48 @@ def start_run(args, check_args):
             ckpt = torch.load(path, weights_only=True)
             saved = Args(**ckpt["args"])
         except Exception as e:
-            fail(f"{path} is corrupt or not a {SCRIPT} checkpoint ({type(e).__name__}); delete it or start anew")
-        given = [k for k, v in asdict(args).items() if k in given_flags() or v != getattr(Args(), k)]
-        given = [k for k in given if k not in ("resume", "run_dir") and getattr(args, k) != getattr(saved, k)]
+            fail(
+                f"{path} is corrupt or not a {SCRIPT} checkpoint "
+                f"({type(e).__name__}); delete it or start anew"
+            )
+        given = [
+            k for k, v in asdict(args).items() if k in given_flags() or v != getattr(Args(), k)
+        ]
+        given = [
+            k
+            for k in given
+            if k not in ("resume", "run_dir") and getattr(args, k) != getattr(saved, k)
+        ]
         if "total_timesteps" in given:
             if args.total_timesteps < ckpt["global_step"]:
-                fail(f"--total-timesteps {args.total_timesteps} is below the {ckpt['global_step']} steps already done")
-            print(f"resume: --total-timesteps {args.total_timesteps} (was {saved.total_timesteps})", file=sys.stderr)
+                fail(
+                    f"--total-timesteps {args.total_timesteps} is below "
+                    f"the {ckpt['global_step']} steps already done"
+                )
+            print(
+                f"resume: --total-timesteps {args.total_timesteps} (was {saved.total_timesteps})",
+                file=sys.stderr,
+            )
             saved.total_timesteps = args.total_timesteps
         elif ckpt["finished"]:
-            print(f"the run in {path.parent} is finished; give a larger --total-timesteps to extend it")
+            print(
+                f"the run in {path.parent} is finished; give "
+                "a larger --total-timesteps to extend it"
+            )
             sys.exit(0)
         if ignored := [f"--{k.replace('_', '-')}" for k in given if k != "total_timesteps"]:
-            print(f"resume: the run's saved flags are kept; ignored: {' '.join(ignored)}", file=sys.stderr)
+            print(
+                f"resume: the run's saved flags are kept; ignored: {' '.join(ignored)}",
+                file=sys.stderr,
+            )
         args = saved
         args.resume = args.run_dir = str(path.parent)
         check_metrics(path.parent / "metrics.csv")
     check_args(args)
     if args.track:
         check_wandb()
-    if args.capture_video and not os.environ.get("XDG_RUNTIME_DIR"):  # SDL warns on every render without it
+    # SDL warns on every render without it
+    if args.capture_video and not os.environ.get("XDG_RUNTIME_DIR"):
         os.environ["XDG_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="canonrl-xdg-")
     name = f"{args.env_id.replace('/', '-')}__{SCRIPT[:-3]}__{args.seed}__{time.time():.0f}"
     run_dir = Path(args.run_dir or f"runs/{name}")
@@ -443,18 +679,24 @@ def start_run(args, check_args):
         fail(f"--run-dir {run_dir} is a file; pass a directory")
     if ckpt is None and run_dir.is_dir() and any(run_dir.iterdir()):
         if (run_dir / "metrics.csv").is_file():
-            fail(f"--run-dir {run_dir} holds a run; continue it with --resume {run_dir} or choose a new --run-dir")
+            fail(
+                f"--run-dir {run_dir} holds a run; continue it "
+                f"with --resume {run_dir} or choose a new --run-dir"
+            )
         fail(f"--run-dir {run_dir} is not empty and holds no run; choose a new --run-dir")
     check_writable(run_dir)
-    random.seed(args.seed), np.random.seed(args.seed), torch.manual_seed(args.seed)
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
-    torch.set_num_threads(1 if args.torch_deterministic else torch.get_num_threads())  # 1: fastest for small nets
+    # 1: fastest for small nets
+    torch.set_num_threads(1 if args.torch_deterministic else torch.get_num_threads())
     return args, ckpt, run_dir
 
 
 def given_flags() -> set[str]:
-    """The Args fields named on the command line (--name, --name=value, --no-name): on --resume, a flag given there
-    counts even when its value is the default."""
+    """The Args fields named on the command line (--name, --name=value, --no-name): on --resume, a
+    flag given there counts even when its value is the default."""
     names = set()
     for token in sys.argv[1:]:
         if token.startswith("--"):
@@ -465,37 +707,53 @@ def given_flags() -> set[str]:
 
 
 def check_metrics(path: Path):
-    """Fail on a line of metrics.csv that is not global_step,wall_time,name,value (before --resume rewrites it)."""
+    """Fail on a line of metrics.csv that is not global_step,wall_time,name,value (before --resume
+    rewrites it)."""
     lines = path.read_text().splitlines()[1:] if path.is_file() else []
     for number, line in enumerate(lines, start=2):
         fields = line.split(",")
         if len(fields) != 4 or not fields[0].isdigit():
-            fail(f"{path} line {number} is not 'global_step,wall_time,name,value'; delete that line and resume again")
+            fail(
+                f"{path} line {number} is not 'global_step,wall_time,name,value'; "
+                "delete that line and resume again"
+            )
 
 
 def check_wandb():
     """--track needs a wandb login, or WANDB_MODE=offline: checked before anything is written."""
     from wandb.sdk import wandb_setup
     from wandb.sdk.lib import wbauth
+
     try:
         settings = wandb_setup.singleton().settings
     except Exception as e:
         fail(f"--track: wandb cannot start ({type(e).__name__}: {str(e).strip().splitlines()[0]})")
     if settings.mode in ("offline", "dryrun", "disabled"):
         return
-    if not (os.getenv("WANDB_API_KEY") or wbauth.read_netrc_auth(host=settings.base_url) or settings.api_key):
-        fail("--track needs a wandb login: run `wandb login`, or set WANDB_MODE=offline to log to files only")
+    if not (
+        os.getenv("WANDB_API_KEY")
+        or wbauth.read_netrc_auth(host=settings.base_url)
+        or settings.api_key
+    ):
+        fail(
+            "--track needs a wandb login: run `wandb login`, "
+            "or set WANDB_MODE=offline to log to files only"
+        )
 
 
 def check_writable(run_dir: Path):
-    """Fail unless files can be written in run_dir; the folders made to find out are removed again."""
+    """Fail unless files can be written in run_dir; the folders made to find out are removed
+    again."""
     made = [p for p in [run_dir, *run_dir.parents] if not p.exists()]
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=run_dir):
             pass
     except OSError as e:
-        fail(f"--run-dir {run_dir} cannot be written ({e.strerror or type(e).__name__}); choose another --run-dir")
+        fail(
+            f"--run-dir {run_dir} cannot be written "
+            f"({e.strerror or type(e).__name__}); choose another --run-dir"
+        )
     finally:
         for p in made:
             if p.is_dir() and not any(p.iterdir()):
@@ -514,20 +772,26 @@ def finite(state) -> bool:
 
 
 def load_states(stateful: dict, ckpt: dict, run_dir: Path):
-    """Resume every object of `stateful` ({name: object with load_state_dict}) from the checkpoint."""
+    """Resume every object of `stateful` ({name: object with load_state_dict}) from the
+    checkpoint."""
     for name, obj in stateful.items():
-        weights = isinstance(obj, (torch.nn.Module, torch.optim.Optimizer))  # a buffer may hold unwritten slots
+        # a buffer may hold unwritten slots
+        weights = isinstance(obj, (torch.nn.Module, torch.optim.Optimizer))
         if weights and not finite(ckpt.get(name)):
             fail(f"{run_dir / 'checkpoint.pt'} holds non-finite values in {name}; start anew")
         try:
             obj.load_state_dict(ckpt[name])
         except Exception as e:
-            fail(f"{run_dir / 'checkpoint.pt'} does not fit this run's {name} ({type(e).__name__}); start anew")
+            fail(
+                f"{run_dir / 'checkpoint.pt'} does not fit this "
+                f"run's {name} ({type(e).__name__}); start anew"
+            )
 
 
 def save_with_digest(state: dict, path: Path):
-    """torch.save(state) to path, written then renamed (a crash never leaves half a file), and its SHA-256 beside it
-    (checkpoint.pt: checkpoint.sha256, model.pt: model.sha256): a file is checked against it before it is read."""
+    """torch.save(state) to path, written then renamed (a crash never leaves half a file), and its
+    SHA-256 beside it (checkpoint.pt: checkpoint.sha256, model.pt: model.sha256): a file is checked
+    against it before it is read."""
     torch.save(state, path.with_suffix(".tmp"))
     digest = sha256(path.with_suffix(".tmp"))
     os.replace(path.with_suffix(".tmp"), path)
@@ -540,12 +804,19 @@ def save_model(state: dict, run_dir: Path):
 
 
 def plain(obj):
-    """obj with numpy arrays as tensors and numpy scalars as numbers: what torch.load(weights_only=True) reads."""
+    """obj with numpy arrays as tensors and numpy scalars as numbers: what
+    torch.load(weights_only=True) reads."""
     if isinstance(obj, dict):
         return {k: plain(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return type(obj)(plain(v) for v in obj)
-    return torch.from_numpy(obj) if isinstance(obj, np.ndarray) else obj.item() if isinstance(obj, np.generic) else obj
+    return (
+        torch.from_numpy(obj)
+        if isinstance(obj, np.ndarray)
+        else obj.item()
+        if isinstance(obj, np.generic)
+        else obj
+    )
 
 
 class RNGs:
@@ -555,7 +826,10 @@ class RNGs:
         self.np_rngs = np_rngs
 
     def state_dict(self):
-        return {"torch": torch.get_rng_state(), "numpy": [rng.bit_generator.state for rng in self.np_rngs]}
+        return {
+            "torch": torch.get_rng_state(),
+            "numpy": [rng.bit_generator.state for rng in self.np_rngs],
+        }
 
     def load_state_dict(self, state):
         torch.set_rng_state(state["torch"])
@@ -564,56 +838,94 @@ class RNGs:
 
 
 class RunLogger:
-    """What a run shows and leaves behind: config.json, metrics.csv (global_step, wall_time, name, value; append-only),
-    TensorBoard events, a wandb run with --track, the progress bar, checkpoint.pt. Resuming drops the rows logged after
-    the checkpoint (those steps are redone): no step is logged twice. The training clock stops during evaluations.
-    Ctrl-C sets stop_requested: the script finishes its iteration, saves it and calls exit_interrupted()."""
+    """What a run shows and leaves behind: config.json, metrics.csv (global_step, wall_time, name,
+    value; append-only), TensorBoard events, a wandb run with --track, the progress bar,
+    checkpoint.pt. Resuming drops the rows logged after the checkpoint (those steps are redone): no
+    step is logged twice. The training clock stops during evaluations. Ctrl-C sets stop_requested:
+    the script finishes its iteration, saves it and calls exit_interrupted()."""
 
     def __init__(self, args, run_dir: Path, total: int, step: int, ckpt: dict | None):
         run_dir.mkdir(parents=True, exist_ok=True)
         metrics, header = run_dir / "metrics.csv", "global_step,wall_time,name,value\n"
         if ckpt is not None:
             lines = metrics.read_text().splitlines(keepends=True)[1:] if metrics.is_file() else []
-            (run_dir / "metrics.tmp").write_text(header + "".join(ln for ln in lines if int(ln.split(",")[0]) <= step))
+            (run_dir / "metrics.tmp").write_text(
+                header + "".join(ln for ln in lines if int(ln.split(",")[0]) <= step)
+            )
             os.replace(run_dir / "metrics.tmp", metrics)
         else:
-            git = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ALGOS)
-            config = {"script": SCRIPT, "args": asdict(args), "git_commit": git.stdout.strip() or None,
-                      "versions": {p: version(p) for p in ("torch", "gymnasium", "numpy")}}
+            git = subprocess.run(
+                ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ALGOS
+            )
+            config = {
+                "script": SCRIPT,
+                "args": asdict(args),
+                "git_commit": git.stdout.strip() or None,
+                "versions": {p: version(p) for p in ("torch", "gymnasium", "numpy")},
+            }
             (run_dir / "config.json").write_text(json.dumps(config, indent=2))
             metrics.write_text(header)
         if total != args.total_timesteps:
-            print(f"{total:,} steps will run: whole iterations up to --total-timesteps {args.total_timesteps:,}")
+            print(
+                f"{total:,} steps will run: whole iterations up "
+                f"to --total-timesteps {args.total_timesteps:,}"
+            )
         self.args, self.run_dir, self.wandb = args, run_dir, None
         if args.track:  # every row of metrics.csv is one wandb row, plotted against global_step
             import wandb
-            self.wandb = wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=asdict(args),
-                                    name=run_dir.name, dir=str(run_dir), id=run_dir.name, resume="allow")
+
+            self.wandb = wandb.init(
+                project=args.wandb_project_name,
+                entity=args.wandb_entity,
+                config=asdict(args),
+                name=run_dir.name,
+                dir=str(run_dir),
+                id=run_dir.name,
+                resume="allow",
+            )
             self.wandb.define_metric("global_step")
             self.wandb.define_metric("*", step_metric="global_step")
         self.file = open(metrics, "a", newline="")
         self.csv, self.tb = csv.writer(self.file, lineterminator="\n"), SummaryWriter(str(run_dir))
         self.bar = tqdm(total=total, initial=step, unit="step", mininterval=1.0)
-        self.first_step, self.start, self.eval_seconds, self.last_return = step, time.time(), 0.0, float("nan")
-        self.seconds_before = ckpt.get("train_seconds", 0.0) if ckpt is not None else 0.0  # of the run resumed
+        self.first_step, self.start, self.eval_seconds, self.last_return = (
+            step,
+            time.time(),
+            0.0,
+            float("nan"),
+        )
+        # of the run resumed
+        self.seconds_before = ckpt.get("train_seconds", 0.0) if ckpt is not None else 0.0
         self.stop_requested, self.duration_said = False, False
         signal.signal(signal.SIGINT, self.request_stop)
 
     def request_stop(self, *_):
         self.stop_requested = True
-        signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C stops at once, unsaved
-        print("\nCtrl-C: stopping after this iteration (again: at once, without saving it)", file=sys.stderr)
+        # a second Ctrl-C stops at once, unsaved
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        print(
+            "\nCtrl-C: stopping after this iteration (again: at once, without saving it)",
+            file=sys.stderr,
+        )
 
     def log(self, step: int, metrics: dict, to_wandb: bool = True):
-        """One row per metric in metrics.csv and TensorBoard; one wandb row for them all. A non-finite loss stops
-        the run (the weights have diverged) before it is written; the last checkpoint is kept."""
+        """One row per metric in metrics.csv and TensorBoard; one wandb row for them all. A
+        non-finite loss stops the run (the weights have diverged) before it is written; the last
+        checkpoint is kept."""
         values = {}
         for name, value in metrics.items():
-            values[name] = float(value.detach() if torch.is_tensor(value) else value)  # a loss may require grad
-            if name.startswith("losses/") and name != "losses/explained_variance" and not np.isfinite(values[name]):
+            # a loss may require grad
+            values[name] = float(value.detach() if torch.is_tensor(value) else value)
+            if (
+                name.startswith("losses/")
+                and name != "losses/explained_variance"
+                and not np.isfinite(values[name])
+            ):
                 self.close_files()
-                fail(f"{name} is {values[name]} at step {step}: training diverged; {self.run_dir} keeps its last "
-                     "checkpoint (try a lower --learning-rate)")
+                fail(
+                    f"{name} is {values[name]} at step {step}: training diverged; "
+                    f"{self.run_dir} keeps its last checkpoint (try a lower --learning-rate)"
+                )
         for name, value in values.items():
             self.csv.writerow([step, f"{time.time():.3f}", name, repr(value)])
             self.tb.add_scalar(name, value, step)
@@ -627,7 +939,9 @@ class RunLogger:
 
     def progress(self, step: int):
         """Log charts/sps (environment steps per training second) and update the progress bar."""
-        sps = int((step - self.first_step) / max(time.time() - self.start - self.eval_seconds, 1e-9))
+        sps = int(
+            (step - self.first_step) / max(time.time() - self.start - self.eval_seconds, 1e-9)
+        )
         self.log(step, {"charts/sps": sps})
         self.bar.update(step - self.bar.n)
         self.bar.set_postfix(sps=sps, ret=f"{self.last_return:.1f}", refresh=False)
@@ -635,33 +949,56 @@ class RunLogger:
             self.duration_said = True
             hours = (self.bar.total - step) / max(sps, 1) / 3600
             if hours > 1:
-                self.bar.write(f"at {sps:,} steps/s the rest of this run takes about {hours:.1f} hours here; "
-                               "--total-timesteps sets the budget")
+                self.bar.write(
+                    f"at {sps:,} steps/s the rest of this run takes about "
+                    f"{hours:.1f} hours here; --total-timesteps sets the budget"
+                )
 
     def evaluate(self, step: int, run_episodes):
-        """Log charts/train_seconds, then one row per episode of run_episodes(): a list of episodic returns (logged as
-        eval/episodic_return) or a dict {metric name: one value per episode} (multi-agent: team return, win)."""
+        """Log charts/train_seconds, then one row per episode of run_episodes(): a list of episodic
+        returns (logged as eval/episodic_return) or a dict {metric name: one value per episode}
+        (multi-agent: team return, win)."""
         self.log(step, {"charts/train_seconds": self.train_seconds()})
         start, results = time.time(), run_episodes()
         self.eval_seconds += time.time() - start
-        for name, values in (results if isinstance(results, dict) else {"eval/episodic_return": results}).items():
+        for name, values in (
+            results if isinstance(results, dict) else {"eval/episodic_return": results}
+        ).items():
             for value in values:
                 self.log(step, {name: value}, to_wandb=False)
-            if self.wandb is not None and len(values):  # wandb keeps one value per step: the mean, and a histogram
+            # wandb keeps one value per step: the mean, and a histogram
+            if self.wandb is not None and len(values):
                 import wandb
-                self.wandb.log({"global_step": step, name: float(np.mean(values)),
-                                f"{name}_histogram": wandb.Histogram(np.asarray(values, dtype=np.float64))})
+
+                self.wandb.log(
+                    {
+                        "global_step": step,
+                        name: float(np.mean(values)),
+                        f"{name}_histogram": wandb.Histogram(np.asarray(values, dtype=np.float64)),
+                    }
+                )
         return results
 
-    def save_checkpoint(self, stateful: dict, iteration: int, global_step: int, finished: bool = False):
-        """checkpoint.pt: the flags, the counters and the state_dict() of every object of `stateful`, written then
-        renamed (a crash never leaves half a checkpoint), and its SHA-256 in checkpoint.sha256."""
-        state = {"args": asdict(self.args), "iteration": iteration, "global_step": global_step, "finished": finished,
-                 "train_seconds": self.train_seconds(), **{name: obj.state_dict() for name, obj in stateful.items()}}
+    def save_checkpoint(
+        self, stateful: dict, iteration: int, global_step: int, finished: bool = False
+    ):
+        """checkpoint.pt: the flags, the counters and the state_dict() of every object of
+        `stateful`, written then renamed (a crash never leaves half a checkpoint), and its SHA-256
+        in checkpoint.sha256."""
+        state = {
+            "args": asdict(self.args),
+            "iteration": iteration,
+            "global_step": global_step,
+            "finished": finished,
+            "train_seconds": self.train_seconds(),
+            **{name: obj.state_dict() for name, obj in stateful.items()},
+        }
         save_with_digest(plain(state), self.run_dir / "checkpoint.pt")
 
     def close_files(self):
-        self.bar.close(), self.file.close(), self.tb.close()
+        self.bar.close()
+        self.file.close()
+        self.tb.close()
         if self.wandb is not None:
             self.wandb.finish()
 
@@ -671,21 +1008,40 @@ class RunLogger:
         sys.exit(130)
 
     def close(self, results):
-        """Close the files; the last lines say the evaluation, where the run is and the script's reference."""
+        """Close the files; the last lines say the evaluation, where the run is and the script's
+        reference."""
         self.bar.update(self.bar.total - self.bar.n)
         self.close_files()
-        for name, values in (results if isinstance(results, dict) else {"eval/episodic_return": results}).items():
+        for name, values in (
+            results if isinstance(results, dict) else {"eval/episodic_return": results}
+        ).items():
             if len(values):
-                print(f"{name}: {np.mean(values):.2f} +- {np.std(values):.2f} over {len(values)} episodes")
-        print(f"run saved in {self.run_dir}" + (" (model.pt, checkpoint.pt)" if self.args.save_model else
-                                                " (checkpoint.pt)"))
-        path = ALGOS.parent / "benchmark" / "references.toml"  # our multi-seed runs of each script, if present
-        refs = [r for r in (tomllib.loads(path.read_text())["reference"] if path.is_file() else [])
-                if "values" in r and r["score"] in ("final_eval", "final_win_rate") and self.same_setting(r)]
-        for r in sorted(refs, key=lambda r: abs(r["total_timesteps"] - self.args.total_timesteps))[:1]:
+                print(
+                    f"{name}: {np.mean(values):.2f} +- "
+                    f"{np.std(values):.2f} over {len(values)} episodes"
+                )
+        print(
+            f"run saved in {self.run_dir}"
+            + (" (model.pt, checkpoint.pt)" if self.args.save_model else " (checkpoint.pt)")
+        )
+        # our multi-seed runs of each script, if present
+        path = ALGOS.parent / "benchmark" / "references.toml"
+        refs = [
+            r
+            for r in (tomllib.loads(path.read_text())["reference"] if path.is_file() else [])
+            if "values" in r
+            and r["score"] in ("final_eval", "final_win_rate")
+            and self.same_setting(r)
+        ]
+        for r in sorted(refs, key=lambda r: abs(r["total_timesteps"] - self.args.total_timesteps))[
+            :1
+        ]:
             values = r["values"]
-            print(f"reference {r['id']} ({r['total_timesteps']:,} steps, {r['score']}, {len(values)} seeds): "
-                  f"{np.mean(values):.2f} +- {np.std(values):.2f}, seeds from {min(values):.2f} to {max(values):.2f}")
+            print(
+                f"reference {r['id']} ({r['total_timesteps']:,} steps, {r['score']}, "
+                f"{len(values)} seeds): {np.mean(values):.2f} +- {np.std(values):.2f}, "
+                f"seeds from {min(values):.2f} to {max(values):.2f}"
+            )
             results = results if isinstance(results, dict) else {"eval/episodic_return": results}
             wanted = "win" if r["score"] == "final_win_rate" else "episodic_return"
             name = next((n for n in results if wanted in n), None)
@@ -693,7 +1049,10 @@ class RunLogger:
                 continue
             mean = float(np.mean(results[name]))
             if r["total_timesteps"] != self.args.total_timesteps:
-                print(f"this run: {mean:.2f} after {self.args.total_timesteps:,} steps: another budget, not compared")
+                print(
+                    f"this run: {mean:.2f} after {self.args.total_timesteps:,} "
+                    "steps: another budget, not compared"
+                )
             elif min(values) <= mean <= max(values):
                 print(f"this run: {mean:.2f}, within the reference's seeds")
             else:
@@ -703,7 +1062,8 @@ class RunLogger:
             print(f"no reference for {SCRIPT} on {self.args.env_id} to compare with")
 
     def same_setting(self, reference: dict) -> bool:
-        """True for a reference of this script and env (and, for an offline script, of this dataset)."""
+        """True for a reference of this script and env (and, for an offline script, of this
+        dataset)."""
         if (reference["script"], reference["env_id"]) != (SCRIPT, self.args.env_id):
             return False
         flags = reference.get("flags", [])
@@ -712,6 +1072,8 @@ class RunLogger:
         ours = Path(self.args.dataset)  # a directory, or an id such as canonrl/cartpole/medium-v0
         theirs = Path(flags[flags.index("--dataset") + 1]).name  # runs/datasets/cartpole-medium-v0
         return theirs in (ours.name, "-".join(ours.parts[-2:]))
+
+
 # ---- end shared: helpers ----
 
 

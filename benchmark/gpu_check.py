@@ -1,23 +1,31 @@
-"""The short GPU check: the questions a GPU user asks first, answered in about 9 minutes on one H100.
+"""The short GPU check: the questions a GPU user asks first, answered in about 9 minutes on one
+H100.
 
     bash benchmark/gpu.sh             # on a GPU machine: installs what is missing, then runs this
-    bash benchmark/gpu.sh --dry-run   # every step on the CPU with tiny budgets: checks the plumbing (a test runs it)
-    python benchmark/gpu_check.py [--dry-run] [--report-dir DIR]   # the check alone, nothing installed
+    bash benchmark/gpu.sh --dry-run   # every step on the CPU with tiny budgets: checks the plumbing
+    (a test runs it) python benchmark/gpu_check.py [--dry-run] [--report-dir DIR]   # the check
+    alone, nothing installed
 
 1. Steps/s of one script per family (classic, continuous, Atari, smac_lite, MPE) on the GPU, default
-   hyperparameters, no evaluation: the steady rate over the second half of a run cut off after `--seconds` of
-   training (the rows of metrics.csv carry wall-clock times), and the seconds to the first logged step (start-up,
-   compilation). The Atari scripts again with --compile (they are the scripts that offer it).
+   hyperparameters, no evaluation: the steady rate over the second half of a run cut off after
+   `--seconds` of training (the rows of metrics.csv carry wall-clock times), and the seconds to the
+   first logged step (start-up, compilation). The Atari scripts again with --compile (they are the
+   scripts that offer it).
 2. smac_lite's raw speed: joint steps/s of 1024, 4096 and 8192 random battles of 3m on the GPU.
-3. MAPPO's time to a greedy win rate of 0.9 on smac_lite 3m (defaults, 64 evaluation battles every 10k steps):
-   training seconds to the first evaluation at or above 0.9, or where it stood when its time ran out.
-4. A short Atari curve: ppo_atari_envpool.py on Pong for as many steps as fit in its time (training episodes'
+3. MAPPO's time to a greedy win rate of 0.9 on smac_lite 3m (defaults, 64 evaluation battles every
+   10k steps):
+   training seconds to the first evaluation at or above 0.9, or where it stood when its time ran
+   out.
+4. A short Atari curve: ppo_atari_envpool.py on Pong for as many steps as fit in its time (training
+   episodes'
    returns by step: Pong needs millions of steps, so this shows speed and the start of the curve).
 
-Writes <report-dir>/gpu-check-<device>-<date>-<HHMM>-<commit>.md naming the device, the torch version and each step's
-budget; a step that fails or runs out of time says so in the report, and the other steps still run. The report is
-rewritten after every step, so a check stopped from outside keeps the steps it finished.
+Writes <report-dir>/gpu-check-<device>-<date>-<HHMM>-<commit>.md naming the device, the torch
+version and each step's budget; a step that fails or runs out of time says so in the report, and the
+other steps still run. The report is rewritten after every step, so a check stopped from outside
+keeps the steps it finished.
 """
+
 import argparse
 import datetime
 import subprocess
@@ -35,7 +43,8 @@ from benchmark.runs import ROOT, git_commit, read_rows, run_env, script_command,
 
 REPORTS = ROOT / "benchmark" / "reports"
 
-# (script, flags, with --compile too): default hyperparameters, learning from the first thousand steps
+# (script, flags, with --compile too): default hyperparameters, learning from the first thousand
+# steps
 SPEED = [
     ("ppo.py", ["--env-id", "CartPole-v1"], False),
     ("sac_continuous.py", ["--env-id", "Hopper-v5", "--learning-starts", "1000"], False),
@@ -47,34 +56,53 @@ SPEED = [
 ]
 BATTLES = [1024, 4096, 8192]
 # seconds per step on the GPU, and on the CPU with --dry-run. On one H100 (report
-# gpu-check-cuda-2026-11-27-0203-c19cfb5) the check took 529 s with MAPPO at 100 s and the curve at 60 s, about 11 s
-# of it per script process for start-up; MAPPO reached 0.9 there after about 105 training seconds: hence 125 s for
-# MAPPO and 40 s for the curve.
+# gpu-check-cuda-2026-11-27-0203-c19cfb5) the check took 529 s with MAPPO at 100 s and the curve at
+# 60 s, about 11 s of it per script process for start-up; MAPPO reached 0.9 there after about 105
+# training seconds: hence 125 s for MAPPO and 40 s for the curve.
 SECONDS = {"speed": 15, "compile": 45, "mappo": 125, "curve": 40}
 DRY_SECONDS = {"speed": 1, "compile": 2, "mappo": 4, "curve": 2}
 
 
-def timed_run(script: str, flags: list[str], seconds: float, run_dir: Path, fork: bool) -> tuple[list[dict], str]:
-    """Run algos/<script> for at most `seconds` after its first logged row (start-up not counted); returns its
-    metrics rows and how it ended ("finished", "cut off after N s", or the last line of its error output).
-    fork: a child of the fork server (benchmark/runs.py), for the dry run; else a fresh process."""
+def timed_run(
+    script: str, flags: list[str], seconds: float, run_dir: Path, fork: bool
+) -> tuple[list[dict], str]:
+    """Run algos/<script> for at most `seconds` after its first logged row (start-up not counted);
+    returns its metrics rows and how it ended ("finished", "cut off after N s", or the last line of
+    its error output). fork: a child of the fork server (benchmark/runs.py), for the dry run; else a
+    fresh process."""
     log = run_dir.with_suffix(".log")
     with open(log, "w") as err:
-        proc = (start_script(script, flags, run_dir, fork=True) if fork else
-                subprocess.Popen(script_command(script, flags, run_dir), stdout=subprocess.DEVNULL, stderr=err,
-                                 cwd=ROOT, env=run_env()))
+        proc = (
+            start_script(script, flags, run_dir, fork=True)
+            if fork
+            else subprocess.Popen(
+                script_command(script, flags, run_dir),
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+                cwd=ROOT,
+                env=run_env(),
+            )
+        )
         start, first, how = time.time(), None, None
         while proc.poll() is None:
             time.sleep(0.2)
             if first is None and read_rows_safe(run_dir):
                 first = time.time()
-            if time.time() - start > seconds + 300 or (first is not None and time.time() - first > seconds):
+            if time.time() - start > seconds + 300 or (
+                first is not None and time.time() - first > seconds
+            ):
                 proc.kill()
                 how = f"cut off after {seconds} s"
                 break
         text = proc.communicate()[1] if fork else (proc.wait(), log.read_text())[1]
     lines = [line for line in text.replace("\r", "\n").splitlines() if line.strip()]
-    how = how or ("finished" if proc.returncode == 0 else lines[-1][:120] if lines else f"exit {proc.returncode}")
+    how = how or (
+        "finished"
+        if proc.returncode == 0
+        else lines[-1][:120]
+        if lines
+        else f"exit {proc.returncode}"
+    )
     return read_rows_safe(run_dir), how
 
 
@@ -86,8 +114,9 @@ def read_rows_safe(run_dir: Path) -> list[dict]:
 
 
 def steady_sps(rows: list[dict]) -> float | None:
-    """Steps per second over the second half (in time) of a run's metrics rows, each stamped with its step and
-    wall-clock time: the rate once start-up, the first updates and compilation are behind it."""
+    """Steps per second over the second half (in time) of a run's metrics rows, each stamped with
+    its step and wall-clock time: the rate once start-up, the first updates and compilation are
+    behind it."""
     if len(rows) < 2 or rows[-1]["wall_time"] - rows[0]["wall_time"] <= 0:
         return None
     middle = (rows[0]["wall_time"] + rows[-1]["wall_time"]) / 2
@@ -97,31 +126,51 @@ def steady_sps(rows: list[dict]) -> float | None:
 
 
 def speed(device_flag: str, seconds: dict, out: Path, dry: bool) -> list[str]:
-    lines = ["## 1. Steps/s per family (defaults, no evaluation)", "",
-             f"Steps/s over the second half of {seconds['speed']} s of training ({seconds['compile']} s with "
-             "--compile, whose compilation falls in the first half).", "",
-             "| script | env | compile | steps/s | steps done | how it ended |", "|---|---|---|---:|---:|---|"]
+    lines = [
+        "## 1. Steps/s per family (defaults, no evaluation)",
+        "",
+        f"Steps/s over the second half of {seconds['speed']} s of training "
+        f"({seconds['compile']} s with --compile, whose compilation falls in the first half).",
+        "",
+        "| script | env | compile | steps/s | steps done | how it ended |",
+        "|---|---|---|---:|---:|---|",
+    ]
     for script, flags, compiles in SPEED:
         for compiled in (False, True) if compiles else (False,):
             run_dir = out / f"speed-{script[:-3]}{'-compile' if compiled else ''}"
             budget = seconds["compile" if compiled else "speed"]
-            rows, how = timed_run(script, flags + ["--total-timesteps", "100000000", "--eval-episodes", "0",
-                                                   device_flag] + (["--compile"] if compiled else []), budget, run_dir,
-                                  fork=dry)
+            rows, how = timed_run(
+                script,
+                flags
+                + ["--total-timesteps", "100000000", "--eval-episodes", "0", device_flag]
+                + (["--compile"] if compiled else []),
+                budget,
+                run_dir,
+                fork=dry,
+            )
             sps, done = steady_sps(rows), max((r["global_step"] for r in rows), default=0)
-            lines.append(f"| {script} | {flags[1]} | {'yes' if compiled else 'no'} | "
-                         f"{'–' if sps is None else f'{sps:,.0f}'} | {done:,} | {how} |")
+            lines.append(
+                f"| {script} | {flags[1]} | {'yes' if compiled else 'no'} | "
+                f"{'–' if sps is None else f'{sps:,.0f}'} | {done:,} | {how} |"
+            )
             print(lines[-1], flush=True)
     return lines + [""]
 
 
 def battles(device: str, dry: bool) -> list[str]:
     from benchmark.smac_lite_speed import measure
-    lines = ["## 2. smac_lite joint steps/s (3m, random policy)", "", "| battles | joint steps/s (median of 3) |",
-             "|---:|---:|"]
-    for n in ([16, 32] if dry else BATTLES):
+
+    lines = [
+        "## 2. smac_lite joint steps/s (3m, random policy)",
+        "",
+        "| battles | joint steps/s (median of 3) |",
+        "|---:|---:|",
+    ]
+    for n in [16, 32] if dry else BATTLES:
         try:
-            med, _, _ = measure("3m", n, torch.device(device), steps=10 if dry else 50, repeats=3, warmup=5)
+            med, _, _ = measure(
+                "3m", n, torch.device(device), steps=10 if dry else 50, repeats=3, warmup=5
+            )
             lines.append(f"| {n} | {med:,.0f} |")
         except Exception as e:  # e.g. out of memory: say so, go on
             lines.append(f"| {n} | failed: {type(e).__name__}: {str(e).splitlines()[0][:80]} |")
@@ -131,8 +180,17 @@ def battles(device: str, dry: bool) -> list[str]:
 
 def mappo(device_flag: str, seconds: dict, out: Path, dry: bool) -> list[str]:
     every = 256 if dry else 10_000
-    flags = ["--env-id", "3m", "--total-timesteps", "100000000", "--eval-every", str(every), "--eval-episodes",
-             "4" if dry else "64", device_flag] + (["--num-envs", "4", "--num-steps", "32"] if dry else [])
+    flags = [
+        "--env-id",
+        "3m",
+        "--total-timesteps",
+        "100000000",
+        "--eval-every",
+        str(every),
+        "--eval-episodes",
+        "4" if dry else "64",
+        device_flag,
+    ] + (["--num-envs", "4", "--num-steps", "32"] if dry else [])
     rows, how = timed_run("mappo_smac_lite.py", flags, seconds["mappo"], out / "mappo-3m", fork=dry)
     evals = {}
     for r in rows:
@@ -141,14 +199,22 @@ def mappo(device_flag: str, seconds: dict, out: Path, dry: bool) -> list[str]:
     train_s = {r["global_step"]: r["value"] for r in rows if r["name"] == "charts/train_seconds"}
     curve = [(s, float(np.mean(v)), train_s.get(s)) for s, v in sorted(evals.items())]
     hit = next(((s, w, t) for s, w, t in curve if w >= 0.9), None)
-    lines = ["## 3. MAPPO on smac_lite 3m: time to a greedy win rate of 0.9", "",
-             f"Defaults, {'4' if dry else '64'} evaluation battles every {every:,} steps, at most {seconds['mappo']} s "
-             f"of training ({how}). "]
+    lines = [
+        "## 3. MAPPO on smac_lite 3m: time to a greedy win rate of 0.9",
+        "",
+        f"Defaults, {'4' if dry else '64'} evaluation battles every "
+        f"{every:,} steps, at most {seconds['mappo']} s of training ({how}). ",
+    ]
     if hit:
-        lines[-1] += f"**0.9 reached at step {hit[0]:,} after {hit[2]:.0f} training seconds** (win rate {hit[1]:.2f})."
+        lines[-1] += (
+            f"**0.9 reached at step {hit[0]:,} after {hit[2]:.0f} "
+            f"training seconds** (win rate {hit[1]:.2f})."
+        )
     elif curve:
-        lines[-1] += (f"**0.9 not reached**: last evaluation at step {curve[-1][0]:,}, win rate {curve[-1][1]:.2f}, "
-                      f"best {max(w for _, w, _ in curve):.2f}.")
+        lines[-1] += (
+            f"**0.9 not reached**: last evaluation at step {curve[-1][0]:,}, win "
+            f"rate {curve[-1][1]:.2f}, best {max(w for _, w, _ in curve):.2f}."
+        )
     else:
         lines[-1] += "**No evaluation was logged.**"
     lines += ["", "| step | win rate | training s |", "|---:|---:|---:|"]
@@ -157,57 +223,94 @@ def mappo(device_flag: str, seconds: dict, out: Path, dry: bool) -> list[str]:
 
 
 def atari_curve(device_flag: str, seconds: dict, out: Path, dry: bool) -> list[str]:
-    flags = ["--env-id", "ALE/Pong-v5", "--total-timesteps", "100000000", "--eval-episodes", "0", device_flag]
-    rows, how = timed_run("ppo_atari_envpool.py", flags, seconds["curve"], out / "ppo-envpool-pong", fork=dry)
+    flags = [
+        "--env-id",
+        "ALE/Pong-v5",
+        "--total-timesteps",
+        "100000000",
+        "--eval-episodes",
+        "0",
+        device_flag,
+    ]
+    rows, how = timed_run(
+        "ppo_atari_envpool.py", flags, seconds["curve"], out / "ppo-envpool-pong", fork=dry
+    )
     games = [(r["global_step"], r["value"]) for r in rows if r["name"] == "train/episodic_return"]
     done = max((r["global_step"] for r in rows), default=0)
     sps = steady_sps(rows)
-    lines = ["## 4. ppo_atari_envpool.py on Pong (defaults), as far as it gets", "",
-             f"{done:,} steps in at most {seconds['curve']} s of training ({how}); steady "
-             f"{'–' if sps is None else f'{sps:,.0f}'} steps/s; {len(games)} games ended (Pong: -21 to 21; PPO "
-             "reaches about 20 after 10M steps).", "", "| steps up to | games | mean return |", "|---:|---:|---:|"]
+    lines = [
+        "## 4. ppo_atari_envpool.py on Pong (defaults), as far as it gets",
+        "",
+        f"{done:,} steps in at most {seconds['curve']} s of training ({how}); "
+        f"steady {'–' if sps is None else f'{sps:,.0f}'} steps/s; {len(games)} "
+        "games ended (Pong: -21 to 21; PPO reaches about 20 after 10M steps).",
+        "",
+        "| steps up to | games | mean return |",
+        "|---:|---:|---:|",
+    ]
     if games:
         edges = np.linspace(0, done, 6)[1:]
         lo = 0
         for hi in edges:
             chunk = [v for s, v in games if lo < s <= hi]
-            lines.append(f"| {int(hi):,} | {len(chunk)} | {np.mean(chunk):.1f} |" if chunk else
-                         f"| {int(hi):,} | 0 | – |")
+            lines.append(
+                f"| {int(hi):,} | {len(chunk)} | {np.mean(chunk):.1f} |"
+                if chunk
+                else f"| {int(hi):,} | 0 | – |"
+            )
             lo = hi
     return lines + [""]
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--dry-run", action="store_true", help="on the CPU with tiny budgets: check that every step runs")
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="on the CPU with tiny budgets: check that every step runs",
+    )
     p.add_argument("--report-dir", type=Path, default=REPORTS)
     args = p.parse_args(argv)
     if not args.dry_run and not torch.cuda.is_available():
-        print("gpu_check: no CUDA device visible to torch; use --dry-run to check the steps on the CPU",
-              file=sys.stderr)
+        print(
+            "gpu_check: no CUDA device visible to torch; "
+            "use --dry-run to check the steps on the CPU",
+            file=sys.stderr,
+        )
         return 2
     device = "cpu" if args.dry_run else "cuda"
     seconds = DRY_SECONDS if args.dry_run else SECONDS
     name = "CPU dry run" if args.dry_run else torch.cuda.get_device_name(0)
     started = time.time()
-    lines = [f"# GPU check: {name}", "",
-             f"Device: {name}; torch {torch.__version__}; commit {git_commit()}; "
-             f"{datetime.datetime.now():%Y-%m-%d %H:%M}; command `bash benchmark/gpu.sh"
-             f"{' --dry-run' if args.dry_run else ''}`." + (" A dry run: tiny budgets on the CPU, numbers of no "
-                                                            "meaning." if args.dry_run else ""), ""]
+    lines = [
+        f"# GPU check: {name}",
+        "",
+        f"Device: {name}; torch {torch.__version__}; commit {git_commit()}; "
+        f"{datetime.datetime.now():%Y-%m-%d %H:%M}; command `bash "
+        f"benchmark/gpu.sh{' --dry-run' if args.dry_run else ''}`."
+        + (" A dry run: tiny budgets on the CPU, numbers of no meaning." if args.dry_run else ""),
+        "",
+    ]
     device_flag = "--no-cuda" if args.dry_run else "--cuda"
     path = new_report_path(args.report_dir, "gpu-check", device)
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
         out = Path(tmp)
-        steps = [lambda: speed(device_flag, seconds, out, args.dry_run), lambda: battles(device, args.dry_run),
-                 lambda: mappo(device_flag, seconds, out, args.dry_run),
-                 lambda: atari_curve(device_flag, seconds, out, args.dry_run)]
+        steps = [
+            lambda: speed(device_flag, seconds, out, args.dry_run),
+            lambda: battles(device, args.dry_run),
+            lambda: mappo(device_flag, seconds, out, args.dry_run),
+            lambda: atari_curve(device_flag, seconds, out, args.dry_run),
+        ]
         for step in steps:
             try:
                 lines += step()
             except Exception as e:  # one broken step must not cost the others' numbers
                 lines += [f"A step failed: {type(e).__name__}: {e}", ""]
-            path.write_text("\n".join(lines + [f"(Unfinished: {time.time() - started:.0f} s so far.)"]) + "\n")
+            path.write_text(
+                "\n".join(lines + [f"(Unfinished: {time.time() - started:.0f} s so far.)"]) + "\n"
+            )
     lines.append(f"The check took {time.time() - started:.0f} s.")
     path.write_text("\n".join(lines) + "\n")
     print(f"report: {path}")

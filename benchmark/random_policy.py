@@ -1,11 +1,15 @@
-"""The random-policy score of an env: the 0 of the normalised scores the verdict uses (benchmark/stats.py).
+"""The random-policy score of an env: the 0 of the normalised scores the verdict uses
+(benchmark/stats.py).
 
-    python benchmark/random_policy.py CartPole-v1 Acrobot-v1 MountainCar-v0   # prints entries for the table
+    python benchmark/random_policy.py CartPole-v1 Acrobot-v1 MountainCar-v0   # prints entries for
+    the table
 
-The table is benchmark/random_scores.toml: per env the mean undiscounted return of uniform random actions over
-`episodes` episodes (the first reset seeded with `seed`, the action space seeded alike, so the numbers reproduce
-exactly) and `solved`, the env's Gymnasium reward_threshold (the verdict's fallback scale, see stats.scale).
+The table is benchmark/random_scores.toml: per env the mean undiscounted return of uniform random
+actions over `episodes` episodes (the first reset seeded with `seed`, the action space seeded alike,
+so the numbers reproduce exactly) and `solved`, the env's Gymnasium reward_threshold (the verdict's
+fallback scale, see stats.scale).
 """
+
 import sys
 import tomllib
 from dataclasses import dataclass
@@ -14,7 +18,8 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # `python benchmark/random_policy.py` puts benchmark/ first on the path, not the root
+# `python benchmark/random_policy.py` puts benchmark/ first on the path, not the root
+if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 TABLE = Path(__file__).resolve().parent / "random_scores.toml"
@@ -31,18 +36,23 @@ class RandomScore:
 
 
 def register(env_id: str) -> str:
-    """env_id, registered with gymnasium where it is a MinAtar id (minatar's own register_envs; the scripts that take
-    MinAtar register the same ids with a limit of 10,000 steps, far beyond a random game)."""
+    """env_id, registered with gymnasium where it is a MinAtar id (minatar's own register_envs; the
+    scripts that take MinAtar register the same ids with a limit of 10,000 steps, far beyond a
+    random game)."""
     import gymnasium as gym
+
     if env_id.startswith("MinAtar/") and env_id not in gym.registry:
         import minatar.gym
+
         minatar.gym.register_envs()
     return env_id
 
 
 def random_returns(env_id: str, episodes: int = 100, seed: int = 0) -> np.ndarray:
-    """Undiscounted returns of `episodes` episodes of uniform random actions (time limits as registered)."""
+    """Undiscounted returns of `episodes` episodes of uniform random actions (time limits as
+    registered)."""
     import gymnasium as gym
+
     env = gym.make(register(env_id))
     env.action_space.seed(seed)
     returns = []
@@ -66,8 +76,12 @@ def load_random_scores(path: Path = TABLE) -> dict[str, RandomScore]:
 
 def main(argv: list[str] | None = None) -> int:
     import argparse
+
     import gymnasium as gym
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("env_ids", nargs="+")
     p.add_argument("--episodes", type=int, default=100)
     p.add_argument("--seed", type=int, default=0)
@@ -75,8 +89,12 @@ def main(argv: list[str] | None = None) -> int:
     for env_id in a.env_ids:
         x = random_returns(env_id, a.episodes, a.seed)
         solved = gym.spec(register(env_id)).reward_threshold
-        print(f'["{env_id}"]\nrandom = {x.mean():.2f}\nstd = {x.std():.2f}\nepisodes = {a.episodes}\nseed = {a.seed}'
-              + (f"\nsolved = {float(solved)!r}" if solved is not None else "") + "\n")
+        print(
+            f'["{env_id}"]\nrandom = {x.mean():.2f}\nstd = '
+            f"{x.std():.2f}\nepisodes = {a.episodes}\nseed = {a.seed}"
+            + (f"\nsolved = {float(solved)!r}" if solved is not None else "")
+            + "\n"
+        )
     return 0
 
 

@@ -1,16 +1,18 @@
-"""The runs of a suite as Ray tasks (benchmark/run.py --backend ray): on a local Ray started here, or with an
-address on an existing cluster (`ray start --head` on one machine, `ray start --address <head>:<port>` on others).
+"""The runs of a suite as Ray tasks (benchmark/run.py --backend ray): on a local Ray started here,
+or with an address on an existing cluster (`ray start --head` on one machine, `ray start --address
+<head>:<port>` on others).
 
-Code: the job's runtime_env ships the repository root as the driver has it (uncommitted changes included, which
-is what the report's commit line describes), less EXCLUDES, to every worker as its working directory. Not the
-installed package: pyproject installs only smac_lite, not algos/ and benchmark/, and a cluster's installed copy
-could be another commit. The Python environment (torch, gymnasium, ...) is each node's own: install the pinned
-dependencies there.
-Results: a task runs its script in a temporary directory on its worker and returns that run directory's files
-(metrics.csv, config.json, output.log, checkpoints) as bytes; the driver writes them under its own run directory,
-so resuming and the report work when the workers are other machines. Resuming is decided on the driver: a run
-finished there is not sent at all.
+Code: the job's runtime_env ships the repository root as the driver has it (uncommitted changes
+included, which is what the report's commit line describes), less EXCLUDES, to every worker as its
+working directory. Not the installed package: pyproject installs only smac_lite, not algos/ and
+benchmark/, and a cluster's installed copy could be another commit. The Python environment (torch,
+gymnasium, ...) is each node's own: install the pinned dependencies there.
+Results: a task runs its script in a temporary directory on its worker and returns that run
+directory's files (metrics.csv, config.json, output.log, checkpoints) as bytes; the driver writes
+them under its own run directory, so resuming and the report work when the workers are other
+machines. Resuming is decided on the driver: a run finished there is not sent at all.
 """
+
 import contextlib
 import os
 import shutil
@@ -25,16 +27,28 @@ from pathlib import Path
 from benchmark.run import ROOT, Outcome, RunSpec, Unreachable, execute, keep_or_clear
 from benchmark.runs import load_script, pack_dir, unpack_dir
 
-# what workers do not need: run outputs, environments, history, reports (gitignore syntax, relative to ROOT)
-EXCLUDES = ["runs/", ".venv/", ".ci/venv/", ".git/", "benchmark/reports/", "wandb/", "videos/", "__pycache__/",
-            "*.egg-info/", ".pytest_cache/"]
-CONNECT_TIMEOUT = 5.0  # seconds; ray.init itself retries for a minute or more before giving up on an address
+# what workers do not need: run outputs, environments, history, reports (gitignore syntax, relative
+# to ROOT)
+EXCLUDES = [
+    "runs/",
+    ".venv/",
+    ".ci/venv/",
+    ".git/",
+    "benchmark/reports/",
+    "wandb/",
+    "videos/",
+    "__pycache__/",
+    "*.egg-info/",
+    ".pytest_cache/",
+]
+# seconds; ray.init itself retries for a minute or more before giving up on an address
+CONNECT_TIMEOUT = 5.0
 
 
 def check_reachable(address: str, timeout: float = CONNECT_TIMEOUT) -> None:
-    """Raise Unreachable (one line) unless the address's host:port accepts a connection and answers as a Ray head
-    (ray.init retries for minutes against a port that speaks another protocol, an HTTP server): impala.py's own
-    check_ray_address, whose one-line error becomes Unreachable here."""
+    """Raise Unreachable (one line) unless the address's host:port accepts a connection and answers
+    as a Ray head (ray.init retries for minutes against a port that speaks another protocol, an HTTP
+    server): impala.py's own check_ray_address, whose one-line error becomes Unreachable here."""
     impala = load_script("impala.py")
 
     def unreachable(message: str, *scripts: str):
@@ -44,8 +58,11 @@ def check_reachable(address: str, timeout: float = CONNECT_TIMEOUT) -> None:
     impala.check_ray_address(address, timeout)
 
 
-def _run_on_worker(spec: RunSpec, device: str, timeout: float | None) -> tuple[Outcome, dict[str, bytes]]:
-    """On a worker: run spec in a fresh temporary directory; its Outcome and the run directory's files."""
+def _run_on_worker(
+    spec: RunSpec, device: str, timeout: float | None
+) -> tuple[Outcome, dict[str, bytes]]:
+    """On a worker: run spec in a fresh temporary directory; its Outcome and the run directory's
+    files."""
     with tempfile.TemporaryDirectory(prefix="canonrl-run-") as tmp:
         outcome = execute(spec, Path(tmp) / spec.name, device, timeout)
         return outcome, pack_dir(outcome.run_dir)
@@ -61,27 +78,44 @@ def _init(ray, address: str | None, jobs: int) -> None:
     runtime_env = {"working_dir": str(ROOT), "excludes": EXCLUDES}
     quiet = dict(log_to_driver=False, configure_logging=False)
     if address is None:
-        # "local": a new Ray of `jobs` CPUs here, even where RAY_ADDRESS or an earlier `ray start` names another
-        ray.init(address="local", num_cpus=jobs, include_dashboard=False, runtime_env=runtime_env, **quiet)
+        # "local": a new Ray of `jobs` CPUs here, even where RAY_ADDRESS or an earlier `ray start`
+        # names another
+        ray.init(
+            address="local",
+            num_cpus=jobs,
+            include_dashboard=False,
+            runtime_env=runtime_env,
+            **quiet,
+        )
         return
     check_reachable(address)
     try:  # an existing cluster brings its own resources: ray.init refuses num_cpus with an address
         ray.init(address=address, runtime_env=runtime_env, **quiet)
     except (ConnectionError, RuntimeError, ValueError) as e:
-        raise Unreachable(f"cannot join the Ray cluster at {address}: {str(e).strip().splitlines()[0]}") from None
+        raise Unreachable(
+            f"cannot join the Ray cluster at {address}: {str(e).strip().splitlines()[0]}"
+        ) from None
 
 
-def execute_all(items, device: str = "cpu", jobs: int = 1, timeout: float | None = None,
-                address: str | None = None):
-    """Yield the Outcome of each (spec, run_dir) of items as it ends, run_dir on this machine. One CPU per task
-    and, on cuda, 1/jobs of a GPU. Ray is started (or joined) here unless it already is, and shut down after."""
-    # `ray start` turns token authentication on when it finds a token (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or
-    # ~/.ray/auth_token), but ray.init with an explicit address does not (Ray 2.60), and the cluster then refuses the
-    # driver (InvalidAuthToken). Send the token wherever `ray start` would find one, unless RAY_AUTH_MODE says
-    # otherwise; Ray reads the mode when it is imported, so this comes first.
+def execute_all(
+    items,
+    device: str = "cpu",
+    jobs: int = 1,
+    timeout: float | None = None,
+    address: str | None = None,
+):
+    """Yield the Outcome of each (spec, run_dir) of items as it ends, run_dir on this machine. One
+    CPU per task and, on cuda, 1/jobs of a GPU. Ray is started (or joined) here unless it already
+    is, and shut down after."""
+    # `ray start` turns token authentication on when it finds a token (RAY_AUTH_TOKEN,
+    # RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token), but ray.init with an explicit address does not (Ray
+    # 2.60), and the cluster then refuses the driver (InvalidAuthToken). Send the token wherever
+    # `ray start` would find one, unless RAY_AUTH_MODE says otherwise; Ray reads the mode when it is
+    # imported, so this comes first.
     if address is not None and "RAY_AUTH_MODE" not in os.environ and token_available():
         os.environ["RAY_AUTH_MODE"] = "token"
     import ray
+
     todo = []
     for spec, run_dir in items:
         if keep_or_clear(Path(run_dir)):
@@ -105,7 +139,8 @@ def execute_all(items, device: str = "cpu", jobs: int = 1, timeout: float | None
 
 
 def _receive(ray, ref, spec: RunSpec, run_dir: Path) -> Outcome:
-    """Write a finished task's run directory under run_dir; a task that Ray itself lost is a failed run."""
+    """Write a finished task's run directory under run_dir; a task that Ray itself lost is a failed
+    run."""
     try:
         outcome, files = ray.get(ref)
     except ray.exceptions.RayError as e:
@@ -125,25 +160,51 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def separate_cluster(num_cpus: int = 2):
-    """A Ray cluster of its own in a separate process (`ray start --head --block`, its own temp dir and ports), as
-    a remote cluster would be: yields its address, the environment a driver needs (its auth token) and the head's
-    pid, which is the session id of every process the cluster starts. Ended by SIGTERM to that process, which stops
-    the processes it started, then by killing what is left of its session by pid. Not `ray stop`: that stops every
-    Ray process of the user on this machine, other people's clusters and local Rays included."""
-    import ray  # noqa: F401  (Ray ships psutil in its thirdparty_files, which importing ray puts on the path)
+    """A Ray cluster of its own in a separate process (`ray start --head --block`, its own temp dir
+    and ports), as a remote cluster would be: yields its address, the environment a driver needs
+    (its auth token) and the head's pid, which is the session id of every process the cluster
+    starts. Ended by SIGTERM to that process, which stops the processes it started, then by killing
+    what is left of its session by pid. Not `ray stop`: that stops every Ray process of the user on
+    this machine, other people's clusters and local Rays included."""
+    # Ray ships psutil in its thirdparty_files, which importing ray puts on the path: ray first
+    import ray  # noqa: F401
+
+    # isort: split
     import psutil
-    tmp = Path(tempfile.mkdtemp(prefix="ray"))  # its own: Ray keeps sockets and logs there, not in the shared default
+
+    # its own: Ray keeps sockets and logs there, not in the shared default
+    tmp = Path(tempfile.mkdtemp(prefix="ray"))
     port = free_port()
-    # its own token too (Ray checks one on every connection): the cluster and the driver read this file, never the
-    # user's ~/.ray/auth_token, which another Ray on the machine may write meanwhile
+    # its own token too (Ray checks one on every connection): the cluster and the driver read this
+    # file, never the user's ~/.ray/auth_token, which another Ray on the machine may write meanwhile
     (tmp / "auth_token").write_text(uuid.uuid4().hex * 2)
     env = {**os.environ, "RAY_AUTH_TOKEN_PATH": str(tmp / "auth_token")}
     log = open(tmp / "start.log", "w")
-    cmd = [str(Path(sys.executable).with_name("ray")), "start", "--head", "--block", "--port", str(port),
-           "--node-ip-address", "127.0.0.1", "--num-cpus", str(num_cpus), "--include-dashboard=false",
-           "--disable-usage-stats", "--temp-dir", str(tmp), "--ray-client-server-port", str(free_port()),
-           "--dashboard-port", str(free_port()), "--dashboard-agent-listen-port", str(free_port())]
-    head = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+    cmd = [
+        str(Path(sys.executable).with_name("ray")),
+        "start",
+        "--head",
+        "--block",
+        "--port",
+        str(port),
+        "--node-ip-address",
+        "127.0.0.1",
+        "--num-cpus",
+        str(num_cpus),
+        "--include-dashboard=false",
+        "--disable-usage-stats",
+        "--temp-dir",
+        str(tmp),
+        "--ray-client-server-port",
+        str(free_port()),
+        "--dashboard-port",
+        str(free_port()),
+        "--dashboard-agent-listen-port",
+        str(free_port()),
+    ]
+    head = subprocess.Popen(
+        cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env
+    )
     try:
         deadline = time.time() + 120
         while "Ray runtime started" not in (tmp / "start.log").read_text():
@@ -159,7 +220,8 @@ def separate_cluster(num_cpus: int = 2):
             head.kill()
         for proc in psutil.process_iter():
             try:
-                if os.getsid(proc.pid) == head.pid:  # the session start_new_session made: only what we started
+                # the session start_new_session made: only what we started
+                if os.getsid(proc.pid) == head.pid:
                     proc.kill()
             except (OSError, psutil.Error):
                 pass

@@ -1,25 +1,29 @@
-"""Run a benchmark suite (benchmark/suites.toml): scripts x envs x seeds as subprocesses, then score, aggregate
-and report (benchmark/report.py writes benchmark/reports/<suite>-<device>-<date>-<HHMM>-<commit>.md with learning
-curves; an earlier report is never overwritten).
+"""Run a benchmark suite (benchmark/suites.toml): scripts x envs x seeds as subprocesses, then
+score, aggregate and report (benchmark/report.py writes
+benchmark/reports/<suite>-<device>-<date>-<HHMM>-<commit>.md with learning curves; an earlier report
+is never overwritten).
 
-    python benchmark/run.py --suite classic --seeds 5 --device cpu --jobs 2
-    python benchmark/run.py --suite classic --device cuda --jobs 4 --backend ray      # a local Ray started here
-    python benchmark/run.py --suite classic --seeds 5 --backend ray --ray-address 127.0.0.1:6379   # a cluster
+    python benchmark/run.py --suite classic --seeds 5 --device cpu --jobs 2 python benchmark/run.py
+    --suite classic --device cuda --jobs 4 --backend ray      # a local Ray started here python
+    benchmark/run.py --suite classic --seeds 5 --backend ray --ray-address 127.0.0.1:6379   # a
+    cluster
 
-Runs go to <out>/<script>__<env>__<seed>/ (default out: runs/benchmark/<suite>-<device>). Running the same
-command again resumes: a run whose metrics.csv holds its final evaluation is kept, any other run directory is
-deleted and the run redone from the start. A run that crashes is reported and the others go on; its output is in
-<run_dir>/output.log. Scripts of the suite that do not exist yet are listed as missing and skipped.
-With --backend ray the runs are Ray tasks (benchmark/ray_backend.py): on a local Ray started here, or with
---ray-address (or RAY_ADDRESS) on an existing cluster (`ray start --head`), whose workers get this checkout's code
-and send each run directory back to be written under <out>.
---seeds-from REPORT.md (repeatable) adds the per-seed scores of an earlier report of the same suite for seeds this
-command does not run, so that a suite too long for one sitting is reported whole: use it only where the scripts
-have not changed since that report (the new report names each seed's source; its curves show only the runs made
-here).
-Exit status: 0 when every run finished, 1 when some crashed (the report is written either way), 2 for bad input
-(an unknown suite, a Ray address that cannot be reached, an earlier report that cannot be used).
+Runs go to <out>/<script>__<env>__<seed>/ (default out: runs/benchmark/<suite>-<device>). Running
+the same command again resumes: a run whose metrics.csv holds its final evaluation is kept, any
+other run directory is deleted and the run redone from the start. A run that crashes is reported and
+the others go on; its output is in <run_dir>/output.log. Scripts of the suite that do not exist yet
+are listed as missing and skipped. With --backend ray the runs are Ray tasks
+(benchmark/ray_backend.py): on a local Ray started here, or with --ray-address (or RAY_ADDRESS) on
+an existing cluster (`ray start --head`), whose workers get this checkout's code and send each run
+directory back to be written under <out>. --seeds-from REPORT.md (repeatable) adds the per-seed
+scores of an earlier report of the same suite for seeds this command does not run, so that a suite
+too long for one sitting is reported whole: use it only where the scripts have not changed since
+that report (the new report names each seed's source; its curves show only the runs made here). Exit
+status: 0 when every run finished, 1 when some crashed (the report is written either way), 2 for bad
+input (an unknown suite, a Ray address that cannot be reached, an earlier report that cannot be
+used).
 """
+
 import argparse
 import dataclasses
 import json
@@ -35,7 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # `python benchmark/run.py` puts benchmark/ first on the path, not the root
+# `python benchmark/run.py` puts benchmark/ first on the path, not the root
+if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from tqdm import tqdm  # noqa: E402
@@ -48,24 +53,37 @@ REPORTS = Path(__file__).resolve().parent / "reports"
 
 @dataclass(frozen=True)
 class RunSpec:
-    """One run of a suite: a script on an env with a seed, budget and extra flags, and how it is scored."""
+    """One run of a suite: a script on an env with a seed, budget and extra flags, and how it is
+    scored."""
+
     script: str
     env_id: str
     seed: int
     total_timesteps: int
     score: str
     flags: tuple[str, ...] = ()
-    reference: str | None = None  # a reference id, or None: the matching one (benchmark.references.find_reference)
-    self_reference: bool = False  # the reference is made from this entry's runs: reported, not judged
-    compare_with: tuple[str, ...] = ()  # also judged against the runs of these scripts ("sb3:sac_continuous.py")
+    # a reference id, or None: the matching one (benchmark.references.find_reference)
+    reference: str | None = None
+    # the reference is made from this entry's runs: reported, not judged
+    self_reference: bool = False
+    # also judged against the runs of these scripts ("sb3:sac_continuous.py")
+    compare_with: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
         return f"{file_stem(self.script)}__{self.env_id.replace('/', '-')}__{self.seed}"
 
     def command_flags(self, device: str) -> list[str]:
-        return ["--env-id", self.env_id, "--total-timesteps", str(self.total_timesteps), "--seed", str(self.seed),
-                *self.flags, "--cuda" if device == "cuda" else "--no-cuda"]
+        return [
+            "--env-id",
+            self.env_id,
+            "--total-timesteps",
+            str(self.total_timesteps),
+            "--seed",
+            str(self.seed),
+            *self.flags,
+            "--cuda" if device == "cuda" else "--no-cuda",
+        ]
 
 
 class Unreachable(RuntimeError):
@@ -76,10 +94,13 @@ class Unreachable(RuntimeError):
 class Outcome:
     spec: RunSpec
     run_dir: Path
-    status: str  # "done" (finished before, kept), "ok" (ran and finished), "failed", "reported" (an earlier report's)
+    # "done" (finished before, kept), "ok" (ran and finished), "failed", "reported" (an earlier
+    # report's)
+    status: str
     seconds: float = 0.0
     error: str = ""
-    reported: dict | None = None  # status "reported": the score, final eval and eval curve that report gives the seed
+    # status "reported": the score, final eval and eval curve that report gives the seed
+    reported: dict | None = None
 
     @property
     def finished(self) -> bool:
@@ -92,13 +113,15 @@ class Suite:
     description: str
     seeds: int
     runs: list[dict] = field(default_factory=list)
-    datasets: list[str] = field(default_factory=list)  # benchmark/datasets.py STANDARD names its runs read
+    # benchmark/datasets.py STANDARD names its runs read
+    datasets: list[str] = field(default_factory=list)
 
 
 def load_suites(path: Path = SUITES) -> dict[str, Suite]:
     with open(path, "rb") as f:
         data = tomllib.load(f)
     from benchmark.datasets import STANDARD  # the datasets a suite may name
+
     suites = {}
     for name, s in data.items():
         runs = s.get("run", [])
@@ -107,61 +130,102 @@ def load_suites(path: Path = SUITES) -> dict[str, Suite]:
             if missing:
                 raise ValueError(f"{path}: a run of suite {name!r} lacks {sorted(missing)}")
             if r.get("self_reference") and not r.get("reference"):
-                raise ValueError(f"{path}: a run of suite {name!r} has self_reference but no reference")
+                raise ValueError(
+                    f"{path}: a run of suite {name!r} has self_reference but no reference"
+                )
             for other in compared_with(r):
-                if not any((o["script"], o["env_id"], o["total_timesteps"], o["score"]) ==
-                           (other, r["env_id"], r["total_timesteps"], r["score"]) for o in runs):
-                    raise ValueError(f"{path}: a run of suite {name!r} compares with {other!r}, which the suite does "
-                                     f"not run on {r['env_id']} at {r['total_timesteps']} steps with score "
-                                     f"{r['score']!r}")
+                if not any(
+                    (o["script"], o["env_id"], o["total_timesteps"], o["score"])
+                    == (other, r["env_id"], r["total_timesteps"], r["score"])
+                    for o in runs
+                ):
+                    raise ValueError(
+                        f"{path}: a run of suite {name!r} compares with {other!r}, "
+                        f"which the suite does not run on {r['env_id']} at "
+                        f"{r['total_timesteps']} steps with score {r['score']!r}"
+                    )
         if unknown := set(s.get("datasets", [])) - set(STANDARD):
-            raise ValueError(f"{path}: suite {name!r} names datasets that benchmark/datasets.py does not make: "
-                             f"{sorted(unknown)}")
-        suites[name] = Suite(name, s.get("description", ""), int(s.get("seeds", 1)), runs, s.get("datasets", []))
+            raise ValueError(
+                f"{path}: suite {name!r} names datasets that "
+                f"benchmark/datasets.py does not make: {sorted(unknown)}"
+            )
+        suites[name] = Suite(
+            name, s.get("description", ""), int(s.get("seeds", 1)), runs, s.get("datasets", [])
+        )
     return suites
 
 
 def compared_with(run: dict) -> tuple[str, ...]:
-    """The scripts a suite's run is also judged against: its compare_with, one script or a list of them."""
+    """The scripts a suite's run is also judged against: its compare_with, one script or a list of
+    them."""
     others = run.get("compare_with", ())
     return (others,) if isinstance(others, str) else tuple(others)
 
 
-def plan(suite: Suite, seeds: int | None = None, scripts: list[str] | None = None,
-         first_seed: int = 1, envs: list[str] | None = None) -> tuple[list[RunSpec], list[str]]:
-    """The runs of a suite (N seeds from first_seed on; only `scripts` and `envs` if given) whose script exists, and
-    the scripts that do not exist yet."""
+def plan(
+    suite: Suite,
+    seeds: int | None = None,
+    scripts: list[str] | None = None,
+    first_seed: int = 1,
+    envs: list[str] | None = None,
+) -> tuple[list[RunSpec], list[str]]:
+    """The runs of a suite (N seeds from first_seed on; only `scripts` and `envs` if given) whose
+    script exists, and the scripts that do not exist yet."""
     specs, missing = [], []
     for r in suite.runs:
         if (scripts and r["script"] not in scripts) or (envs and r["env_id"] not in envs):
             continue
-        if not (ALGOS / r["script"].split(":")[-1]).is_file():  # sb3:<script> and d3rlpy:<script> too
+        # sb3:<script> and d3rlpy:<script> too
+        if not (ALGOS / r["script"].split(":")[-1]).is_file():
             missing += [r["script"]] if r["script"] not in missing else []
             continue
         for seed in range(first_seed, first_seed + (seeds or suite.seeds)):
-            specs.append(RunSpec(r["script"], r["env_id"], seed, int(r["total_timesteps"]), r["score"],
-                                 tuple(r.get("flags", ())), r.get("reference"), bool(r.get("self_reference")),
-                                 compared_with(r)))
+            specs.append(
+                RunSpec(
+                    r["script"],
+                    r["env_id"],
+                    seed,
+                    int(r["total_timesteps"]),
+                    r["score"],
+                    tuple(r.get("flags", ())),
+                    r.get("reference"),
+                    bool(r.get("self_reference")),
+                    compared_with(r),
+                )
+            )
     return specs, missing
 
 
-def seeds_from(report_md: Path, suite: Suite, specs: list[RunSpec], known: list[Outcome]) -> list[Outcome]:
-    """The seeds that an earlier report of this suite scored for the runs of `specs`, except the seeds that `specs`
-    run or `known` holds already, as "reported" outcomes (run_dir: that report). ValueError when the report is not
-    one of this suite's, holds none of these runs, or scores a seed that `known` has with another value."""
+def seeds_from(
+    report_md: Path, suite: Suite, specs: list[RunSpec], known: list[Outcome]
+) -> list[Outcome]:
+    """The seeds that an earlier report of this suite scored for the runs of `specs`, except the
+    seeds that `specs` run or `known` holds already, as "reported" outcomes (run_dir: that report).
+    ValueError when the report is not one of this suite's, holds none of these runs, or scores a
+    seed that `known` has with another value."""
     results = Path(report_md).with_suffix("") / "results.json"
     if not results.is_file():
-        raise ValueError(f"{report_md}: no {results} beside it; give a report .md that benchmark/run.py wrote")
+        raise ValueError(
+            f"{report_md}: no {results} beside it; give a report .md that benchmark/run.py wrote"
+        )
     data = json.loads(results.read_text())
     if data.get("suite") != suite.name:
-        raise ValueError(f"{report_md} is a report of suite {data.get('suite')!r}, not {suite.name!r}")
+        raise ValueError(
+            f"{report_md} is a report of suite {data.get('suite')!r}, not {suite.name!r}"
+        )
     templates, running = {}, {(s.script, s.env_id, s.seed) for s in specs}
     for s in specs:
         templates.setdefault((s.script, s.env_id, s.total_timesteps, s.score, s.flags), s)
     have = {(o.spec.script, o.spec.env_id, o.spec.seed): o for o in known}
     added = []
     for cell in data["cells"]:
-        key = (cell["script"], cell["env_id"], cell["total_timesteps"], cell["score"], tuple(cell["flags"]))
+        key = (
+            cell["script"],
+            cell["env_id"],
+            cell["total_timesteps"],
+            cell["score"],
+            tuple(cell["flags"]),
+        )
         if cell.get("compared_with") or key not in templates:
             continue
         for seed, value in cell["scores"].items():
@@ -171,21 +235,34 @@ def seeds_from(report_md: Path, suite: Suite, specs: list[RunSpec], known: list[
             earlier = have.get((spec.script, spec.env_id, spec.seed))
             if earlier is not None:
                 if earlier.reported["score"] != value:
-                    raise ValueError(f"{report_md} scores {spec.name} {value}, {earlier.run_dir} "
-                                     f"{earlier.reported['score']}: give one of them")
+                    raise ValueError(
+                        f"{report_md} scores {spec.name} {value}, {earlier.run_dir} "
+                        f"{earlier.reported['score']}: give one of them"
+                    )
                 continue
             curve = cell.get("eval_curves", {}).get(seed, [])
-            o = Outcome(spec, Path(report_md), "reported", reported={
-                "score": value, "final_eval": cell.get("final_evals", {}).get(seed), "eval_curve": curve})
+            o = Outcome(
+                spec,
+                Path(report_md),
+                "reported",
+                reported={
+                    "score": value,
+                    "final_eval": cell.get("final_evals", {}).get(seed),
+                    "eval_curve": curve,
+                },
+            )
             have[(spec.script, spec.env_id, spec.seed)] = o
             added.append(o)
     if not added:
-        raise ValueError(f"{report_md} scores no seed of these runs that this command does not run itself")
+        raise ValueError(
+            f"{report_md} scores no seed of these runs that this command does not run itself"
+        )
     return added
 
 
 def _error_line(stderr: str, returncode: int) -> str:
-    """The line of a crashed run's output that says why (tracebacks end with it; tyro boxes its message)."""
+    """The line of a crashed run's output that says why (tracebacks end with it; tyro boxes its
+    message)."""
     lines = [ln.strip(" │╭╮╰╯─┃━\t") for ln in re.split(r"[\r\n]+", stderr)]
     lines = [ln for ln in lines if ln and "it/s]" not in ln and "step/s]" not in ln]
     flagged = [ln for ln in lines if re.search(r"error|exception|unrecognized|invalid", ln, re.I)]
@@ -193,7 +270,8 @@ def _error_line(stderr: str, returncode: int) -> str:
 
 
 def keep_or_clear(run_dir: Path) -> bool:
-    """True when run_dir holds its run finished (kept); otherwise deletes what a half-done run left there."""
+    """True when run_dir holds its run finished (kept); otherwise deletes what a half-done run left
+    there."""
     if run_finished(run_dir):
         return True
     if run_dir.exists():
@@ -201,8 +279,11 @@ def keep_or_clear(run_dir: Path) -> bool:
     return False
 
 
-def execute(spec: RunSpec, run_dir: Path, device: str = "cpu", timeout: float | None = None) -> Outcome:
-    """Run one spec unless run_dir already holds it finished; a half-done run_dir is deleted and redone."""
+def execute(
+    spec: RunSpec, run_dir: Path, device: str = "cpu", timeout: float | None = None
+) -> Outcome:
+    """Run one spec unless run_dir already holds it finished; a half-done run_dir is deleted and
+    redone."""
     run_dir = Path(run_dir)
     if keep_or_clear(run_dir):
         return Outcome(spec, run_dir, "done")
@@ -211,20 +292,34 @@ def execute(spec: RunSpec, run_dir: Path, device: str = "cpu", timeout: float | 
         out = run_script(spec.script, spec.command_flags(device), run_dir, timeout=timeout)
         stdout, stderr, rc = out.stdout, out.stderr, out.returncode
     except subprocess.TimeoutExpired as e:
-        stdout, stderr, rc = str(e.stdout or ""), str(e.stderr or "") + f"\nerror: timed out after {timeout} s", 124
+        stdout, stderr, rc = (
+            str(e.stdout or ""),
+            str(e.stderr or "") + f"\nerror: timed out after {timeout} s",
+            124,
+        )
     seconds = time.time() - start
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "output.log").write_text(stdout + stderr)
     if rc == 0 and run_finished(run_dir):
         return Outcome(spec, run_dir, "ok", seconds)
-    error = _error_line(stderr, rc) if rc else "exit 0 but no final eval/episodic_return in metrics.csv"
+    error = (
+        _error_line(stderr, rc) if rc else "exit 0 but no final eval/episodic_return in metrics.csv"
+    )
     return Outcome(spec, run_dir, "failed", seconds, error)
 
 
-def run_all(specs: list[RunSpec], out: Path, device: str = "cpu", jobs: int = 1, backend: str = "local",
-            timeout: float | None = None, progress: bool = True, ray_address: str | None = None) -> list[Outcome]:
-    """Run every spec under out/<spec.name>, `jobs` at a time (ray with an address: as the cluster's CPUs allow);
-    returns the outcomes in the order of specs."""
+def run_all(
+    specs: list[RunSpec],
+    out: Path,
+    device: str = "cpu",
+    jobs: int = 1,
+    backend: str = "local",
+    timeout: float | None = None,
+    progress: bool = True,
+    ray_address: str | None = None,
+) -> list[Outcome]:
+    """Run every spec under out/<spec.name>, `jobs` at a time (ray with an address: as the cluster's
+    CPUs allow); returns the outcomes in the order of specs."""
     out = Path(out).resolve()
     items = [(spec, out / spec.name) for spec in specs]
     bar = tqdm(total=len(items), unit="run", disable=not progress, desc=f"{backend} x{jobs}")
@@ -240,11 +335,14 @@ def run_all(specs: list[RunSpec], out: Path, device: str = "cpu", jobs: int = 1,
     try:
         if backend == "ray":
             from benchmark.ray_backend import execute_all
+
             for o in execute_all(items, device, jobs, timeout, ray_address):
                 record(o)
         elif backend == "local":
             with ThreadPoolExecutor(max_workers=jobs) as pool:
-                futures = [pool.submit(execute, spec, run_dir, device, timeout) for spec, run_dir in items]
+                futures = [
+                    pool.submit(execute, spec, run_dir, device, timeout) for spec, run_dir in items
+                ]
                 for fut in as_completed(futures):
                     record(fut.result())
         else:
@@ -255,34 +353,92 @@ def run_all(specs: list[RunSpec], out: Path, device: str = "cpu", jobs: int = 1,
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--suite", required=True, help="a suite of benchmark/suites.toml (smoke, classic, continuous, ...)")
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--suite",
+        required=True,
+        help="a suite of benchmark/suites.toml (smoke, classic, continuous, ...)",
+    )
     p.add_argument("--seeds", type=int, default=None, help="number of seeds (default: the suite's)")
-    p.add_argument("--first-seed", type=int, default=1, help="seeds first-seed .. first-seed + seeds - 1 (e.g. "
-                   "--first-seed 2 --seeds 2 adds seeds 2 and 3 to a suite run whose seed 1 is reported already)")
-    p.add_argument("--scripts", nargs="+", default=None, help="run only these scripts of the suite (e.g. ppo.py)")
-    p.add_argument("--envs", nargs="+", default=None, help="run only on these envs of the suite (e.g. Pendulum-v1)")
+    p.add_argument(
+        "--first-seed",
+        type=int,
+        default=1,
+        help="seeds first-seed .. first-seed + seeds - 1 (e.g. "
+        "--first-seed 2 --seeds 2 adds seeds 2 and 3 to "
+        "a suite run whose seed 1 is reported already)",
+    )
+    p.add_argument(
+        "--scripts",
+        nargs="+",
+        default=None,
+        help="run only these scripts of the suite (e.g. ppo.py)",
+    )
+    p.add_argument(
+        "--envs",
+        nargs="+",
+        default=None,
+        help="run only on these envs of the suite (e.g. Pendulum-v1)",
+    )
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    p.add_argument("--jobs", type=int, default=1, help="runs at a time (each uses one CPU thread); with "
-                   "--ray-address the cluster's free CPUs decide, and --jobs is only the runs per GPU on cuda")
-    p.add_argument("--out", type=Path, default=None, help="run directories (default runs/benchmark/<suite>-<device>)")
-    p.add_argument("--backend", choices=["local", "ray"], default="local",
-                   help="local: subprocesses from a thread pool; ray: the same as Ray tasks")
-    p.add_argument("--ray-address", default=None,
-                   help="with --backend ray: the cluster to run on, host:port of its head (`ray start --head`); "
-                   "default RAY_ADDRESS; without either a local Ray is started here")
-    p.add_argument("--timeout", type=float, default=None, help="seconds before a run is killed and counted as failed")
-    p.add_argument("--seeds-from", type=Path, action="append", default=[], metavar="REPORT_MD",
-                   help="an earlier report of this suite whose seeds (those this command does not run) join the new "
-                   "report; only where the scripts are unchanged since (repeatable)")
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="runs at a time (each uses one CPU thread); with "
+        "--ray-address the cluster's free CPUs decide, and --jobs is only the runs per GPU on cuda",
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="run directories (default runs/benchmark/<suite>-<device>)",
+    )
+    p.add_argument(
+        "--backend",
+        choices=["local", "ray"],
+        default="local",
+        help="local: subprocesses from a thread pool; ray: the same as Ray tasks",
+    )
+    p.add_argument(
+        "--ray-address",
+        default=None,
+        help="with --backend ray: the cluster to run on, "
+        "host:port of its head (`ray start --head`); default "
+        "RAY_ADDRESS; without either a local Ray is started here",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help="seconds before a run is killed and counted as failed",
+    )
+    p.add_argument(
+        "--seeds-from",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="REPORT_MD",
+        help="an earlier report of this suite whose seeds (those "
+        "this command does not run) join the new report; only "
+        "where the scripts are unchanged since (repeatable)",
+    )
     p.add_argument("--report-dir", type=Path, default=REPORTS)
     p.add_argument("--suites-file", type=Path, default=SUITES)
-    p.add_argument("--references-file", type=Path, default=None, help="default benchmark/references.toml")
+    p.add_argument(
+        "--references-file", type=Path, default=None, help="default benchmark/references.toml"
+    )
     args = p.parse_args(argv)
     if args.ray_address and args.backend != "ray":
         p.error("--ray-address needs --backend ray")
     try:
-        return _main(p, args, "python benchmark/run.py " + " ".join(argv if argv is not None else sys.argv[1:]))
+        return _main(
+            p,
+            args,
+            "python benchmark/run.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        )
     except Unreachable as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -292,6 +448,7 @@ def _main(p: argparse.ArgumentParser, args: argparse.Namespace, command: str) ->
     ray_address = args.ray_address or os.environ.get("RAY_ADDRESS") or None
     if args.backend == "ray" and ray_address:
         from benchmark.ray_backend import check_reachable
+
         check_reachable(ray_address)  # before any work: a wrong address is bad input
     suites = load_suites(args.suites_file)
     if args.suite not in suites:
@@ -307,35 +464,57 @@ def _main(p: argparse.ArgumentParser, args: argparse.Namespace, command: str) ->
         p.error("--first-seed must be >= 0 and --seeds >= 1")
     specs, missing = plan(suite, args.seeds, args.scripts, args.first_seed, args.envs)
     if missing:
-        print(f"missing scripts (planned, not in algos/ yet; their runs are skipped): {', '.join(missing)}",
-              file=sys.stderr)
+        print(
+            "missing scripts (planned, not in algos/ yet; "
+            f"their runs are skipped): {', '.join(missing)}",
+            file=sys.stderr,
+        )
     if not specs:
-        print(f"nothing to run: none of the scripts of suite {args.suite!r} exists yet", file=sys.stderr)
+        print(
+            f"nothing to run: none of the scripts of suite {args.suite!r} exists yet",
+            file=sys.stderr,
+        )
         return 0
     earlier = []
-    for report_md in args.seeds_from:  # checked before any run: a report that cannot be used is bad input
+    # checked before any run: a report that cannot be used is bad input
+    for report_md in args.seeds_from:
         try:
             earlier += seeds_from(report_md, suite, specs, earlier)
         except (ValueError, OSError, KeyError) as e:
             p.error(f"--seeds-from: {e}")
     out = args.out or ROOT / "runs" / "benchmark" / f"{args.suite}-{args.device}"
-    # the datasets that the chosen offline runs read under runs/datasets/ (made once, from the committed policies)
-    if read := [name for name in suite.datasets if any(f"runs/datasets/{name}" in spec.flags for spec in specs)]:
+    # the datasets that the chosen offline runs read under runs/datasets/ (made once, from the
+    # committed policies)
+    if read := [
+        name
+        for name in suite.datasets
+        if any(f"runs/datasets/{name}" in spec.flags for spec in specs)
+    ]:
         from benchmark.datasets import standard
+
         for name in read:
             print(f"dataset {standard(name)}", file=sys.stderr)
     print(f"suite {args.suite}: {len(specs)} runs in {out}", file=sys.stderr)
-    outcomes = run_all(specs, out, args.device, args.jobs, args.backend, args.timeout, ray_address=ray_address)
+    outcomes = run_all(
+        specs, out, args.device, args.jobs, args.backend, args.timeout, ray_address=ray_address
+    )
 
     from benchmark import references, report
+
     refs = references.load_references(args.references_file or references.REFERENCES)
-    path = report.write_report(suite, outcomes + earlier, missing, args.device, args.report_dir, refs,
-                               command=command)
+    path = report.write_report(
+        suite, outcomes + earlier, missing, args.device, args.report_dir, refs, command=command
+    )
     failed = [o for o in outcomes if not o.finished]
-    print(f"report: {path}" + (f"; {len(failed)} of {len(outcomes)} runs failed" if failed else ""), file=sys.stderr)
+    print(
+        f"report: {path}" + (f"; {len(failed)} of {len(outcomes)} runs failed" if failed else ""),
+        file=sys.stderr,
+    )
     return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    from benchmark import run as _module  # so that Ray pickles RunSpec and Outcome as benchmark.run's, not __main__'s
+    # so that Ray pickles RunSpec and Outcome as benchmark.run's, not __main__'s
+    from benchmark import run as _module
+
     sys.exit(_module.main())

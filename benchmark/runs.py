@@ -1,5 +1,6 @@
-"""Run an algos/ script as a subprocess (a fresh process, or a child forked from a parent that has already imported
-torch and the rest) and read what it left behind."""
+"""Run an algos/ script as a subprocess (a fresh process, or a child forked from a parent that has
+already imported torch and the rest) and read what it left behind."""
+
 import csv
 import json
 import locale
@@ -22,10 +23,13 @@ ALGOS = ROOT / "algos"
 
 
 def script_path(script: str) -> Path:
-    """algos/<script>. `script` may come from a file someone else wrote (a run's config.json): only the bare name of
-    a file in algos/ is accepted, never a path, so that no file outside algos/ is ever run or imported."""
+    """algos/<script>. `script` may come from a file someone else wrote (a run's config.json): only
+    the bare name of a file in algos/ is accepted, never a path, so that no file outside algos/ is
+    ever run or imported."""
     if not isinstance(script, str) or not re.fullmatch(r"[A-Za-z0-9_]+\.py", script):
-        raise FileNotFoundError(f"{script!r} is not the name of a script of algos/ (such as ppo.py)")
+        raise FileNotFoundError(
+            f"{script!r} is not the name of a script of algos/ (such as ppo.py)"
+        )
     path = ALGOS / script
     if not path.is_file():
         raise FileNotFoundError(f"no script {script} in {ALGOS}")
@@ -34,30 +38,56 @@ def script_path(script: str) -> Path:
 
 def run_env(**extra) -> dict:
     """The environment a script runs under: one torch thread, wandb offline, plus `extra`."""
-    return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "WANDB_MODE": "offline", **extra}
+    return {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+        "WANDB_MODE": "offline",
+        **extra,
+    }
 
 
 def script_command(script: str, flags: list[str], run_dir: Path | str | None) -> list[str]:
     """The command line of algos/<script>; "sb3:<script>" is SB3 with that script's hyperparameters
-    (benchmark/sb3_baseline.py), "d3rlpy:<script>" d3rlpy with an offline script's (benchmark/d3rlpy_baseline.py)."""
+    (benchmark/sb3_baseline.py), "d3rlpy:<script>" d3rlpy with an offline script's
+    (benchmark/d3rlpy_baseline.py)."""
     if script.startswith(("sb3:", "d3rlpy:")):
         peer, ours = script.split(":")
         script_path(ours)
-        cmd = [sys.executable, str(ROOT / "benchmark" / f"{peer}_baseline.py"), "--same-as", ours, *flags]
+        cmd = [
+            sys.executable,
+            str(ROOT / "benchmark" / f"{peer}_baseline.py"),
+            "--same-as",
+            ours,
+            *flags,
+        ]
     else:
         cmd = [sys.executable, str(script_path(script)), *flags]
     return cmd + (["--run-dir", str(run_dir)] if run_dir is not None else [])
 
 
-def run_script(script: str, flags: list[str], run_dir: Path | str | None = None, timeout: float | None = None,
-               cwd: Path | str = ROOT, fork: bool = False, **env) -> subprocess.CompletedProcess:
-    """Run `python algos/<script> <flags> --run-dir <run_dir>` in `cwd` with the extra environment variables `env`;
-    stdout and stderr are captured as text. fork=True: the run is a child of this process's fork server (see
-    start_script), the same run without the seconds of start-up; a timeout kills the run and raises TimeoutExpired
-    either way."""
+def run_script(
+    script: str,
+    flags: list[str],
+    run_dir: Path | str | None = None,
+    timeout: float | None = None,
+    cwd: Path | str = ROOT,
+    fork: bool = False,
+    **env,
+) -> subprocess.CompletedProcess:
+    """Run `python algos/<script> <flags> --run-dir <run_dir>` in `cwd` with the extra environment
+    variables `env`; stdout and stderr are captured as text. fork=True: the run is a child of this
+    process's fork server (see start_script), the same run without the seconds of start-up; a
+    timeout kills the run and raises TimeoutExpired either way."""
     if not fork:
-        return subprocess.run(script_command(script, flags, run_dir), capture_output=True, text=True,
-                              timeout=timeout, cwd=cwd, env=run_env(**env))
+        return subprocess.run(
+            script_command(script, flags, run_dir),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=cwd,
+            env=run_env(**env),
+        )
     proc = start_script(script, flags, run_dir, cwd=cwd, fork=True, **env)
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
@@ -68,44 +98,81 @@ def run_script(script: str, flags: list[str], run_dir: Path | str | None = None,
     return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
 
 
-def start_script(script: str, flags: list[str], run_dir: Path | str | None = None, cwd: Path | str = ROOT,
-                 fork: bool = False, **env):
-    """Start algos/<script> without waiting for it: a subprocess.Popen (fork=False), or a ForkedProcess (fork=True),
-    which has the same pid, poll, wait, send_signal, terminate, kill, communicate and returncode. stdout and stderr
-    come back as text from communicate(). SIGINT is Python's default in the run (Ctrl-C raises KeyboardInterrupt),
-    even where the shell that started the tests ignores it."""
+def start_script(
+    script: str,
+    flags: list[str],
+    run_dir: Path | str | None = None,
+    cwd: Path | str = ROOT,
+    fork: bool = False,
+    **env,
+):
+    """Start algos/<script> without waiting for it: a subprocess.Popen (fork=False), or a
+    ForkedProcess (fork=True), which has the same pid, poll, wait, send_signal, terminate, kill,
+    communicate and returncode. stdout and stderr come back as text from communicate(). SIGINT is
+    Python's default in the run (Ctrl-C raises KeyboardInterrupt), even where the shell that started
+    the tests ignores it."""
     cmd, env = script_command(script, flags, run_dir), run_env(**env)
     if fork:
         return fork_server().start(cmd, cwd, env)
-    return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=_default_sigint)
+    return subprocess.Popen(
+        cmd,
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=_default_sigint,
+    )
 
 
 def _default_sigint():
-    signal.signal(signal.SIGINT, signal.SIG_DFL)  # Python then installs its KeyboardInterrupt handler
+    # Python then installs its KeyboardInterrupt handler
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 # ---- the fork server ----
-# Most of a short script run is start-up: importing torch (with torch._dynamo, which the first optimizer step imports)
-# and gymnasium costs more than a smoke run's training, and so does exiting with torch loaded. The fork server is one
-# process per test worker that has imported these once; each run is a child forked from it that runs the script with
-# runpy under the run's argv, working directory, environment and file-descriptor-level stdout/stderr, and reports its
-# exit status as a fresh process would (SystemExit codes, 1 and a traceback for an uncaught exception, death by
-# SIGINT for an uncaught KeyboardInterrupt). What forking cannot give: unseeded random state (numpy's, torch's, the
-# hash seed) is the same in every child, so a determinism check needs one fresh process; environment variables read
-# at import or at start-up come from the server (FORK_IMPORT_ENV and PYTHON* may not differ); the server imports only
-# what a script would import anyway and nothing that changes a registry (ale_py registers ALE ids in gymnasium);
-# the imports must print nothing (a fresh process would print it on every run) and start no thread (fork keeps only
-# the forking thread), or the server refuses to start. CUDA is never initialised in the server.
-FORK_PRELOAD = ("numpy", "torch", "torch._dynamo", "torch.utils.tensorboard", "gymnasium", "tyro", "tqdm",
-                "gymnasium.envs.mujoco", "stable_baselines3.common.atari_wrappers", "pettingzoo", "mpe2", "smac_lite",
-                "imageio.v2", "envpool")
-FORK_IMPORT_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "MUJOCO_GL", "PYOPENGL_PLATFORM")
+# Most of a short script run is start-up: importing torch (with torch._dynamo, which the first
+# optimizer step imports) and gymnasium costs more than a smoke run's training, and so does exiting
+# with torch loaded. The fork server is one process per test worker that has imported these once;
+# each run is a child forked from it that runs the script with runpy under the run's argv, working
+# directory, environment and file-descriptor-level stdout/stderr, and reports its exit status as a
+# fresh process would (SystemExit codes, 1 and a traceback for an uncaught exception, death by
+# SIGINT for an uncaught KeyboardInterrupt). What forking cannot give: unseeded random state
+# (numpy's, torch's, the hash seed) is the same in every child, so a determinism check needs one
+# fresh process; environment variables read at import or at start-up come from the server
+# (FORK_IMPORT_ENV and PYTHON* may not differ); the server imports only what a script would import
+# anyway and nothing that changes a registry (ale_py registers ALE ids in gymnasium); the imports
+# must print nothing (a fresh process would print it on every run) and start no thread (fork keeps
+# only the forking thread), or the server refuses to start. CUDA is never initialised in the server.
+FORK_PRELOAD = (
+    "numpy",
+    "torch",
+    "torch._dynamo",
+    "torch.utils.tensorboard",
+    "gymnasium",
+    "tyro",
+    "tqdm",
+    "gymnasium.envs.mujoco",
+    "stable_baselines3.common.atari_wrappers",
+    "pettingzoo",
+    "mpe2",
+    "smac_lite",
+    "imageio.v2",
+    "envpool",
+)
+FORK_IMPORT_ENV = (
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "CUDA_VISIBLE_DEVICES",
+    "MUJOCO_GL",
+    "PYOPENGL_PLATFORM",
+)
 _SERVER, _SERVER_LOCK = None, threading.Lock()
 
 
 def fork_server() -> "ForkServer":
-    """This process's fork server, started on first use (a few seconds: the imports) and stopped at exit."""
+    """This process's fork server, started on first use (a few seconds: the imports) and stopped at
+    exit."""
     global _SERVER
     with _SERVER_LOCK:
         if _SERVER is None or _SERVER.proc.poll() is not None:
@@ -114,18 +181,32 @@ def fork_server() -> "ForkServer":
 
 
 class ForkServer:
-    """The client side: starts `python benchmark/runs.py --fork-server <modules>` and talks to it in JSON lines over
-    its stdin/stdout. Requests: {"run": id, "argv", "cwd", "env", "stdout", "stderr"} (answered {"started": id,
-    "pid"}) and {"signal": id, "signum"} (sent by the server only while that child is unreaped, so never to a reused
-    pid). The server also sends {"exit": id, "returncode"} when a child ends."""
+    """The client side: starts `python benchmark/runs.py --fork-server <modules>` and talks to it in
+    JSON lines over its stdin/stdout. Requests: {"run": id, "argv", "cwd", "env", "stdout",
+    "stderr"} (answered {"started": id, "pid"}) and {"signal": id, "signum"} (sent by the server
+    only while that child is unreaped, so never to a reused pid). The server also sends {"exit": id,
+    "returncode"} when a child ends."""
 
     def __init__(self, preload=FORK_PRELOAD):
         import atexit
+
         self.log = tempfile.TemporaryFile()  # the server's own stderr, shown if it dies
         self.env = run_env()
-        self.proc = subprocess.Popen([sys.executable, __file__, "--fork-server", *preload], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=self.log, env=self.env, cwd=ROOT)
-        self.lock, self.buffer, self.started, self.exited, self.next_id = threading.Lock(), b"", {}, {}, 0
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, "--fork-server", *preload],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            env=self.env,
+            cwd=ROOT,
+        )
+        self.lock, self.buffer, self.started, self.exited, self.next_id = (
+            threading.Lock(),
+            b"",
+            {},
+            {},
+            0,
+        )
         atexit.register(self.close)
         with self.lock:
             if not self._receive_until(lambda: "ready" in self.started, timeout=600):
@@ -137,7 +218,9 @@ class ForkServer:
 
     def _died(self) -> RuntimeError:
         self.log.seek(0)
-        return RuntimeError("the fork server died: " + self.log.read().decode(errors="replace")[-3000:])
+        return RuntimeError(
+            "the fork server died: " + self.log.read().decode(errors="replace")[-3000:]
+        )
 
     def _send(self, message: dict):
         try:
@@ -149,6 +232,7 @@ class ForkServer:
     def _receive_until(self, done, timeout: float | None) -> bool:
         """Read the server's messages until done() (True) or the timeout (False). Hold self.lock."""
         import time
+
         deadline = None if timeout is None else time.monotonic() + timeout
         fd = self.proc.stdout.fileno()
         while not done():
@@ -171,16 +255,29 @@ class ForkServer:
         return True
 
     def start(self, cmd: list[str], cwd, env: dict) -> "ForkedProcess":
-        changed = [k for k in sorted(set(env) | set(self.env)) if (k in FORK_IMPORT_ENV or k.startswith("PYTHON")) and
-                   env.get(k) != self.env.get(k)]
+        changed = [
+            k
+            for k in sorted(set(env) | set(self.env))
+            if (k in FORK_IMPORT_ENV or k.startswith("PYTHON")) and env.get(k) != self.env.get(k)
+        ]
         if changed:
-            raise ValueError(f"{', '.join(changed)} differ from the fork server's and are read at import: run this "
-                             f"script in a fresh process (fork=False)")
+            raise ValueError(
+                f"{', '.join(changed)} differ from the fork server's and are "
+                "read at import: run this script in a fresh process (fork=False)"
+            )
         out_dir = tempfile.mkdtemp(prefix="forkrun-")
         with self.lock:
             run_id, self.next_id = self.next_id, self.next_id + 1
-            self._send({"run": run_id, "argv": [str(c) for c in cmd], "cwd": str(cwd), "env": env,
-                        "stdout": os.path.join(out_dir, "stdout"), "stderr": os.path.join(out_dir, "stderr")})
+            self._send(
+                {
+                    "run": run_id,
+                    "argv": [str(c) for c in cmd],
+                    "cwd": str(cwd),
+                    "env": env,
+                    "stdout": os.path.join(out_dir, "stdout"),
+                    "stderr": os.path.join(out_dir, "stderr"),
+                }
+            )
             self._receive_until(lambda: run_id in self.started, timeout=None)
             pid = self.started.pop(run_id)
         return ForkedProcess(self, cmd, run_id, pid, out_dir)
@@ -213,7 +310,13 @@ class ForkedProcess:
     """A script run forked by the fork server, used like the subprocess.Popen of start_script."""
 
     def __init__(self, server: ForkServer, args: list[str], run_id: int, pid: int, out_dir: str):
-        self.server, self.args, self.run_id, self.pid, self.out_dir = server, args, run_id, pid, out_dir
+        self.server, self.args, self.run_id, self.pid, self.out_dir = (
+            server,
+            args,
+            run_id,
+            pid,
+            out_dir,
+        )
         self.returncode = None
 
     def poll(self) -> int | None:
@@ -239,7 +342,8 @@ class ForkedProcess:
         self.send_signal(signal.SIGKILL)
 
     def communicate(self, timeout: float | None = None) -> tuple[str, str]:
-        """Wait for the run to end; its (stdout, stderr) as text, decoded as subprocess does with text=True."""
+        """Wait for the run to end; its (stdout, stderr) as text, decoded as subprocess does with
+        text=True."""
         self.wait(timeout)
         outputs = []
         for name in ("stdout", "stderr"):
@@ -254,32 +358,51 @@ class ForkedProcess:
 
 
 def _serve(preload: list[str]):
-    """The server: import `preload`, then fork one child per run request until stdin closes (the client is gone),
-    then kill the children still running."""
+    """The server: import `preload`, then fork one child per run request until stdin closes (the
+    client is gone), then kill the children still running."""
     import gc
     import importlib
     import traceback
-    requests, replies = os.dup(0), os.dup(1)  # fds 0 and 1 are the protocol; a child gets its own 0, 1 and 2
+
+    # fds 0 and 1 are the protocol; a child gets its own 0, 1 and 2
+    requests, replies = os.dup(0), os.dup(1)
     null = os.open(os.devnull, os.O_RDWR)
     stderr = os.dup(2)
     problem = None
-    with tempfile.TemporaryFile() as printed:  # what the imports print: a fresh process would print it every run
-        os.dup2(null, 0), os.dup2(printed.fileno(), 1), os.dup2(printed.fileno(), 2)
+    # what the imports print: a fresh process would print it every run
+    with tempfile.TemporaryFile() as printed:
+        os.dup2(null, 0)
+        os.dup2(printed.fileno(), 1)
+        os.dup2(printed.fileno(), 2)
         for name in preload:
             try:
                 importlib.import_module(name)
-            except ImportError:  # an optional package (envpool): a script that needs it fails as it would fresh
+            except ImportError:
+                # an optional package (envpool): a script that needs it fails as it would fresh
                 pass
             except Exception:
                 problem = f"importing {name} failed:\n{traceback.format_exc()}"
-        sys.stdout.flush(), sys.stderr.flush()
+        sys.stdout.flush()
+        sys.stderr.flush()
         printed.seek(0)
         if text := printed.read().decode(errors="replace"):
-            problem = problem or f"importing {' '.join(preload)} printed (a fresh run would print it too):\n{text}"
-    os.dup2(stderr, 1), os.dup2(stderr, 2), os.close(stderr)
-    if (threads := len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else
-            threading.active_count()) > 1:
-        problem = problem or f"importing {' '.join(preload)} started {threads - 1} threads, which a fork loses"
+            problem = (
+                problem
+                or f"importing {' '.join(preload)} printed (a fresh "
+                f"run would print it too):\n{text}"
+            )
+    os.dup2(stderr, 1)
+    os.dup2(stderr, 2)
+    os.close(stderr)
+    if (
+        threads := len(os.listdir("/proc/self/task"))
+        if os.path.isdir("/proc/self/task")
+        else threading.active_count()
+    ) > 1:
+        problem = (
+            problem
+            or f"importing {' '.join(preload)} started {threads - 1} threads, which a fork loses"
+        )
 
     def reply(message: dict):
         os.write(replies, json.dumps(message).encode() + b"\n")
@@ -288,8 +411,10 @@ def _serve(preload: list[str]):
     if problem:
         return
     wake_read, wake_write = os.pipe()
-    os.set_blocking(wake_read, False), os.set_blocking(wake_write, False)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the terminal's Ctrl-C: the server goes when its client goes
+    os.set_blocking(wake_read, False)
+    os.set_blocking(wake_write, False)
+    # the terminal's Ctrl-C: the server goes when its client goes
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     signal.set_wakeup_fd(wake_write)
     live, buffer = {}, b""  # {pid: run id} of the children not reaped yet
@@ -320,8 +445,11 @@ def _serve(preload: list[str]):
                 for pid in [pid for pid, run_id in live.items() if run_id == request["signal"]]:
                     os.kill(pid, request["signum"])
                 continue
-            sys.stdout.flush(), sys.stderr.flush()
-            gc.freeze()  # the server's objects stay out of the children's garbage collections (which would copy them)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            # the server's objects stay out of the children's garbage collections (which would copy
+            # them)
+            gc.freeze()
             pid = os.fork()
             if pid == 0:
                 _child(request, close=(requests, replies, null, wake_read, wake_write))
@@ -330,7 +458,8 @@ def _serve(preload: list[str]):
 
 
 def _script_traceback(e: BaseException, script: str):
-    """The traceback of e from the script's frames on, without _child's and runpy's, as a fresh process prints it."""
+    """The traceback of e from the script's frames on, without _child's and runpy's, as a fresh
+    process prints it."""
     tb = e.__traceback__
     while tb is not None and tb.tb_frame.f_code.co_filename != script:
         tb = tb.tb_next
@@ -338,12 +467,14 @@ def _script_traceback(e: BaseException, script: str):
 
 
 def _child(request: dict, close: tuple):
-    """A forked run: `python <argv[1]> <argv[2:]>` as a fresh interpreter would run it, then os._exit."""
+    """A forked run: `python <argv[1]> <argv[2:]>` as a fresh interpreter would run it, then
+    os._exit."""
     code, interrupted = 1, False
     try:
         import atexit
         import gc
         import runpy
+
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -351,9 +482,15 @@ def _child(request: dict, close: tuple):
             os.close(fd)
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
         out = os.open(request["stdout"], flags, 0o644)
-        err = out if request["stderr"] == request["stdout"] else os.open(request["stderr"], flags, 0o644)
+        err = (
+            out
+            if request["stderr"] == request["stdout"]
+            else os.open(request["stderr"], flags, 0o644)
+        )
         null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0), os.dup2(out, 1), os.dup2(err, 2)
+        os.dup2(null, 0)
+        os.dup2(out, 1)
+        os.dup2(err, 2)
         for fd in {null, out, err}:
             os.close(fd)
         os.chdir(request["cwd"])
@@ -379,14 +516,15 @@ def _child(request: dict, close: tuple):
         except BaseException as e:
             sys.excepthook(type(e), e, e.with_traceback(_script_traceback(e, script)).__traceback__)
             code = 1
-        # the rest of an interpreter's exit: join non-daemon threads, run atexit functions, collect garbage (its
-        # __del__ methods close files), flush stdout and stderr
+        # the rest of an interpreter's exit: join non-daemon threads, run atexit functions, collect
+        # garbage (its __del__ methods close files), flush stdout and stderr
         threading._shutdown()
         atexit._run_exitfuncs()
         gc.collect()
     except BaseException:
         try:
             import traceback
+
             traceback.print_exc()
         except BaseException:
             pass
@@ -405,24 +543,38 @@ def _child(request: dict, close: tuple):
 def read_rows(run_dir: Path | str) -> list[dict]:
     """metrics.csv as a list of rows {global_step, wall_time, name, value}."""
     with open(Path(run_dir) / "metrics.csv", newline="") as f:
-        return [{"global_step": int(r["global_step"]), "wall_time": float(r["wall_time"]), "name": r["name"],
-                 "value": float(r["value"])} for r in csv.DictReader(f)]
+        return [
+            {
+                "global_step": int(r["global_step"]),
+                "wall_time": float(r["wall_time"]),
+                "name": r["name"],
+                "value": float(r["value"]),
+            }
+            for r in csv.DictReader(f)
+        ]
 
 
 def tail_rows(path: Path, offset: int, rows: list) -> int:
-    """Append the complete rows written to metrics.csv after byte `offset` to `rows`; returns the new offset.
-    For watching a run while it goes: reading only what is new costs little CPU."""
+    """Append the complete rows written to metrics.csv after byte `offset` to `rows`; returns the
+    new offset. For watching a run while it goes: reading only what is new costs little CPU."""
     try:
         with open(path, "rb") as f:
             f.seek(offset)
             chunk = f.read()
     except FileNotFoundError:
         return offset
-    complete = chunk[:chunk.rfind(b"\n") + 1]
+    complete = chunk[: chunk.rfind(b"\n") + 1]
     for line in complete.decode().splitlines():
         step, wall, name, value = line.split(",")
         if step != "global_step":
-            rows.append({"global_step": int(step), "wall_time": float(wall), "name": name, "value": float(value)})
+            rows.append(
+                {
+                    "global_step": int(step),
+                    "wall_time": float(wall),
+                    "name": name,
+                    "value": float(value),
+                }
+            )
     return offset + len(complete)
 
 
@@ -432,24 +584,55 @@ def read_metrics(run_dir: Path | str) -> dict[str, tuple[np.ndarray, np.ndarray]
     for row in read_rows(run_dir):
         series[row["name"]][0].append(row["global_step"])
         series[row["name"]][1].append(row["value"])
-    return {k: (np.asarray(s, dtype=np.int64), np.asarray(v, dtype=np.float64)) for k, (s, v) in series.items()}
+    return {
+        k: (np.asarray(s, dtype=np.int64), np.asarray(v, dtype=np.float64))
+        for k, (s, v) in series.items()
+    }
 
 
 def parse_baseline_args(doc: str, same: dict, peer: str, argv=None, offline: bool = False):
-    """The command line of a peer's run (benchmark/sb3_baseline.py, d3rlpy_baseline.py): --same-as <our script> and the
-    run's flags, then any flag of that script (e.g. --batch-size 256), set on its Args' defaults. Returns (parser, the
-    run's flags, our script's Args)."""
+    """The command line of a peer's run (benchmark/sb3_baseline.py, d3rlpy_baseline.py): --same-as
+    <our script> and the run's flags, then any flag of that script (e.g. --batch-size 256), set on
+    its Args' defaults. Returns (parser, the run's flags, our script's Args)."""
     import argparse
-    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--same-as", required=True, choices=sorted(same), help="our script whose hyperparameters to use")
-    p.add_argument("--env-id", required=True, help="the env to evaluate in (the dataset's)" if offline else None)
-    p.add_argument("--total-timesteps", type=int, required=True, help="gradient steps" if offline else None)
+
+    p = argparse.ArgumentParser(
+        description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--same-as",
+        required=True,
+        choices=sorted(same),
+        help="our script whose hyperparameters to use",
+    )
+    p.add_argument(
+        "--env-id",
+        required=True,
+        help="the env to evaluate in (the dataset's)" if offline else None,
+    )
+    p.add_argument(
+        "--total-timesteps", type=int, required=True, help="gradient steps" if offline else None
+    )
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--eval-every", type=int, default=0, help="also evaluate every this many steps (0: only at the end)")
+    p.add_argument(
+        "--eval-every",
+        type=int,
+        default=0,
+        help="also evaluate every this many steps (0: only at the end)",
+    )
     p.add_argument("--eval-episodes", type=int, default=10)
-    p.add_argument("--run-dir", type=Path, required=True, help="a new directory for config.json and metrics.csv")
-    p.add_argument("--cuda", action=argparse.BooleanOptionalAction, default=False,
-                   help=f"ignored: {peer} runs on the CPU")
+    p.add_argument(
+        "--run-dir",
+        type=Path,
+        required=True,
+        help="a new directory for config.json and metrics.csv",
+    )
+    p.add_argument(
+        "--cuda",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help=f"ignored: {peer} runs on the CPU",
+    )
     a, rest = p.parse_known_args(argv)
     ours = load_script(a.same_as).Args()
     for flag, value in zip(rest[::2], rest[1::2]):
@@ -457,7 +640,11 @@ def parse_baseline_args(doc: str, same: dict, peer: str, argv=None, offline: boo
         if not flag.startswith("--") or not hasattr(ours, name):
             p.error(f"{a.same_as} has no flag {flag}")
         default = getattr(ours, name)
-        setattr(ours, name, value if default is None or isinstance(default, str) else type(default)(value))
+        setattr(
+            ours,
+            name,
+            value if default is None or isinstance(default, str) else type(default)(value),
+        )
     if len(rest) % 2:
         p.error(f"flag {rest[-1]} needs a value")
     if a.run_dir.exists():
@@ -466,21 +653,24 @@ def parse_baseline_args(doc: str, same: dict, peer: str, argv=None, offline: boo
 
 
 def print_baseline_end(returns: list[float], run_dir: Path, what: str):
-    """The last lines of a peer's run (benchmark/sb3_baseline.py, d3rlpy_baseline.py): its final evaluation, where
-    the run is."""
+    """The last lines of a peer's run (benchmark/sb3_baseline.py, d3rlpy_baseline.py): its final
+    evaluation, where the run is."""
     if returns:
         print(f"eval/episodic_return: {np.mean(returns):.2f} over {len(returns)} episodes ({what})")
     print(f"run saved in {run_dir}")
 
 
 def file_stem(script: str) -> str:
-    """A script's name for file names: "ppo.py" -> "ppo", "sb3:sac_continuous.py" -> "sb3-sac_continuous"."""
+    """A script's name for file names: "ppo.py" -> "ppo", "sb3:sac_continuous.py" ->
+    "sb3-sac_continuous"."""
     return script.removesuffix(".py").replace(":", "-")
 
 
 def load_script(script: str):
-    """Import algos/<script> as a module (its main() does not run): its Args defaults, functions, classes."""
+    """Import algos/<script> as a module (its main() does not run): its Args defaults, functions,
+    classes."""
     import importlib.util
+
     path = script_path(script)  # a bare name of algos/ only: never a file that a run folder names
     spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
@@ -489,11 +679,13 @@ def load_script(script: str):
 
 
 def run_finished(run_dir: Path | str) -> bool:
-    """True when the run logged its final evaluation: eval/episodic_return(_team) rows (at least --eval-episodes of
-    them) at the last step of training. Training ends at the largest multiple of the step granularity
-    (num_envs * num_steps for rollout scripts, num_envs otherwise) not above total_timesteps, and evaluations
-    during training (--eval-every) happen at least one granularity earlier, so they never pass for the final one."""
+    """True when the run logged its final evaluation: eval/episodic_return(_team) rows (at least
+    --eval-episodes of them) at the last step of training. Training ends at the largest multiple of
+    the step granularity (num_envs * num_steps for rollout scripts, num_envs otherwise) not above
+    total_timesteps, and evaluations during training (--eval-every) happen at least one granularity
+    earlier, so they never pass for the final one."""
     import json
+
     run_dir = Path(run_dir)
     try:
         args = json.loads((run_dir / "config.json").read_text())["args"]
@@ -504,14 +696,22 @@ def run_finished(run_dir: Path | str) -> bool:
         return False
     last = max(r["global_step"] for r in rows)
     granularity = args.get("num_envs", 1) * args.get("num_steps", 1)
-    evals = sum(r["name"].startswith("eval/episodic_return") and r["global_step"] == last for r in rows)  # _team too
+    # _team too
+    evals = sum(
+        r["name"].startswith("eval/episodic_return") and r["global_step"] == last for r in rows
+    )
     return evals >= args.get("eval_episodes", 1) and last > args["total_timesteps"] - granularity
 
 
 def pack_dir(run_dir: Path | str) -> dict[str, bytes]:
-    """Every file under run_dir as {path relative to it: bytes}: how a run made on another machine comes back."""
+    """Every file under run_dir as {path relative to it: bytes}: how a run made on another machine
+    comes back."""
     run_dir = Path(run_dir)
-    return {p.relative_to(run_dir).as_posix(): p.read_bytes() for p in sorted(run_dir.rglob("*")) if p.is_file()}
+    return {
+        p.relative_to(run_dir).as_posix(): p.read_bytes()
+        for p in sorted(run_dir.rglob("*"))
+        if p.is_file()
+    }
 
 
 def unpack_dir(run_dir: Path | str, files: dict[str, bytes]) -> None:
@@ -523,11 +723,16 @@ def unpack_dir(run_dir: Path | str, files: dict[str, bytes]) -> None:
 
 
 def git_head() -> tuple[str, list[str]]:
-    """The short commit of this checkout ("unknown" outside git) and its tracked files with uncommitted changes."""
+    """The short commit of this checkout ("unknown" outside git) and its tracked files with
+    uncommitted changes."""
+
     def git(*a):
         return subprocess.run(["git", *a], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+
     dirty = git("status", "--porcelain", "--untracked-files=no")
-    return git("rev-parse", "--short", "HEAD") or "unknown", [ln.split(maxsplit=1)[1] for ln in dirty.splitlines()]
+    return git("rev-parse", "--short", "HEAD") or "unknown", [
+        ln.split(maxsplit=1)[1] for ln in dirty.splitlines()
+    ]
 
 
 def git_commit() -> str:

@@ -1,8 +1,10 @@
-"""smac_lite reference battles: win rate, mean return and episode length of the random and the scripted
-focus-fire policies against the scripted enemy, over the first episode of 1000 battles per map and policy.
-Writes benchmark/reports/smac_lite-battles-<device>-<date>-<time>-<commit>.md (never overwrites a report).
+"""smac_lite reference battles: win rate, mean return and episode length of the random and the
+scripted focus-fire policies against the scripted enemy, over the first episode of 1000 battles per
+map and policy. Writes benchmark/reports/smac_lite-battles-<device>-<date>-<time>-<commit>.md (never
+overwrites a report).
 
-    OMP_NUM_THREADS=1 python benchmark/smac_lite_battles.py [--maps 3m 8m] [--battles 1000] [--seed 0]
+    OMP_NUM_THREADS=1 python benchmark/smac_lite_battles.py [--maps 3m 8m] [--battles 1000] [--seed
+    0]
 """
 
 import argparse
@@ -27,32 +29,62 @@ POLICIES = ("random", "focus_fire")
 # SMAC's difficulty labels, as tabulated in the d4marl documentation (github.com/jymh/d4marl,
 # docs/source/smac/smac_env.rst), which follows the SMAC paper (Samvelyan et al. 2019).
 SMAC_DIFFICULTY = {
-    "2m_vs_1z": "easy", "2s3z": "easy", "2s_vs_1sc": "easy", "3m": "easy", "3s_vs_3z": "easy", "3s_vs_4z": "easy",
-    "8m": "easy", "so_many_baneling": "easy", "1c3s5z": "easy", "bane_vs_bane": "easy", "MMM": "hard",
-    "2c_vs_64zg": "hard", "3s5z": "hard", "5m_vs_6m": "hard", "3s_vs_5z": "hard", "8m_vs_9m": "hard",
-    "25m": "hard", "10m_vs_11m": "hard", "27m_vs_30m": "super hard", "3s5z_vs_3s6z": "super hard",
-    "6h_vs_8z": "super hard", "MMM2": "super hard", "corridor": "super hard",
+    "2m_vs_1z": "easy",
+    "2s3z": "easy",
+    "2s_vs_1sc": "easy",
+    "3m": "easy",
+    "3s_vs_3z": "easy",
+    "3s_vs_4z": "easy",
+    "8m": "easy",
+    "so_many_baneling": "easy",
+    "1c3s5z": "easy",
+    "bane_vs_bane": "easy",
+    "MMM": "hard",
+    "2c_vs_64zg": "hard",
+    "3s5z": "hard",
+    "5m_vs_6m": "hard",
+    "3s_vs_5z": "hard",
+    "8m_vs_9m": "hard",
+    "25m": "hard",
+    "10m_vs_11m": "hard",
+    "27m_vs_30m": "super hard",
+    "3s5z_vs_3s6z": "super hard",
+    "6h_vs_8z": "super hard",
+    "MMM2": "super hard",
+    "corridor": "super hard",
 }
 
 
 def commit_id():
-    """Short commit of the checkout, with -dirty when tracked files in smac_lite/ or benchmark/ have changes."""
+    """Short commit of the checkout, with -dirty when tracked files in smac_lite/ or benchmark/ have
+    changes."""
+
     def git(*a):
-        return subprocess.run(["git", "-C", str(ROOT), *a], capture_output=True, text=True).stdout.strip()
+        return subprocess.run(
+            ["git", "-C", str(ROOT), *a], capture_output=True, text=True
+        ).stdout.strip()
 
     dirty = git("status", "--porcelain", "--untracked-files=no", "--", "smac_lite", "benchmark")
     return git("rev-parse", "--short", "HEAD") + ("-dirty" if dirty else "")
 
 
 def report_path(kind, device, started):
-    """benchmark/reports/smac_lite-<kind>-<device>-<date>-<time>-<commit>.md: never overwrites an earlier run."""
-    return ROOT / "benchmark" / "reports" / f"smac_lite-{kind}-{device}-{started:%Y-%m-%d-%H%M}-{commit_id()}.md"
+    """benchmark/reports/smac_lite-<kind>-<device>-<date>-<time>-<commit>.md: never overwrites an
+    earlier run."""
+    return (
+        ROOT
+        / "benchmark"
+        / "reports"
+        / f"smac_lite-{kind}-{device}-{started:%Y-%m-%d-%H%M}-{commit_id()}.md"
+    )
 
 
 def load_text(before, after):
     """The machine's load averages around a run (a shared machine: high load slows the timings)."""
-    return (f"load average (1, 5, 15 min) {', '.join(f'{v:.2f}' for v in before)} before the run and "
-            f"{', '.join(f'{v:.2f}' for v in after)} after")
+    return (
+        f"load average (1, 5, 15 min) {', '.join(f'{v:.2f}' for v in before)} "
+        f"before the run and {', '.join(f'{v:.2f}' for v in after)} after"
+    )
 
 
 def _ci95(p, n):
@@ -75,57 +107,82 @@ def main():
     for m in args.maps:
         for pol in POLICIES:
             t0 = time.perf_counter()
-            won, ret, length, terminated = play_battles(m, pol, args.battles, seed=args.seed, device=args.device)
+            won, ret, length, terminated = play_battles(
+                m, pol, args.battles, seed=args.seed, device=args.device
+            )
             n = args.battles
-            r = dict(win=won.float().mean().item(), ret=ret.mean().item(), ret_sd=ret.std().item(),
-                     len=length.float().mean().item(), timeout=1 - terminated.float().mean().item(),
-                     secs=time.perf_counter() - t0)
+            r = dict(
+                win=won.float().mean().item(),
+                ret=ret.mean().item(),
+                ret_sd=ret.std().item(),
+                len=length.float().mean().item(),
+                timeout=1 - terminated.float().mean().item(),
+                secs=time.perf_counter() - t0,
+            )
             r["ci"] = _ci95(r["win"], n)
             rows[m, pol] = r
-            print(f"{m:16s} {pol:10s} win {r['win']:.3f} +- {r['ci']:.3f}  return {r['ret']:6.2f}  "
-                  f"length {r['len']:6.1f}  timeouts {r['timeout']:.3f}  ({r['secs']:.1f} s)", flush=True)
+            print(
+                f"{m:16s} {pol:10s} win {r['win']:.3f} +- {r['ci']:.3f}  return {r['ret']:6.2f} "
+                f" length {r['len']:6.1f}  timeouts {r['timeout']:.3f}  ({r['secs']:.1f} s)",
+                flush=True,
+            )
     load_after = os.getloadavg()
     if args.no_report:
         return
 
     out = report_path("battles", args.device, started)
-    cmd = (f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')} python benchmark/smac_lite_battles.py "
-           f"--battles {args.battles} --seed {args.seed}" + ("" if args.maps == list(MAPS) else
-                                                             " --maps " + " ".join(args.maps)))
+    cmd = (
+        f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')} python "
+        f"benchmark/smac_lite_battles.py --battles {args.battles} --seed {args.seed}"
+        + ("" if args.maps == list(MAPS) else " --maps " + " ".join(args.maps))
+    )
     lines = [
-        f"# smac_lite reference battles, {args.device}, {started:%Y-%m-%d %H:%M}, commit {commit_id()}",
+        f"# smac_lite reference battles, {args.device}, "
+        f"{started:%Y-%m-%d %H:%M}, commit {commit_id()}",
         "",
-        f"Machine: {os.cpu_count()}-core CPU ({platform.processor() or platform.machine()}), {args.threads} torch "
-        f"thread(s), torch {torch.__version__}; {load_text(load_before, load_after)} (the machine is shared; the "
-        "load changes only the seconds column, not the results).",
+        f"Machine: {os.cpu_count()}-core CPU "
+        f"({platform.processor() or platform.machine()}), {args.threads} torch thread(s), "
+        f"torch {torch.__version__}; {load_text(load_before, load_after)} (the machine is "
+        "shared; the load changes only the seconds column, not the results).",
         "",
-        f"Each cell: the first episode of {args.battles} battles (`BatchedSMAC(seed={args.seed})`, start jitter "
-        "0.5), one policy for all of them. `random`: uniform over the available actions (generator seeded with "
-        "the same seed). `focus_fire`: every agent attacks the available enemy with the least hp + shields "
-        "(medivacs heal the most damaged ally), an agent with no enemy in shoot range moves toward the closest "
-        "one. The enemy: one attack-move order to the allies' start, then SC2 auto-targeting (keep the target "
-        "while it lives and is in weapon range, else the closest ally within 9 it can hit, allies that can shoot "
-        "back first); see smac_lite/README.md. Win rate with a 95% normal-approximation interval; return = SMAC's "
-        "scaled return (20 for a clean win); length in agent steps; timeouts = share of battles that hit the "
-        "episode limit.",
+        f"Each cell: the first episode of {args.battles} battles "
+        f"(`BatchedSMAC(seed={args.seed})`, start jitter 0.5), one policy for all of them. "
+        "`random`: uniform over the available actions (generator seeded with the same "
+        "seed). `focus_fire`: every agent attacks the available enemy with the least hp + "
+        "shields (medivacs heal the most damaged ally), an agent with no enemy in shoot "
+        "range moves toward the closest one. The enemy: one attack-move order to the "
+        "allies' start, then SC2 auto-targeting (keep the target while it lives and is in "
+        "weapon range, else the closest ally within 9 it can hit, allies that can shoot "
+        "back first); see smac_lite/README.md. Win rate with a 95% normal-approximation "
+        "interval; return = SMAC's scaled return (20 for a clean win); length in agent "
+        "steps; timeouts = share of battles that hit the episode limit.",
         "",
         "## Summary",
         "",
-        "| map | SMAC difficulty | random win | focus_fire win | focus_fire return | focus_fire length |",
+        "| map | SMAC difficulty | random win | focus_fire "
+        "win | focus_fire return | focus_fire length |",
         "|---|---|---:|---:|---:|---:|",
     ]
     for m in args.maps:
         r, f = rows[m, "random"], rows[m, "focus_fire"]
-        lines.append(f"| {m} | {SMAC_DIFFICULTY.get(m, '')} | {r['win']:.3f} | {f['win']:.3f} | {f['ret']:.2f} | "
-                     f"{f['len']:.1f} |")
+        lines.append(
+            f"| {m} | {SMAC_DIFFICULTY.get(m, '')} | {r['win']:.3f} "
+            f"| {f['win']:.3f} | {f['ret']:.2f} | {f['len']:.1f} |"
+        )
     lines += ["", "## Per map", ""]
     for m in args.maps:
-        lines += [f"### {m}", "", "| policy | win rate | mean return (sd) | mean length | timeouts | seconds |",
-                  "|---|---:|---:|---:|---:|---:|"]
+        lines += [
+            f"### {m}",
+            "",
+            "| policy | win rate | mean return (sd) | mean length | timeouts | seconds |",
+            "|---|---:|---:|---:|---:|---:|",
+        ]
         for pol in POLICIES:
             r = rows[m, pol]
-            lines.append(f"| {pol} | {r['win']:.3f} ± {r['ci']:.3f} | {r['ret']:.2f} ({r['ret_sd']:.2f}) | "
-                         f"{r['len']:.1f} | {r['timeout']:.3f} | {r['secs']:.1f} |")
+            lines.append(
+                f"| {pol} | {r['win']:.3f} ± {r['ci']:.3f} | {r['ret']:.2f} "
+                f"({r['ret_sd']:.2f}) | {r['len']:.1f} | {r['timeout']:.3f} | {r['secs']:.1f} |"
+            )
         lines.append("")
     lines += [f"Command: `{cmd}`", ""]
     out.write_text("\n".join(lines))

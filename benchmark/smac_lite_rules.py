@@ -1,21 +1,27 @@
-"""How much does each of smac_lite's simplified rules matter on a map? Plays the first episode of many battles of
-one map with the scripted focus-fire and pull-back policies (smac_lite.policies) and, given a mappo_smac_lite.py run,
-its trained policy (greedy, as its evaluation), first under smac_lite's rules and then with one rule changed at a
-time:
+"""How much does each of smac_lite's simplified rules matter on a map? Plays the first episode of
+many battles of one map with the scripted focus-fire and pull-back policies (smac_lite.policies)
+and, given a mappo_smac_lite.py run, its trained policy (greedy, as its evaluation), first under
+smac_lite's rules and then with one rule changed at a time:
 
-- `enemy pursues its target`: an enemy whose target steps out of its weapon range follows it (while it is within
+- `enemy pursues its target`: an enemy whose target steps out of its weapon range follows it (while
+  it is within
   sight range 9) instead of turning to the closest ally (the map entry `pursue=True`);
-- `collisions`: marines push each other apart, as SC2 units do (smac_lite turns collisions on only for the maps
+- `collisions`: marines push each other apart, as SC2 units do (smac_lite turns collisions on only
+  for the maps
   where swarms decide the battle);
-- `enemy reacts every loop` / `every 8 loops`: the enemy (and a stopped agent, which fires at the closest
-  enemy) re-evaluates its targets every game loop, or every 8,
-  instead of every 4 (a reaction time of 0.045 s or 0.36 s instead of 0.18 s; SC2's own cadence is not documented);
-- `enemy acquires in weapon range`: the enemy picks a new target only within its weapon range (centre distance
+- `enemy reacts every loop` / `every 8 loops`: the enemy (and a stopped agent, which fires at the
+  closest
+  enemy) re-evaluates its targets every game loop, or every 8, instead of every 4 (a reaction time
+  of 0.045 s or 0.36 s instead of 0.18 s; SC2's own cadence is not documented);
+- `enemy acquires in weapon range`: the enemy picks a new target only within its weapon range
+  (centre distance
   6), not within SMAC's sight range 9.
 
-Writes benchmark/reports/smac_lite-rules-<device>-<date>-<time>-<commit>.md (never overwrites a report).
+Writes benchmark/reports/smac_lite-rules-<device>-<date>-<time>-<commit>.md (never overwrites a
+report).
 
-    OMP_NUM_THREADS=1 python benchmark/smac_lite_rules.py --map 5m_vs_6m [--run-dir RUN] [--battles 1000]
+    OMP_NUM_THREADS=1 python benchmark/smac_lite_rules.py --map 5m_vs_6m [--run-dir RUN] [--battles
+    1000]
 """
 
 import argparse
@@ -49,7 +55,8 @@ VARIANTS = {
 
 @contextlib.contextmanager
 def constants(**values):
-    """Set smac_lite.core's module constants for the duration of the block (the simulator reads them at each step)."""
+    """Set smac_lite.core's module constants for the duration of the block (the simulator reads them
+    at each step)."""
     old = {k: getattr(core, k) for k in values}
     for k, v in values.items():
         setattr(core, k, v)
@@ -61,9 +68,12 @@ def constants(**values):
 
 
 def trained_policy(run_dir: Path):
-    """The actor of a mappo_smac_lite.py run (its checkpoint.pt, or model.pt) and the script's own evaluate()."""
+    """The actor of a mappo_smac_lite.py run (its checkpoint.pt, or model.pt) and the script's own
+    evaluate()."""
     mappo = load_script("mappo_smac_lite.py")
-    path = run_dir / "checkpoint.pt" if (run_dir / "checkpoint.pt").is_file() else run_dir / "model.pt"
+    path = (
+        run_dir / "checkpoint.pt" if (run_dir / "checkpoint.pt").is_file() else run_dir / "model.pt"
+    )
     ckpt = torch.load(path, map_location="cpu", weights_only=True)
     args = ckpt["args"]
     env = core.BatchedSMAC(args["env_id"], num_envs=1)
@@ -71,7 +81,11 @@ def trained_policy(run_dir: Path):
     agent.load_state_dict(ckpt["agent"])
     agent.eval()
     steps = ckpt.get("global_step", args["total_timesteps"])
-    return args["env_id"], steps, lambda spec, battles, seed: mappo.evaluate(agent, spec, battles, seed)
+    return (
+        args["env_id"],
+        steps,
+        lambda spec, battles, seed: mappo.evaluate(agent, spec, battles, seed),
+    )
 
 
 def play(spec, policy, battles, seed):
@@ -85,8 +99,16 @@ def play(spec, policy, battles, seed):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--map", default="5m_vs_6m", help="a smac_lite map (the run's own map when --run-dir is given)")
-    p.add_argument("--run-dir", type=Path, help="a mappo_smac_lite.py run directory: also play its trained policy")
+    p.add_argument(
+        "--map",
+        default="5m_vs_6m",
+        help="a smac_lite map (the run's own map when --run-dir is given)",
+    )
+    p.add_argument(
+        "--run-dir",
+        type=Path,
+        help="a mappo_smac_lite.py run directory: also play its trained policy",
+    )
     p.add_argument("--battles", type=int, default=1000)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--report-dir", type=Path, default=ROOT / "benchmark" / "reports")
@@ -96,7 +118,9 @@ def main(argv=None):
     map_name, note = args.map, ""
     if map_name not in MAPS:
         p.error(f"unknown map {map_name!r}; smac_lite's maps: {', '.join(MAPS)}")
-    if args.run_dir and not any((args.run_dir / f).is_file() for f in ("checkpoint.pt", "model.pt")):
+    if args.run_dir and not any(
+        (args.run_dir / f).is_file() for f in ("checkpoint.pt", "model.pt")
+    ):
         p.error(f"{args.run_dir} holds no checkpoint.pt or model.pt of a mappo_smac_lite.py run")
     if args.run_dir:
         map_name, steps, policies["trained MAPPO"] = trained_policy(args.run_dir)
@@ -110,25 +134,37 @@ def main(argv=None):
             with constants(**consts):
                 rows[name, pol_name] = play(spec, policy, args.battles, args.seed)
             win, ret = rows[name, pol_name]
-            print(f"{name:32s} {pol_name:14s} win {win:.3f} +- {_ci95(win, args.battles):.3f}  return {ret:6.2f}  "
-                  f"({time.perf_counter() - t0:.1f} s)", flush=True)
+            print(
+                f"{name:32s} {pol_name:14s} win {win:.3f} +- {_ci95(win, args.battles):.3f} "
+                f" return {ret:6.2f}  ({time.perf_counter() - t0:.1f} s)",
+                flush=True,
+            )
     out = args.report_dir / report_path("rules", "cpu", started).name
-    cmd = (f"OMP_NUM_THREADS=1 python benchmark/smac_lite_rules.py --map {map_name} --battles {args.battles} "
-           f"--seed {args.seed}" + (f" --run-dir {args.run_dir}" if args.run_dir else ""))
-    lines = [f"# smac_lite rules on {map_name}, {started:%Y-%m-%d %H:%M}, commit {commit_id()}", "",
-             f"The first episode of {args.battles} battles (`BatchedSMAC(seed={args.seed})`) per cell, under "
-             "smac_lite's rules and with one rule changed at a time (benchmark/smac_lite_rules.py says what each "
-             "change is). "
-             "`focus_fire`: every agent shoots the enemy with the least hp; `pull_back`: the same, except that an "
-             "agent below half its hp that an enemy is aiming at steps back (smac_lite.policies)."
-             f"{note} Win rate with a 95% normal-approximation "
-             "interval, and the mean scaled return (20 for a clean win). One CPU thread; "
-             f"{load_text(load_before, os.getloadavg())}.",
-             "", "| rules | " + " | ".join(f"{p} win | {p} return" for p in policies) + " |",
-             "|---|" + "---:|---:|" * len(policies)]
+    cmd = (
+        "OMP_NUM_THREADS=1 python benchmark/smac_lite_rules.py "
+        f"--map {map_name} --battles {args.battles} "
+        f"--seed {args.seed}" + (f" --run-dir {args.run_dir}" if args.run_dir else "")
+    )
+    lines = [
+        f"# smac_lite rules on {map_name}, {started:%Y-%m-%d %H:%M}, commit {commit_id()}",
+        "",
+        f"The first episode of {args.battles} battles (`BatchedSMAC(seed={args.seed})`) per "
+        "cell, under smac_lite's rules and with one rule changed at a time "
+        "(benchmark/smac_lite_rules.py says what each change is). `focus_fire`: every agent "
+        "shoots the enemy with the least hp; `pull_back`: the same, except that an agent "
+        f"below half its hp that an enemy is aiming at steps back (smac_lite.policies).{note} "
+        "Win rate with a 95% normal-approximation interval, and the mean scaled return (20 "
+        f"for a clean win). One CPU thread; {load_text(load_before, os.getloadavg())}.",
+        "",
+        "| rules | " + " | ".join(f"{p} win | {p} return" for p in policies) + " |",
+        "|---|" + "---:|---:|" * len(policies),
+    ]
     for name in VARIANTS:
-        cells = [f"{rows[name, p][0]:.3f} ± {_ci95(rows[name, p][0], args.battles):.3f} | {rows[name, p][1]:.2f}"
-                 for p in policies]
+        cells = [
+            f"{rows[name, p][0]:.3f} ± "
+            f"{_ci95(rows[name, p][0], args.battles):.3f} | {rows[name, p][1]:.2f}"
+            for p in policies
+        ]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines += ["", f"Command: `{cmd}`", ""]
     out.write_text("\n".join(lines))

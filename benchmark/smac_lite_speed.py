@@ -1,9 +1,11 @@
-"""smac_lite raw speed: random-policy joint steps per second (one joint step = one step of one battle, with
-observations, state, masks, rewards and auto-reset), for several maps and battle counts, on one CPU thread
-(and CUDA if available). Writes benchmark/reports/smac_lite-speed-<device>-<date>-<time>-<commit>.md, with the
-machine's load average (the machine may be shared: a high load makes the numbers low).
+"""smac_lite raw speed: random-policy joint steps per second (one joint step = one step of one
+battle, with observations, state, masks, rewards and auto-reset), for several maps and battle
+counts, on one CPU thread (and CUDA if available). Writes
+benchmark/reports/smac_lite-speed-<device>-<date>-<time>-<commit>.md, with the machine's load
+average (the machine may be shared: a high load makes the numbers low).
 
-    OMP_NUM_THREADS=1 python benchmark/smac_lite_speed.py [--maps 3m 2s3z] [--envs 1 64 1024 4096] [--repeats 5]
+    OMP_NUM_THREADS=1 python benchmark/smac_lite_speed.py [--maps 3m 2s3z] [--envs 1 64 1024 4096]
+    [--repeats 5]
 """
 
 import argparse
@@ -23,8 +25,9 @@ from benchmark.smac_lite_battles import load_text, report_path  # noqa: E402
 from smac_lite.policies import random_policy  # noqa: E402
 
 ANCHORS = (
-    "Anchors measured on this machine (reference-numbers.md): Python SMAClite 50-105 env steps/s; JaxMARL SMAX "
-    "(JAX, CPU, 2 cores) ~42k joint steps/s on 3m and ~19k on 2s3z with 64-512 battles."
+    "Anchors measured on this machine (reference-numbers.md): Python "
+    "SMAClite 50-105 env steps/s; JaxMARL SMAX (JAX, CPU, 2 cores) "
+    "~42k joint steps/s on 3m and ~19k on 2s3z with 64-512 battles."
 )
 
 
@@ -59,12 +62,18 @@ def main():
     p.add_argument("--maps", nargs="+", default=["3m", "2s3z"])
     p.add_argument("--envs", nargs="+", type=int, default=[1, 64, 1024, 4096])
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--device", default=None, help="cpu, cuda or both (default: cpu, plus cuda if available)")
+    p.add_argument(
+        "--device", default=None, help="cpu, cuda or both (default: cpu, plus cuda if available)"
+    )
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--no-report", action="store_true")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    devices = [args.device] if args.device else (["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"])
+    devices = (
+        [args.device]
+        if args.device
+        else (["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"])
+    )
     started = datetime.now()
 
     for dev_name in devices:
@@ -77,35 +86,51 @@ def main():
                 steps = max(20, min(400, int(200_000 / (n * 8)) + 20))
                 med, lo, hi = measure(m, n, device, steps, args.repeats)
                 rows.append((m, n, med, lo, hi))
-                print(f"{dev_name} {m:6s} {n:5d} battles: median {med:10.0f} joint steps/s (min {lo:.0f}, max {hi:.0f})",
-                      flush=True)
+                print(
+                    f"{dev_name} {m:6s} {n:5d} battles: median {med:10.0f} "
+                    f"joint steps/s (min {lo:.0f}, max {hi:.0f})",
+                    flush=True,
+                )
         load_after = os.getloadavg()
         if args.no_report:
             continue
         if device.type == "cuda":
             machine = f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}"
         else:
-            machine = (f"{os.cpu_count()}-core CPU ({platform.processor() or platform.machine()}), "
-                       f"{args.threads} torch thread(s), OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}, "
-                       f"torch {torch.__version__}")
+            machine = (
+                f"{os.cpu_count()}-core CPU ({platform.processor() or platform.machine()}), "
+                f"{args.threads} torch thread(s), "
+                f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}, torch {torch.__version__}"
+            )
         lines = [
             f"# smac_lite speed, {dev_name}, {started:%Y-%m-%d %H:%M}",
             "",
-            f"Machine: {machine}; {load_text(load_before, load_after)}. Each cell is the median of "
-            f"{args.repeats} timed repeats after a warm-up (min and max in brackets).",
+            f"Machine: {machine}; {load_text(load_before, load_after)}. Each cell is the "
+            f"median of {args.repeats} timed repeats after a warm-up (min and max in brackets).",
             "",
-            "Random policy (uniform over available actions, sampled on the device). One joint step = one agent step "
-            "(8 game loops) of one battle, including observations, state, available-action masks, rewards and "
-            "auto-reset. Full semantics: shields and their regeneration, armour, bonus damage, medivac healing, "
-            "air targeting, SC2-like enemy targeting (area damage and collisions exist only on maps that use them).",
+            "Random policy (uniform over available actions, sampled on the device). One joint "
+            "step = one agent step (8 game loops) of one battle, including observations, state, "
+            "available-action masks, rewards and auto-reset. Full semantics: shields and their "
+            "regeneration, armour, bonus damage, medivac healing, air targeting, SC2-like enemy "
+            "targeting (area damage and collisions exist only on maps that use them).",
             "",
             "| map | battles | joint steps/s (median) | min | max |",
             "|---|---:|---:|---:|---:|",
         ]
-        lines += [f"| {m} | {n} | {med:,.0f} | {lo:,.0f} | {hi:,.0f} |" for m, n, med, lo, hi in rows]
-        lines += ["", ANCHORS, "", "Goal (issue 3): >= 120k on 3m and >= 60k on 2s3z with 1024 battles on one core.",
-                  "", f"Command: `OMP_NUM_THREADS={args.threads} python benchmark/smac_lite_speed.py "
-                  f"--maps {' '.join(args.maps)} --envs {' '.join(map(str, args.envs))} --repeats {args.repeats}`", ""]
+        lines += [
+            f"| {m} | {n} | {med:,.0f} | {lo:,.0f} | {hi:,.0f} |" for m, n, med, lo, hi in rows
+        ]
+        lines += [
+            "",
+            ANCHORS,
+            "",
+            "Goal (issue 3): >= 120k on 3m and >= 60k on 2s3z with 1024 battles on one core.",
+            "",
+            f"Command: `OMP_NUM_THREADS={args.threads} python "
+            f"benchmark/smac_lite_speed.py --maps {' '.join(args.maps)} "
+            f"--envs {' '.join(map(str, args.envs))} --repeats {args.repeats}`",
+            "",
+        ]
         out = report_path("speed", dev_name, started)
         out.write_text("\n".join(lines))
         print("wrote", out)

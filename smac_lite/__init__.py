@@ -1,4 +1,5 @@
-"""smac_lite: a batched SMAC-like StarCraft micromanagement environment in torch (see smac_lite/README.md)."""
+"""smac_lite: a batched SMAC-like StarCraft micromanagement environment in torch (see
+smac_lite/README.md)."""
 
 from .core import BatchedSMAC
 from .maps import MAPS, UNIT_TYPES

@@ -1,10 +1,10 @@
 """Batched SMAC-like battle simulator in torch: one call steps N battles, on CPU or CUDA.
 
-See smac_lite/README.md for the semantics and where they differ from SMAC. Layout of the per-unit tensors:
-units are indexed 0..U-1 with the n_agents allies first and the n_enemies enemies after them. Positions live in
-(N, U + n_agents + 1) buffers whose next n_agents columns hold the agents' move goals and whose last column is the
-enemies' attack-move point, so that "move toward a point" and "move toward a target unit" are one gather and one
-code path.
+See smac_lite/README.md for the semantics and where they differ from SMAC. Layout of the per-unit
+tensors: units are indexed 0..U-1 with the n_agents allies first and the n_enemies enemies after
+them. Positions live in (N, U + n_agents + 1) buffers whose next n_agents columns hold the agents'
+move goals and whose last column is the enemies' attack-move point, so that "move toward a point"
+and "move toward a target unit" are one gather and one code path.
 """
 
 import math
@@ -21,7 +21,8 @@ SIGHT_RANGE = 9.0  # SMAC's unit sight range, used by observations
 SHOOT_RANGE = 6.0  # SMAC's shoot range, used by the available-action mask
 RETARGET_EVERY = 4  # game loops between target re-evaluations of enemies and idle agents
 ACQUIRE_RANGE = SIGHT_RANGE  # enemies on attack-move acquire targets this close (centre distance)
-_NOT_A_THREAT = 1e4  # added to the squared distance of a target that cannot shoot back: SC2 prefers threats
+# added to the squared distance of a target that cannot shoot back: SC2 prefers threats
+_NOT_A_THREAT = 1e4
 _OUT_OF_SIGHT = 1e6  # added beyond ACQUIRE_RANGE: such a unit is never acquired
 N_NO_ATTACK = 6  # no-op, stop, move N, S, E, W
 APPROACH_SLACK = 0.005  # map units
@@ -34,7 +35,8 @@ _MOVE_DY = (0.0, 0.0, 1.0, -1.0, 0.0, 0.0)
 
 
 def _mix(h):
-    """Integer hash on int64 tensors holding 31-bit values (products stay below 2**62: no overflow)."""
+    """Integer hash on int64 tensors holding 31-bit values (products stay below 2**62: no
+    overflow)."""
     h = (((h >> 15) ^ h) * 0x2C1B3C6D) & _M31
     h = (((h >> 12) ^ h) * 0x297A2D39) & _M31
     return ((h >> 15) ^ h) & _M31
@@ -45,13 +47,14 @@ class BatchedSMAC:
 
     reset() -> obs (N, n_agents, obs_dim), state (N, state_dim), avail (N, n_agents, n_actions)
     step(actions (N, n_agents) long) -> obs, state, avail, reward (N,), done (N,) bool, info
-    Finished battles are reset automatically (auto_reset=True): the returned obs/state/avail of a finished battle
-    are the first ones of its next episode; info["won"], info["truncated"], info["episode_return"],
-    info["episode_length"] describe the episode that just ended (valid where done).
+    Finished battles are reset automatically (auto_reset=True): the returned obs/state/avail of a
+    finished battle are the first ones of its next episode; info["won"], info["truncated"],
+    info["episode_return"], info["episode_length"] describe the episode that just ended (valid where
+    done).
 
-    Randomness (start-position jitter) comes from a counter-based hash of (seed, battle id, episode index), so
-    battle i of BatchedSMAC(seed=s, num_envs=N) replays exactly BatchedSMAC(seed=s, num_envs=1, env_id_offset=i),
-    whatever N is.
+    Randomness (start-position jitter) comes from a counter-based hash of (seed, battle id, episode
+    index), so battle i of BatchedSMAC(seed=s, num_envs=N) replays exactly BatchedSMAC(seed=s,
+    num_envs=1, env_id_offset=i), whatever N is.
     """
 
     def __init__(
@@ -110,7 +113,8 @@ class BatchedSMAC:
             return torch.tensor([float(s[key]) for s in stats], **f32)
 
         self.max_hp = col("hp")
-        # SMAC's state divides the weapon cooldown in game loops by a fixed per-type constant, not the unit's own.
+        # SMAC's state divides the weapon cooldown in game loops by a fixed per-type constant, not
+        # the unit's own.
         self.cd_scale = 1.0 / (DT * col("smac_max_cooldown"))
         self.max_sh = col("shield")
         self.cd_max = col("cooldown")
@@ -126,20 +130,23 @@ class BatchedSMAC:
         self.energy_start = torch.tensor(
             [s["energy_start"] if h else math.inf for s, h in zip(stats, is_healer)], **f32
         )
-        self.energy_max = torch.tensor([s["energy_max"] if h else math.inf for s, h in zip(stats, is_healer)], **f32)
+        self.energy_max = torch.tensor(
+            [s["energy_max"] if h else math.inf for s, h in zip(stats, is_healer)], **f32
+        )
         self.energy_regen_dt = col("energy_regen") * DT
         self.energy_per_hp = col("energy_per_hp")
         # Units that can win a fight (SMAC: a side with only medivacs left has lost).
         attacker = torch.tensor([s["damage"] > 0 for s in stats], dtype=torch.float32, device=dev)
         self.attacker_a, self.attacker_e = attacker[:A], attacker[A:]
 
-        # Pair tables (U, n_points) attacker a -> target column t (t < U: a unit, U <= t < U + A: an agent's move
-        # goal, U + A: the enemies' attack-move point), flattened so that an (N, U) index tensor picks each unit's
-        # value for its current target with one torch.take.
+        # Pair tables (U, n_points) attacker a -> target column t (t < U: a unit, U <= t < U + A: an
+        # agent's move goal, U + A: the enemies' attack-move point), flattened so that an (N, U)
+        # index tensor picks each unit's value for its current target with one torch.take.
         n_points = U + A + 1
         self._rally_col = U + A
-        # A mover stops APPROACH_SLACK inside its reach (so that float rounding cannot leave it a hair out of
-        # range). Points get reach = APPROACH_SLACK: a unit stops exactly on its move goal, never past it.
+        # A mover stops APPROACH_SLACK inside its reach (so that float rounding cannot leave it a
+        # hair out of range). Points get reach = APPROACH_SLACK: a unit stops exactly on its move
+        # goal, never past it.
         reach = torch.full((U, n_points), APPROACH_SLACK)
         raw = torch.zeros(U, n_points)
         eff = torch.zeros(U, n_points)
@@ -149,37 +156,52 @@ class BatchedSMAC:
             team_a = a < A
             for t, st in enumerate(stats):
                 reach[a, t] = sa["range"] + sa["radius"] + st["radius"]
-                can_hit[a, t] = (t < A) != team_a and sa["damage"] > 0 and (sa["hits_air"] or not st["air"])
+                can_hit[a, t] = (
+                    (t < A) != team_a and sa["damage"] > 0 and (sa["hits_air"] or not st["air"])
+                )
                 if can_hit[a, t]:
-                    per_hit = sa["damage"] + sa["bonus_armoured"] * st["armoured"] + sa["bonus_light"] * st["light"]
+                    per_hit = (
+                        sa["damage"]
+                        + sa["bonus_armoured"] * st["armoured"]
+                        + sa["bonus_light"] * st["light"]
+                    )
                     raw[a, t] = sa["hits"] * per_hit
                     # Armour reduces every hit, down to 0.5 (SC2's minimum damage).
                     eff[a, t] = sa["hits"] * max(per_hit - st["armour"], 0.5)
                 if (t < A) == team_a and sa["heal_rate"] > 0 and st["heal_rate"] == 0:
                     heal[a, t] = sa["heal_rate"] * DT
         self._reach = reach.to(dev).flatten()
-        # Agent i may attack enemy j (a ground-only weapon cannot target an air unit); as an additive penalty for
-        # the closest-enemy search of idle agents.
-        # Tables that are all-permissive (no air units, every unit armed) are None: the step skips them.
+        # Agent i may attack enemy j (a ground-only weapon cannot target an air unit); as an
+        # additive penalty for the closest-enemy search of idle agents. Tables that are
+        # all-permissive (no air units, every unit armed) are None: the step skips them.
         self._agent_can_hit = can_hit[:A, A:].to(dev) if not can_hit[:A, A:].all() else None
-        self._agent_no_hit_pen = None if self._agent_can_hit is None else (~self._agent_can_hit).float() * _BIG
-        # Enemy j's preference penalty for ally i (E, A): cannot hit it at all, or it is not a threat (cannot hit j).
-        pen = torch.where(~can_hit[A:, :A], _BIG, (~can_hit[:A, A:]).T.to(torch.float32) * _NOT_A_THREAT)
+        self._agent_no_hit_pen = (
+            None if self._agent_can_hit is None else (~self._agent_can_hit).float() * _BIG
+        )
+        # Enemy j's preference penalty for ally i (E, A): cannot hit it at all, or it is not a
+        # threat (cannot hit j).
+        pen = torch.where(
+            ~can_hit[A:, :A], _BIG, (~can_hit[:A, A:]).T.to(torch.float32) * _NOT_A_THREAT
+        )
         self._enemy_target_pen = pen.to(dev) if pen.any() else None
-        # Area weapons (colossus, baneling) deal all their damage through the splash tables below, which include
-        # the target itself: their rows of the single-target tables are zero.
+        # Area weapons (colossus, baneling) deal all their damage through the splash tables below,
+        # which include the target itself: their rows of the single-target tables are zero.
         splash_units = [u for u, su in enumerate(stats) if su["splash"] > 0]
         self.has_splash = bool(splash_units)
         if self.has_splash:
             self._splash_idx = torch.tensor(splash_units, device=dev)  # (S,)
-            # Victims: the opponents the weapon can hit and that are on the ground; a victim is hit when its edge is
-            # within the splash radius of the centre.
+            # Victims: the opponents the weapon can hit and that are on the ground; a victim is hit
+            # when its edge is within the splash radius of the centre.
             victim = can_hit[splash_units] & ~torch.tensor([su["air"] for su in stats])
             self._splash_raw = (raw[splash_units, :U] * victim).to(dev)  # (S, U)
             self._splash_eff = (eff[splash_units, :U] * victim).to(dev)
             radii = torch.tensor([su["radius"] for su in stats])
-            self._splash_reach2 = ((torch.tensor([stats[u]["splash"] for u in splash_units])[:, None] + radii) ** 2).to(dev)
-            self._splash_at_self = torch.tensor([stats[u]["splash_at"] == "self" for u in splash_units], device=dev)
+            self._splash_reach2 = (
+                (torch.tensor([stats[u]["splash"] for u in splash_units])[:, None] + radii) ** 2
+            ).to(dev)
+            self._splash_at_self = torch.tensor(
+                [stats[u]["splash_at"] == "self" for u in splash_units], device=dev
+            )
             self._suicide = torch.tensor([stats[u]["suicide"] for u in splash_units], device=dev)
             raw[splash_units] = 0.0
             eff[splash_units] = 0.0
@@ -193,12 +215,17 @@ class BatchedSMAC:
         na = self.n_actions
         self._act_dx = torch.tensor(list(_MOVE_DX) + [0.0] * E, **f32)
         self._act_dy = torch.tensor(list(_MOVE_DY) + [0.0] * E, **f32)
-        self._act_is_move = torch.tensor([2 <= k <= 5 for k in range(na)], dtype=torch.bool, device=dev)
-        # Attack slot j of a non-healer agent is enemy j (unit A + j); of a medivac it is ally j (unit j).
+        self._act_is_move = torch.tensor(
+            [2 <= k <= 5 for k in range(na)], dtype=torch.bool, device=dev
+        )
+        # Attack slot j of a non-healer agent is enemy j (unit A + j); of a medivac it is ally j
+        # (unit j).
         self._slot_offset = torch.tensor([0 if h else A for h in is_healer[:A]], device=dev)
         self._slot_limit = torch.tensor([A if h else E for h in is_healer[:A]], device=dev)
         self._agent_healer = self.is_healer[:A]
-        self._heal_target_ok = torch.tensor([not h for h in is_healer[:A]], dtype=torch.bool, device=dev)
+        self._heal_target_ok = torch.tensor(
+            [not h for h in is_healer[:A]], dtype=torch.bool, device=dev
+        )
 
         # Type one-hot (U, tb) and observation / state column indices.
         onehot = torch.zeros(U, max(tb, 1))
@@ -231,23 +258,33 @@ class BatchedSMAC:
         self._state_unit_feats = nfs
         st_al = [0, 1, 2, 3] + ([4] if self.shield_bits_ally else []) + list(range(5, 5 + tb))
         st_en = [0, 2, 3] + ([4] if self.shield_bits_enemy else []) + list(range(5, 5 + tb))
-        sidx = [u * nfs + c for u in range(A) for c in st_al] + [u * nfs + c for u in range(A, U) for c in st_en]
+        sidx = [u * nfs + c for u in range(A) for c in st_al] + [
+            u * nfs + c for u in range(A, U) for c in st_en
+        ]
         self._state_idx = torch.tensor(sidx, device=dev)
         self.state_dim = len(sidx) + (A * na if state_last_action else 0)
         self.state_ally_feats = len(st_al)
         self.state_enemy_feats = len(st_en)
 
-        # Reward scale exactly as SMAC: max_reward = n_enemies * death_value + win + sum of enemy hp + shields.
-        self.max_reward = E * self.reward_death_value + self.reward_win + float((self.max_hp + self.max_sh)[A:].sum())
+        # Reward scale exactly as SMAC: max_reward = n_enemies * death_value + win + sum of enemy hp
+        # + shields.
+        self.max_reward = (
+            E * self.reward_death_value
+            + self.reward_win
+            + float((self.max_hp + self.max_sh)[A:].sum())
+        )
         self.reward_scale = (reward_scale_rate / self.max_reward) if reward_scale else 1.0
 
-        # Start formation (before jitter): allies on the left facing east, enemies mirrored on the right.
+        # Start formation (before jitter): allies on the left facing east, enemies mirrored on the
+        # right.
         self._x0, self._y0 = self._formation(spec)
 
-        # Enemies that pursue (a map entry with pursue=True) keep a target that left their weapon range while it is
-        # within ACQUIRE_RANGE; by default they drop it and acquire the closest ally instead.
+        # Enemies that pursue (a map entry with pursue=True) keep a target that left their weapon
+        # range while it is within ACQUIRE_RANGE; by default they drop it and acquire the closest
+        # ally instead.
         self.pursue = bool(spec.get("pursue", False))
-        # Ground collisions (maps with collide=True): pairs closer than the sum of their radii are pushed apart.
+        # Ground collisions (maps with collide=True): pairs closer than the sum of their radii are
+        # pushed apart.
         self.collide = bool(spec.get("collide", False))
         if self.collide:
             rad = torch.tensor([su["radius"] if su["collides"] else 0.0 for su in stats])
@@ -255,17 +292,20 @@ class BatchedSMAC:
             min_gap = (rad[:, None] + rad[None, :]) * (both[:, None] & both[None, :])
             self._min_gap = min_gap.fill_diagonal_(0.0).to(dev)  # (U, U)
 
-        # Per-battle state. Points (N, n_points): the units' positions (views x, y: (N, U)), then the agents' move
-        # goals, then the enemies' attack-move point; point_alive is 1/0 for units and stays 1 for the other points.
+        # Per-battle state. Points (N, n_points): the units' positions (views x, y: (N, U)), then
+        # the agents' move goals, then the enemies' attack-move point; point_alive is 1/0 for units
+        # and stays 1 for the other points.
         self.point_x = torch.zeros(N, n_points, **f32)
         self.point_y = torch.zeros(N, n_points, **f32)
         self.x, self.y = self.point_x[:, :U], self.point_y[:, :U]
         self.point_alive = torch.ones(N, n_points, **f32)
         self.alive = self.point_alive[:, :U]
-        # The enemies' single attack-move order goes to the allies' start (the centre of their formation).
+        # The enemies' single attack-move order goes to the allies' start (the centre of their
+        # formation).
         self.point_x[:, self._rally_col] = self._x0[:A].mean()
         self.point_y[:, self._rally_col] = self._y0[:A].mean()
-        self.enemy_target = torch.full((N, E), self._rally_col, dtype=torch.long, device=dev)  # column in point_x
+        # column in point_x
+        self.enemy_target = torch.full((N, E), self._rally_col, dtype=torch.long, device=dev)
         self._enemy_in_range = torch.zeros(N, E, dtype=torch.bool, device=dev)
         self.hp = torch.zeros(N, U, **f32)
         self.sh = torch.zeros(N, U, **f32)
@@ -297,14 +337,18 @@ class BatchedSMAC:
                 in_col = min(rows, n - c * rows)
                 xs.append(front + (c * spacing if side else -c * spacing))
                 ys.append(self.map_h / 2 + (r - (in_col - 1) / 2) * spacing)
-        return (torch.tensor(xs, dtype=torch.float32, device=self.device),
-                torch.tensor(ys, dtype=torch.float32, device=self.device))
+        return (
+            torch.tensor(xs, dtype=torch.float32, device=self.device),
+            torch.tensor(ys, dtype=torch.float32, device=self.device),
+        )
 
     def _set_seed(self, seed):
-        # No seed: draw one from the OS, so that unseeded environments differ (as gymnasium / PettingZoo envs do).
+        # No seed: draw one from the OS, so that unseeded environments differ (as gymnasium /
+        # PettingZoo envs do).
         self.seed = secrets.randbits(31) if seed is None else int(seed)
         self._seed_key = _mix(torch.tensor(self.seed & _M31, device=self.device) ^ 0x1234567)
-        self._elem = torch.arange(2 * self.n_units, device=self.device) * 0x9E3779B  # < 2**31 / 2 * U ok
+        # < 2**31 / 2 * U ok
+        self._elem = torch.arange(2 * self.n_units, device=self.device) * 0x9E3779B
 
     def _start_positions(self):
         """Jittered start positions (N, U) for each battle's current episode index."""
@@ -342,7 +386,7 @@ class BatchedSMAC:
         return self._observe()
 
     def step(self, actions):
-        A, E, U = self.n_agents, self.n_enemies, self.n_units
+        A, U = self.n_agents, self.n_units
         actions = actions.to(self.device, torch.long)
         alive_a = self.alive[:, :A] > 0
         # SMAC's reward looks at the enemies' hp + shields before and after the step.
@@ -351,16 +395,21 @@ class BatchedSMAC:
         prev_hs_a = self.hp[:, :A] + self.sh[:, :A]
         prev_alive_a = self.alive[:, :A].clone()
 
-        # Decode orders. Invalid orders are not an error: an attack on a dead or missing target becomes "stop",
-        # a move past the map edge stops at the edge, a dead agent does nothing.
+        # Decode orders. Invalid orders are not an error: an attack on a dead or missing target
+        # becomes "stop", a move past the map edge stops at the edge, a dead agent does nothing.
         is_move = self._act_is_move[actions] & alive_a
         slot = actions - N_NO_ATTACK
         is_att = (slot >= 0) & (slot < self._slot_limit) & alive_a
         ordered = torch.where(is_att, slot.clamp(min=0) + self._slot_offset, 0)
-        ordered = torch.where(is_move, self._goal_idx, ordered)  # (N, A) column in point_x each agent heads for
+        # (N, A) column in point_x each agent heads for
+        ordered = torch.where(is_move, self._goal_idx, ordered)
         idle = ~(is_move | is_att)  # (N, A)
-        self.point_x[:, U:U + A] = (self.x[:, :A] + MOVE_AMOUNT * self._act_dx[actions]).clamp(0.0, self.map_w)
-        self.point_y[:, U:U + A] = (self.y[:, :A] + MOVE_AMOUNT * self._act_dy[actions]).clamp(0.0, self.map_h)
+        self.point_x[:, U : U + A] = (self.x[:, :A] + MOVE_AMOUNT * self._act_dx[actions]).clamp(
+            0.0, self.map_w
+        )
+        self.point_y[:, U : U + A] = (self.y[:, :A] + MOVE_AMOUNT * self._act_dy[actions]).clamp(
+            0.0, self.map_h
+        )
         fire_ok_a = ~is_move
         chase_e = torch.ones_like(self.enemy_target, dtype=torch.bool)
         heal_tgt_e = self._enemy_heal_targets() if self.has_enemy_healer else None
@@ -389,8 +438,14 @@ class BatchedSMAC:
             hs_a = self.hp[:, :A] + self.sh[:, :A]
             delta_ally = self.reward_negative_scale * ((prev_hs_a - hs_a) * prev_alive_a).sum(1)
             deaths_a = (prev_alive_a - alive_a_now).sum(1)
-            reward = delta_enemy + delta_deaths - delta_ally - self.reward_death_value * self.reward_negative_scale * deaths_a
-        # As SMAC: the win bonus and the defeat value are added after the positive-only abs(), in both modes.
+            reward = (
+                delta_enemy
+                + delta_deaths
+                - delta_ally
+                - self.reward_death_value * self.reward_negative_scale * deaths_a
+            )
+        # As SMAC: the win bonus and the defeat value are added after the positive-only abs(), in
+        # both modes.
         reward = (reward + self.reward_win * won + self.reward_defeat * lost) * self.reward_scale
 
         self.steps += 1
@@ -418,19 +473,24 @@ class BatchedSMAC:
     def _enemy_heal_targets(self):
         """Enemy medivacs heal the teammate (not a medivac) with the lowest health fraction."""
         A = self.n_agents
-        frac = self.hp[:, A:] / self.max_hp[A:] + (1 - self.alive[:, A:]) * _BIG + self.is_healer[A:] * _BIG
+        frac = (
+            self.hp[:, A:] / self.max_hp[A:]
+            + (1 - self.alive[:, A:]) * _BIG
+            + self.is_healer[A:] * _BIG
+        )
         return frac.argmin(1, keepdim=True) + A
 
     def _retarget(self, heal_tgt_e):
-        """Targets, re-evaluated every RETARGET_EVERY game loops (a reaction time of 0.18 s; small-dim argmin is
-        too costly to run every loop).
+        """Targets, re-evaluated every RETARGET_EVERY game loops (a reaction time of 0.18 s;
+        small-dim argmin is too costly to run every loop).
 
-        Agents without a live order (stop, or their target died) fire at the closest enemy they can hit in range.
-        Enemies follow SC2-like auto-targeting under their one attack-move order: keep the current target while it
-        lives and is within weapon range (or, on a map with pursue, within ACQUIRE_RANGE); otherwise acquire the
-        closest ally within ACQUIRE_RANGE that they can hit, preferring allies that can shoot back; with none, walk on
-        to the attack-move point (the allies' start). Enemy medivacs heal their most damaged teammate. Updates
-        self.enemy_target; returns the closest enemy of every agent (N, A) and whether each enemy may fire (N, E): not
+        Agents without a live order (stop, or their target died) fire at the closest enemy they can
+        hit in range. Enemies follow SC2-like auto-targeting under their one attack-move order: keep
+        the current target while it lives and is within weapon range (or, on a map with pursue,
+        within ACQUIRE_RANGE); otherwise acquire the closest ally within ACQUIRE_RANGE that they can
+        hit, preferring allies that can shoot back; with none, walk on to the attack-move point (the
+        allies' start). Enemy medivacs heal their most damaged teammate. Updates self.enemy_target;
+        returns the closest enemy of every agent (N, A) and whether each enemy may fire (N, E): not
         while heading for the point."""
         A = self.n_agents
         x, y, alive = self.x, self.y, self.alive
@@ -441,16 +501,19 @@ class BatchedSMAC:
         d2 = dist2 + pen[:, :A, None] + pen[:, None, A:]  # (N, A, E), dead pairs pushed out
         agent_score = d2 if self._agent_no_hit_pen is None else d2 + self._agent_no_hit_pen
         closest_enemy = agent_score.argmin(2) + A  # (N, A) unit index
-        score = (d2 + (dist2 > ACQUIRE_RANGE**2) * _OUT_OF_SIGHT).transpose(1, 2).contiguous()  # (N, E, A)
+        # (N, E, A)
+        score = (d2 + (dist2 > ACQUIRE_RANGE**2) * _OUT_OF_SIGHT).transpose(1, 2).contiguous()
         if self._enemy_target_pen is not None:
             score += self._enemy_target_pen
-        best, closest_a = score.min(2)  # (N, E); a min over a strided dim is ~5x slower, hence the contiguous
+        # (N, E); a min over a strided dim is ~5x slower, hence the contiguous
+        best, closest_a = score.min(2)
         acquired = torch.where(best < _OUT_OF_SIGHT, closest_a, self._rally_col)  # (N, E)
         cur = self.enemy_target  # (N, E)
         # In range in the last game loop (set by _subtick) and still alive: keep it.
         keep = self._enemy_in_range
         if self.pursue:  # or within ACQUIRE_RANGE of it
-            d2_cur = dist2.transpose(1, 2).gather(2, cur.clamp(max=A - 1).unsqueeze(2)).squeeze(2)  # (N, E)
+            # (N, E)
+            d2_cur = dist2.transpose(1, 2).gather(2, cur.clamp(max=A - 1).unsqueeze(2)).squeeze(2)
             keep = keep | (d2_cur <= ACQUIRE_RANGE**2)
         keep = keep & (cur < A) & (self.point_alive.gather(1, cur) > 0)
         target = torch.where(keep, cur, acquired)
@@ -460,39 +523,50 @@ class BatchedSMAC:
         return closest_enemy, target != self._rally_col
 
     def _subtick(self, ordered, idle, fire_ok, chase_e, closest_enemy, target_e):
-        """One game loop. ordered (N, A): the column each agent was ordered to (enemy, ally for a medivac, or its
-        move goal); idle (N, A): stop / no-op / invalid order; fire_ok (N, U); chase_e (N, E); closest_enemy
-        (N, A) and target_e (N, E) from _retarget."""
+        """One game loop. ordered (N, A): the column each agent was ordered to (enemy, ally for a
+        medivac, or its move goal); idle (N, A): stop / no-op / invalid order; fire_ok (N, U);
+        chase_e (N, E); closest_enemy (N, A) and target_e (N, E) from _retarget."""
         U = self.n_units
         x, y, alive = self.x, self.y, self.alive
-        auto = idle | (self.point_alive.gather(1, ordered) == 0)  # (N, A): no live order -> act as stopped
-        target = torch.cat([torch.where(auto, closest_enemy, ordered), target_e], 1)  # (N, U) column in point_x
+        # (N, A): no live order -> act as stopped
+        auto = idle | (self.point_alive.gather(1, ordered) == 0)
+        # (N, U) column in point_x
+        target = torch.cat([torch.where(auto, closest_enemy, ordered), target_e], 1)
         chase = torch.cat([~auto, chase_e], 1)  # (N, U) walks toward its target when out of range
 
         to_x = self.point_x.gather(1, target) - x  # (N, U) vector to the target
         to_y = self.point_y.gather(1, target) - y
         target_alive = self.point_alive.gather(1, target)  # (N, U)
         dist = torch.sqrt(to_x * to_x + to_y * to_y)  # (N, U) centre distance to the target
-        pair_idx = target + self._pair_base  # (N, U) index into the flattened (U, n_points) pair tables
+        # (N, U) index into the flattened (U, n_points) pair tables
+        pair_idx = target + self._pair_base
         reach = torch.take(self._reach, pair_idx)
         in_range = dist <= reach + 2 * APPROACH_SLACK
         active = (alive * target_alive) > 0
         # Move (toward the target until in range, or onto the goal); units in range stand and fire.
         mv = (chase & ~in_range & active).to(x.dtype)
-        step = torch.minimum(self.speed_dt, dist - reach + APPROACH_SLACK) * mv / dist.clamp(min=1e-6)
+        step = (
+            torch.minimum(self.speed_dt, dist - reach + APPROACH_SLACK) * mv / dist.clamp(min=1e-6)
+        )
         x.add_(to_x * step)
         y.add_(to_y * step)
         if self.collide:
             self._separate()
-        self._enemy_in_range = in_range[:, self.n_agents:]  # (N, E), for _retarget's keep-the-target rule
-        fire = fire_ok & in_range & active & (self.cd <= 1e-4) & (self.energy > 0)  # (N, U) shoots this loop
+        # (N, E), for _retarget's keep-the-target rule
+        self._enemy_in_range = in_range[:, self.n_agents :]
+        # (N, U) shoots this loop
+        fire = fire_ok & in_range & active & (self.cd <= 1e-4) & (self.energy > 0)
         fire_f = fire.to(x.dtype)
-        # Damage: every hit is reduced by the target's armour (per hit, min 0.5); shields absorb first.
-        raw = torch.take(self._raw, pair_idx) * fire_f  # (N, U) damage each unit deals, before armour
+        # Damage: every hit is reduced by the target's armour (per hit, min 0.5); shields absorb
+        # first.
+        # (N, U) damage each unit deals, before armour
+        raw = torch.take(self._raw, pair_idx) * fire_f
         eff = torch.take(self._eff, pair_idx) * fire_f  # (N, U) the same after the target's armour
         zeros = torch.zeros_like(self.point_x)
-        damage_taken = zeros.scatter_add(1, target, raw)[:, :U]  # (N, U) damage each unit takes, before armour
-        hp_damage = zeros.scatter_add(1, target, eff)[:, :U]  # (N, U) after armour: what reaches hp unshielded
+        # (N, U) damage each unit takes, before armour
+        damage_taken = zeros.scatter_add(1, target, raw)[:, :U]
+        # (N, U) after armour: what reaches hp unshielded
+        hp_damage = zeros.scatter_add(1, target, eff)[:, :U]
         if self.has_splash:
             burst = self._splash(fire, target, damage_taken, hp_damage)
         if self.has_shields:
@@ -507,18 +581,20 @@ class BatchedSMAC:
             self.energy.sub_(heal * self.energy_per_hp).add_(self.energy_regen_dt)
             torch.minimum(self.energy, self.energy_max, out=self.energy)
         if self.has_shields:
-            # Shields regenerate once a unit has gone SHIELD_REGEN_DELAY without taking damage (SC2: 2 per game
-            # second after 10 game seconds).
+            # Shields regenerate once a unit has gone SHIELD_REGEN_DELAY without taking damage (SC2:
+            # 2 per game second after 10 game seconds).
             self.since_dmg.add_(DT).masked_fill_(damage_taken > 0, 0.0)
             regen = (self.since_dmg >= SHIELD_REGEN_DELAY).to(x.dtype) * (SHIELD_REGEN_RATE * DT)
             torch.minimum(self.sh + regen, self.max_sh, out=self.sh)
-        # The cooldown runs down in the loop of the shot too. A weapon that fires in the first loop it is ready
-        # keeps the fraction of a loop it waited (cd in (-DT, 0]), so the mean period is the cooldown itself
-        # (marine 13.77 loops), not a whole loop longer; one that waited longer for a target starts afresh.
+        # The cooldown runs down in the loop of the shot too. A weapon that fires in the first loop
+        # it is ready keeps the fraction of a loop it waited (cd in (-DT, 0]), so the mean period is
+        # the cooldown itself (marine 13.77 loops), not a whole loop longer; one that waited longer
+        # for a target starts afresh.
         carry = torch.where(self.cd > -DT, self.cd, 0.0)
         self.cd.copy_(torch.where(fire, self.cd_max + carry, self.cd) - DT)
         if self.has_splash:
-            # A baneling dies by bursting; one killed by damage bursts in the next loop (where it died).
+            # A baneling dies by bursting; one killed by damage bursts in the next loop (where it
+            # died).
             sidx = self._splash_idx
             was_alive = alive[:, sidx] > 0
             self.hp[:, sidx] = torch.where(burst & self._suicide, 0.0, self.hp[:, sidx])
@@ -528,25 +604,31 @@ class BatchedSMAC:
             self.sh.mul_(alive)
 
     def _separate(self):
-        """Push overlapping living ground units apart, each by half the overlap (one relaxation pass per loop),
-        so that a swarm surrounds its target instead of stacking on one spot."""
+        """Push overlapping living ground units apart, each by half the overlap (one relaxation pass
+        per loop), so that a swarm surrounds its target instead of stacking on one spot."""
         x, y, alive = self.x, self.y, self.alive
         dx = x[:, :, None] - x[:, None, :]  # (N, U, U)
         dy = y[:, :, None] - y[:, None, :]
         d = torch.sqrt(dx * dx + dy * dy).clamp(min=1e-4)
-        overlap = (self._min_gap - d).clamp(min=0.0) * (alive[:, :, None] * alive[:, None, :])  # (N, U, U)
+        # (N, U, U)
+        overlap = (self._min_gap - d).clamp(min=0.0) * (alive[:, :, None] * alive[:, None, :])
         push = overlap * (0.5 / d)
         x.add_((push * dx).sum(2)).clamp_(0.0, self.map_w)
         y.add_((push * dy).sum(2)).clamp_(0.0, self.map_h)
 
     def _splash(self, fire, target, damage_taken, hp_damage):
-        """Add the area damage of this loop to damage_taken and hp_damage (N, U, in place). The centre is the
-        target (colossus) or the attacker (baneling, which also bursts the loop after it is killed). Returns the
-        area weapons that went off (N, S)."""
+        """Add the area damage of this loop to damage_taken and hp_damage (N, U, in place). The
+        centre is the target (colossus) or the attacker (baneling, which also bursts the loop after
+        it is killed). Returns the area weapons that went off (N, S)."""
         sidx = self._splash_idx
         burst = fire[:, sidx] | self.burst_pending  # (N, S)
-        cx = torch.where(self._splash_at_self, self.x[:, sidx], self.point_x.gather(1, target[:, sidx]))  # (N, S)
-        cy = torch.where(self._splash_at_self, self.y[:, sidx], self.point_y.gather(1, target[:, sidx]))
+        # (N, S)
+        cx = torch.where(
+            self._splash_at_self, self.x[:, sidx], self.point_x.gather(1, target[:, sidx])
+        )
+        cy = torch.where(
+            self._splash_at_self, self.y[:, sidx], self.point_y.gather(1, target[:, sidx])
+        )
         dx = self.x[:, None, :] - cx[:, :, None]  # (N, S, U)
         dy = self.y[:, None, :] - cy[:, :, None]
         hit = ((dx * dx + dy * dy) <= self._splash_reach2) & burst[:, :, None]  # (N, S, U)
@@ -587,7 +669,8 @@ class BatchedSMAC:
         vis = (dist < SIGHT_RANGE) * pair_alive  # (N, A, U) agent sees unit
         in_shoot = (dist <= SHOOT_RANGE) * pair_alive  # (N, A, U)
 
-        # Available actions: 0 no-op (dead only), 1 stop, 2-5 move N/S/E/W (stay inside the map), 6.. attack.
+        # Available actions: 0 no-op (dead only), 1 stop, 2-5 move N/S/E/W (stay inside the map),
+        # 6.. attack.
         att = in_shoot[:, :, A:]  # (N, A, E) attack action available
         if self._agent_can_hit is not None:
             att = att * self._agent_can_hit
@@ -609,23 +692,32 @@ class BatchedSMAC:
             2,
         )
 
-        # Observation: per (agent, unit) [available/visible, dist, dx, dy, health, shield, type...] then a gather
-        # that lays out SMAC's order: move feats, enemies, other allies, own feats.
+        # Observation: per (agent, unit) [available/visible, dist, dx, dy, health, shield, type...]
+        # then a gather that lays out SMAC's order: move feats, enemies, other allies, own feats.
         col0 = torch.cat([vis[:, :, :A], att * vis[:, :, A:]], 2)
         s = vis * (1.0 / SIGHT_RANGE)
         pair = torch.stack([col0, dist * s, dx * s, dy * s], 3)  # (N, A, U, 4)
-        unit = [(self.hp / self.max_hp).unsqueeze(2), (self.sh / self.max_sh.clamp(min=1.0)).unsqueeze(2)]
+        unit = [
+            (self.hp / self.max_hp).unsqueeze(2),
+            (self.sh / self.max_sh.clamp(min=1.0)).unsqueeze(2),
+        ]
         if self.unit_type_bits:
             unit.append(self._type_onehot.expand(N, U, -1))
         unit = torch.cat(unit, 2)  # (N, U, 2 + tb)
-        feats = torch.cat([pair, unit[:, None] * vis[..., None]], 3).reshape(N, A, U * self._view_unit_feats)
+        feats = torch.cat([pair, unit[:, None] * vis[..., None]], 3).reshape(
+            N, A, U * self._view_unit_feats
+        )
         buf = torch.cat([avail[:, :, 2:6], feats], 2)
         obs = buf.gather(2, self._obs_idx.expand(N, -1, -1))
 
-        # Global state: allies [health, cooldown (energy for medivacs), rel x, rel y, shield, type], enemies
-        # [health, rel x, rel y, shield, type], dead units zero; then the agents' last actions one-hot.
+        # Global state: allies [health, cooldown (energy for medivacs), rel x, rel y, shield, type],
+        # enemies [health, rel x, rel y, shield, type], dead units zero; then the agents' last
+        # actions one-hot.
         energy_frac = self.energy / self.energy_max
-        cooldown_feat = torch.where(self.is_healer, energy_frac, self.cd.clamp(min=0) * self.cd_scale)  # (N, U)
+        # (N, U)
+        cooldown_feat = torch.where(
+            self.is_healer, energy_frac, self.cd.clamp(min=0) * self.cd_scale
+        )
         st = [
             unit[:, :, :1],
             cooldown_feat.unsqueeze(2),
@@ -636,7 +728,10 @@ class BatchedSMAC:
         st = (torch.cat(st, 2) * alive[:, :, None]).reshape(N, U * self._state_unit_feats)
         state = st.index_select(1, self._state_idx)
         if self.state_last_action:
-            la = torch.nn.functional.one_hot(self.last_action, self.n_actions).to(state.dtype) * self.has_last_action[:, :, None]
+            la = (
+                torch.nn.functional.one_hot(self.last_action, self.n_actions).to(state.dtype)
+                * self.has_last_action[:, :, None]
+            )
             state = torch.cat([state, la.reshape(N, -1)], 1)
         return obs, state, avail
 
@@ -644,8 +739,12 @@ class BatchedSMAC:
     def get_env_info(self):
         """SMAC's get_env_info() keys."""
         return dict(
-            state_shape=self.state_dim, obs_shape=self.obs_dim, n_actions=self.n_actions, n_agents=self.n_agents,
-            n_enemies=self.n_enemies, episode_limit=self.episode_limit,
+            state_shape=self.state_dim,
+            obs_shape=self.obs_dim,
+            n_actions=self.n_actions,
+            n_agents=self.n_agents,
+            n_enemies=self.n_enemies,
+            episode_limit=self.episode_limit,
         )
 
     def render(self, battle=0, size=None):

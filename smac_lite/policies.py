@@ -1,4 +1,5 @@
-"""Batched scripted policies for tests, baselines and GIFs: (env, avail) -> actions (N, n_agents) long."""
+"""Batched scripted policies for tests, baselines and GIFs: (env, avail) -> actions (N, n_agents)
+long."""
 
 import torch
 
@@ -6,15 +7,15 @@ from .core import N_NO_ATTACK
 
 
 def random_policy(env, avail, generator=None):
-    """Uniform over the available actions, sampled on the env's device (argmax of iid uniforms over the
-    available actions is uniform among them, and much cheaper than torch.multinomial)."""
+    """Uniform over the available actions, sampled on the env's device (argmax of iid uniforms over
+    the available actions is uniform among them, and much cheaper than torch.multinomial)."""
     u = torch.rand(avail.shape, generator=generator, device=avail.device) * avail
     return u.argmax(2)
 
 
 def focus_fire_policy(env, avail):
-    """Every agent attacks the available enemy with the least hp + shields (medivacs heal the most damaged
-    available ally); an agent with no target moves toward the closest living enemy."""
+    """Every agent attacks the available enemy with the least hp + shields (medivacs heal the most
+    damaged available ally); an agent with no target moves toward the closest living enemy."""
     A, E = env.n_agents, env.n_enemies
     hs_e = (env.hp[:, A:] + env.sh[:, A:])[:, None, :].expand(-1, A, -1)
     score = hs_e
@@ -35,17 +36,21 @@ def focus_fire_policy(env, avail):
     mx, my = dx.gather(2, j).squeeze(2), dy.gather(2, j).squeeze(2)
     move = torch.where(mx.abs() > my.abs(), torch.where(mx > 0, 4, 5), torch.where(my > 0, 2, 3))
     act = torch.where(has_target, target, move)
-    act = torch.where(avail.gather(2, act.unsqueeze(2)).squeeze(2) > 0, act, 1)  # blocked move: stop
+    # blocked move: stop
+    act = torch.where(avail.gather(2, act.unsqueeze(2)).squeeze(2) > 0, act, 1)
     return torch.where(env.alive[:, :A] > 0, act, 0)
 
 
 def pull_back_policy(env, avail, below=0.5):
-    """focus_fire_policy, except that an agent below `below` of its hp that an enemy is aiming at steps back west
-    (toward its own side), out of that enemy's weapon range unless the enemy follows. It reads the enemies' targets
-    from the simulator: a probe of the rules, not a policy an agent could observe its way to."""
+    """focus_fire_policy, except that an agent below `below` of its hp that an enemy is aiming at
+    steps back west (toward its own side), out of that enemy's weapon range unless the enemy
+    follows. It reads the enemies' targets from the simulator: a probe of the rules, not a policy an
+    agent could observe its way to."""
     A = env.n_agents
     act = focus_fire_policy(env, avail)
-    aimed = (env.enemy_target[:, :, None] == torch.arange(A, device=avail.device)) & (env.alive[:, A:, None] > 0)
+    aimed = (env.enemy_target[:, :, None] == torch.arange(A, device=avail.device)) & (
+        env.alive[:, A:, None] > 0
+    )
     back = (aimed.sum(1) > 0) & (env.hp[:, :A] < below * env.max_hp[:A]) & (env.alive[:, :A] > 0)
     return torch.where(back & (avail[:, :, 5] > 0), 5, act)
 
@@ -54,9 +59,10 @@ POLICIES = {"random": random_policy, "focus_fire": focus_fire_policy, "pull_back
 
 
 def play_battles(map_name, policy, num_battles, seed=0, device="cpu", **env_kwargs):
-    """Play the first episode of `num_battles` battles with `policy` ("random", "focus_fire" or a callable
-    (env, avail) -> actions). The random policy draws from a generator seeded with `seed`.
-    Returns won (bool), episode_return, episode_length, terminated (bool): (num_battles,) tensors."""
+    """Play the first episode of `num_battles` battles with `policy` ("random", "focus_fire" or a
+    callable (env, avail) -> actions). The random policy draws from a generator seeded with `seed`.
+    Returns won (bool), episode_return, episode_length, terminated (bool): (num_battles,)
+    tensors."""
     from .core import BatchedSMAC
 
     env = BatchedSMAC(map_name, num_envs=num_battles, device=device, seed=seed, **env_kwargs)
@@ -72,12 +78,14 @@ def play_battles(map_name, policy, num_battles, seed=0, device="cpu", **env_kwar
     for _ in range(env.episode_limit):
         actions = random_policy(env, avail, gen) if policy is random_policy else policy(env, avail)
         _, _, avail, _, done, info = env.step(actions)
-        new = done & ~finished  # the first episode of each battle; later ones (auto-reset) are ignored
+        # the first episode of each battle; later ones (auto-reset) are ignored
+        new = done & ~finished
         won |= new & info["won"]
         terminated |= new & info["terminated"]
         ret = torch.where(new, info["episode_return"], ret)
         length = torch.where(new, info["episode_length"], length)
         finished |= done
-        if bool(finished.all()):  # a host sync per step: fine for evaluation, not for training loops
+        # a host sync per step: fine for evaluation, not for training loops
+        if bool(finished.all()):
             break
     return won, ret, length, terminated

@@ -11,16 +11,24 @@ from .core import BatchedSMAC
 
 
 class SMACLiteParallelEnv(ParallelEnv):
-    """One battle. Observations are dicts {"observation": float32 (obs_dim,), "action_mask": int8 (n_actions,)};
-    the team reward is given to every agent; an agent that dies is terminated and leaves `agents`; the time limit
-    truncates every agent. infos[agent]["won"] tells whether the battle was won. state() is SMAC's global state."""
+    """One battle. Observations are dicts {"observation": float32 (obs_dim,), "action_mask": int8
+    (n_actions,)}; the team reward is given to every agent; an agent that dies is terminated and
+    leaves `agents`; the time limit truncates every agent. infos[agent]["won"] tells whether the
+    battle was won. state() is SMAC's global state."""
 
-    metadata = {"render_modes": ["rgb_array"], "name": "smac_lite_v0", "render_fps": 8, "is_parallelizable": True}
+    metadata = {
+        "render_modes": ["rgb_array"],
+        "name": "smac_lite_v0",
+        "render_fps": 8,
+        "is_parallelizable": True,
+    }
 
     def __init__(self, map_name="3m", render_mode=None, seed=None, **kwargs):
         assert render_mode in (None, "rgb_array"), render_mode
         self.render_mode = render_mode
-        self.core = BatchedSMAC(map_name, num_envs=1, device="cpu", seed=seed, auto_reset=False, **kwargs)
+        self.core = BatchedSMAC(
+            map_name, num_envs=1, device="cpu", seed=seed, auto_reset=False, **kwargs
+        )
         self.map_name = map_name
         self.possible_agents = [f"agent_{i}" for i in range(self.core.n_agents)]
         self.agents = []

@@ -1,4 +1,5 @@
-"""Play one battle with a policy and save it as a GIF: python -m smac_lite.record 3m focus_fire out.gif"""
+"""Play one battle with a policy and save it as a GIF: python -m smac_lite.record 3m focus_fire
+out.gif"""
 
 import sys
 
@@ -7,7 +8,6 @@ import torch
 from .core import BatchedSMAC
 from .policies import POLICIES
 from .render import render_frame
-
 
 
 def save_gif(map_name, policy, path, seed=0, fps=8, size=384):
@@ -30,5 +30,5 @@ def save_gif(map_name, policy, path, seed=0, fps=8, size=384):
 
 if __name__ == "__main__":
     torch.set_num_threads(1)
-    m, p, out = (sys.argv[1:] + ["3m", "focus_fire", "smac_lite.gif"][len(sys.argv) - 1:])[:3]
+    m, p, out = (sys.argv[1:] + ["3m", "focus_fire", "smac_lite.gif"][len(sys.argv) - 1 :])[:3]
     print(save_gif(m, p, out))

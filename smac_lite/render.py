@@ -33,8 +33,8 @@ def _bar(img, cx, top, width, frac, color):
 
 
 def render_frame(env, battle=0, size=None, px_per_unit=12):
-    """RGB uint8 (H, W, 3) of one battle of a BatchedSMAC: allies blue, enemies red, medivacs pale, dead grey;
-    circle size follows the unit radius; green bar = health, blue bar = shields."""
+    """RGB uint8 (H, W, 3) of one battle of a BatchedSMAC: allies blue, enemies red, medivacs pale,
+    dead grey; circle size follows the unit radius; green bar = health, blue bar = shields."""
     if size is not None:
         px_per_unit = size / max(env.map_w, env.map_h)
     s = px_per_unit
@@ -49,7 +49,8 @@ def render_frame(env, battle=0, size=None, px_per_unit=12):
     max_sh = env.max_sh.cpu().numpy()
     rad = env.radius.cpu().numpy()
     healer = env.is_healer.cpu().numpy()
-    order = sorted(range(env.n_units), key=lambda u: hp[u] > 0)  # draw the dead first, below the living
+    # draw the dead first, below the living
+    order = sorted(range(env.n_units), key=lambda u: hp[u] > 0)
     for u in order:
         ally = u < env.n_agents
         cx, cy = x[u] * s, H - y[u] * s

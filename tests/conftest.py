@@ -12,99 +12,391 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 torch.set_num_threads(1)
 
-# The offline scripts' datasets: 2,000 steps of the medium Pendulum policy (continuous actions) and of the medium
-# CartPole policy (discrete), benchmark/datasets.py STANDARD, made under runs/datasets/ by the first test session
-# (the fixture below).
+# The offline scripts' datasets: 2,000 steps of the medium Pendulum policy (continuous actions) and
+# of the medium CartPole policy (discrete), benchmark/datasets.py STANDARD, made under
+# runs/datasets/ by the first test session (the fixture below).
 OFFLINE_DATASET = ALGOS.parent / "runs" / "datasets" / "pendulum-medium-tiny-v0"
 OFFLINE_DISCRETE_DATASET = ALGOS.parent / "runs" / "datasets" / "cartpole-medium-tiny-v0"
 OFFLINE_DISCRETE = {"bc_discrete.py", "cql_discrete.py"}
-OFFLINE = {"bc_continuous.py", "td3_bc_continuous.py", "iql_continuous.py", "cql_continuous.py"} | OFFLINE_DISCRETE
+OFFLINE = {
+    "bc_continuous.py",
+    "td3_bc_continuous.py",
+    "iql_continuous.py",
+    "cql_continuous.py",
+} | OFFLINE_DISCRETE
 
-# Every script with a cheap env and flags for a few hundred steps (the --env-id first: tests read it from there).
+# Every script with a cheap env and flags for a few hundred steps (the --env-id first: tests read it
+# from there).
 SMOKE = {
-    "ppo.py": ["--env-id", "CartPole-v1", "--total-timesteps", "512", "--num-envs", "4", "--num-steps", "32",
-               "--update-epochs", "2", "--eval-episodes", "2"],
+    "ppo.py": [
+        "--env-id",
+        "CartPole-v1",
+        "--total-timesteps",
+        "512",
+        "--num-envs",
+        "4",
+        "--num-steps",
+        "32",
+        "--update-epochs",
+        "2",
+        "--eval-episodes",
+        "2",
+    ],
     "a2c.py": ["--env-id", "CartPole-v1", "--total-timesteps", "600", "--eval-episodes", "2"],
     # one actor in this process (no Ray: deterministic); tests/test_impala.py runs the Ray actors
-    "impala.py": ["--env-id", "CartPole-v1", "--total-timesteps", "640", "--num-actors", "0", "--num-envs", "4",
-                  "--eval-episodes", "2"],
-    **{script: ["--env-id", "CartPole-v1", "--total-timesteps", "600", "--learning-starts", "200", "--batch-size", "32",
-                "--eval-episodes", "2"] for script in ("dqn.py", "c51.py")},
-    "ppo_continuous.py": ["--env-id", "Hopper-v5", "--total-timesteps", "512", "--num-steps", "128",
-                          "--num-minibatches", "4", "--update-epochs", "2", "--eval-episodes", "2"],
-    # Breakout: a random game ends within a few hundred steps (Pong's take ~1000); 50 updates of 16 frame stacks (a
-    # CNN update costs 10-50 ms on one core; the tests check the run contract, not learning)
-    **{script: ["--env-id", "ALE/Breakout-v5", "--total-timesteps", "600", "--learning-starts", "400", "--batch-size",
-                "16", "--buffer-size", "1000", "--eval-episodes", "1"]
-       for script in ("dqn_atari.py", "ddqn_atari.py", "c51_atari.py", "sac_atari.py")},
-    "iqn_atari.py": ["--env-id", "ALE/Breakout-v5", "--total-timesteps", "600", "--learning-starts", "400",
-                     "--batch-size", "16", "--buffer-size", "1000", "--eval-episodes", "1", "--n-quantiles", "8",
-                     "--n-target-quantiles", "8", "--n-policy-quantiles", "8"],
-    **{script: ["--env-id", "ALE/Breakout-v5", "--total-timesteps", "512", "--num-envs", "2", "--num-steps", "64",
-                "--num-minibatches", "2", "--update-epochs", "1", "--eval-episodes", "1"]
-       for script in ("ppo_atari.py", "ppo_atari_envpool.py", "ppo_atari_multigpu.py")},
-    **{script: ["--env-id", "Hopper-v5", "--total-timesteps", "600", "--learning-starts", "200", "--batch-size", "32",
-                "--buffer-size", "1000", "--eval-episodes", "2"]
-       for script in ("ddpg_continuous.py", "sac_continuous.py", "td3_continuous.py")},
-    **{script: ["--env-id", "3m", "--total-timesteps", "256", "--num-envs", "4", "--num-steps", "32",
-                "--update-epochs", "2", "--eval-episodes", "2"]
-       for script in ("mappo_smac_lite.py", "ippo_smac_lite.py")},
-    **{script: ["--env-id", "3m", "--total-timesteps", "600", "--num-envs", "4", "--learning-starts", "200",
-                "--batch-size", "8", "--buffer-size", "64", "--eval-episodes", "2"]
-       for script in ("qmix_smac_lite.py", "vdn_smac_lite.py")},
-    **{script: ["--env-id", "simple_spread_v3", "--total-timesteps", "512", "--num-envs", "4", "--num-steps", "32",
-                "--update-epochs", "2", "--eval-episodes", "2"] for script in ("mappo_mpe.py", "ippo_mpe.py")},
-    "maddpg_mpe.py": ["--env-id", "simple_spread_v3", "--total-timesteps", "600", "--num-envs", "4",
-                      "--learning-starts", "200", "--batch-size", "32", "--buffer-size", "1000", "--train-every", "20",
-                      "--eval-episodes", "2"],
+    "impala.py": [
+        "--env-id",
+        "CartPole-v1",
+        "--total-timesteps",
+        "640",
+        "--num-actors",
+        "0",
+        "--num-envs",
+        "4",
+        "--eval-episodes",
+        "2",
+    ],
+    **{
+        script: [
+            "--env-id",
+            "CartPole-v1",
+            "--total-timesteps",
+            "600",
+            "--learning-starts",
+            "200",
+            "--batch-size",
+            "32",
+            "--eval-episodes",
+            "2",
+        ]
+        for script in ("dqn.py", "c51.py")
+    },
+    "ppo_continuous.py": [
+        "--env-id",
+        "Hopper-v5",
+        "--total-timesteps",
+        "512",
+        "--num-steps",
+        "128",
+        "--num-minibatches",
+        "4",
+        "--update-epochs",
+        "2",
+        "--eval-episodes",
+        "2",
+    ],
+    # Breakout: a random game ends within a few hundred steps (Pong's take ~1000); 50 updates of 16
+    # frame stacks (a CNN update costs 10-50 ms on one core; the tests check the run contract, not
+    # learning)
+    **{
+        script: [
+            "--env-id",
+            "ALE/Breakout-v5",
+            "--total-timesteps",
+            "600",
+            "--learning-starts",
+            "400",
+            "--batch-size",
+            "16",
+            "--buffer-size",
+            "1000",
+            "--eval-episodes",
+            "1",
+        ]
+        for script in ("dqn_atari.py", "ddqn_atari.py", "c51_atari.py", "sac_atari.py")
+    },
+    "iqn_atari.py": [
+        "--env-id",
+        "ALE/Breakout-v5",
+        "--total-timesteps",
+        "600",
+        "--learning-starts",
+        "400",
+        "--batch-size",
+        "16",
+        "--buffer-size",
+        "1000",
+        "--eval-episodes",
+        "1",
+        "--n-quantiles",
+        "8",
+        "--n-target-quantiles",
+        "8",
+        "--n-policy-quantiles",
+        "8",
+    ],
+    **{
+        script: [
+            "--env-id",
+            "ALE/Breakout-v5",
+            "--total-timesteps",
+            "512",
+            "--num-envs",
+            "2",
+            "--num-steps",
+            "64",
+            "--num-minibatches",
+            "2",
+            "--update-epochs",
+            "1",
+            "--eval-episodes",
+            "1",
+        ]
+        for script in ("ppo_atari.py", "ppo_atari_envpool.py", "ppo_atari_multigpu.py")
+    },
+    **{
+        script: [
+            "--env-id",
+            "Hopper-v5",
+            "--total-timesteps",
+            "600",
+            "--learning-starts",
+            "200",
+            "--batch-size",
+            "32",
+            "--buffer-size",
+            "1000",
+            "--eval-episodes",
+            "2",
+        ]
+        for script in ("ddpg_continuous.py", "sac_continuous.py", "td3_continuous.py")
+    },
+    **{
+        script: [
+            "--env-id",
+            "3m",
+            "--total-timesteps",
+            "256",
+            "--num-envs",
+            "4",
+            "--num-steps",
+            "32",
+            "--update-epochs",
+            "2",
+            "--eval-episodes",
+            "2",
+        ]
+        for script in ("mappo_smac_lite.py", "ippo_smac_lite.py")
+    },
+    **{
+        script: [
+            "--env-id",
+            "3m",
+            "--total-timesteps",
+            "600",
+            "--num-envs",
+            "4",
+            "--learning-starts",
+            "200",
+            "--batch-size",
+            "8",
+            "--buffer-size",
+            "64",
+            "--eval-episodes",
+            "2",
+        ]
+        for script in ("qmix_smac_lite.py", "vdn_smac_lite.py")
+    },
+    **{
+        script: [
+            "--env-id",
+            "simple_spread_v3",
+            "--total-timesteps",
+            "512",
+            "--num-envs",
+            "4",
+            "--num-steps",
+            "32",
+            "--update-epochs",
+            "2",
+            "--eval-episodes",
+            "2",
+        ]
+        for script in ("mappo_mpe.py", "ippo_mpe.py")
+    },
+    "maddpg_mpe.py": [
+        "--env-id",
+        "simple_spread_v3",
+        "--total-timesteps",
+        "600",
+        "--num-envs",
+        "4",
+        "--learning-starts",
+        "200",
+        "--batch-size",
+        "32",
+        "--buffer-size",
+        "1000",
+        "--train-every",
+        "20",
+        "--eval-episodes",
+        "2",
+    ],
     # offline: gradient steps on a tiny dataset, evaluated in its env (Pendulum-v1, CartPole-v1)
-    **{script: ["--env-id", "Pendulum-v1", "--dataset", str(OFFLINE_DATASET), "--total-timesteps", "300",
-                "--batch-size", "32", "--eval-episodes", "2"] for script in sorted(OFFLINE - OFFLINE_DISCRETE)},
-    **{script: ["--env-id", "CartPole-v1", "--dataset", str(OFFLINE_DISCRETE_DATASET), "--total-timesteps", "300",
-                "--batch-size", "32", "--eval-episodes", "2"] for script in sorted(OFFLINE_DISCRETE)},
-    # language models: 4 updates of 8 prompts x 4 completions of the committed base, 20 held-out prompts
-    "grpo_lm.py": ["--env-id", "addition-v0", "--total-timesteps", "32", "--num-prompts", "8", "--group-size", "4",
-                   "--eval-prompts", "20"],
+    **{
+        script: [
+            "--env-id",
+            "Pendulum-v1",
+            "--dataset",
+            str(OFFLINE_DATASET),
+            "--total-timesteps",
+            "300",
+            "--batch-size",
+            "32",
+            "--eval-episodes",
+            "2",
+        ]
+        for script in sorted(OFFLINE - OFFLINE_DISCRETE)
+    },
+    **{
+        script: [
+            "--env-id",
+            "CartPole-v1",
+            "--dataset",
+            str(OFFLINE_DISCRETE_DATASET),
+            "--total-timesteps",
+            "300",
+            "--batch-size",
+            "32",
+            "--eval-episodes",
+            "2",
+        ]
+        for script in sorted(OFFLINE_DISCRETE)
+    },
+    # language models: 4 updates of 8 prompts x 4 completions of the committed base, 20 held-out
+    # prompts
+    "grpo_lm.py": [
+        "--env-id",
+        "addition-v0",
+        "--total-timesteps",
+        "32",
+        "--num-prompts",
+        "8",
+        "--group-size",
+        "4",
+        "--eval-prompts",
+        "20",
+    ],
 }
-# The multi-agent scripts. smac_lite: --env-id is a map; they log the team return and the win rate. MPE: an mpe2 task;
-# they log the per-agent mean return.
+# The multi-agent scripts. smac_lite: --env-id is a map; they log the team return and the win rate.
+# MPE: an mpe2 task; they log the per-agent mean return.
 SMAC_LITE = {"mappo_smac_lite.py", "ippo_smac_lite.py", "qmix_smac_lite.py", "vdn_smac_lite.py"}
 MPE = {"mappo_mpe.py", "ippo_mpe.py", "maddpg_mpe.py"}
 MULTI_AGENT = SMAC_LITE | MPE
-ENV_TYPO = {**{s: ("3mm", "3m") for s in SMAC_LITE}, **{s: ("simple_spred_v3", "simple_spread_v3") for s in MPE},
-            "grpo_lm.py": ("additon-v0", "addition-v0")}
+ENV_TYPO = {
+    **{s: ("3mm", "3m") for s in SMAC_LITE},
+    **{s: ("simple_spred_v3", "simple_spread_v3") for s in MPE},
+    "grpo_lm.py": ("additon-v0", "addition-v0"),
+}
 # An env of the action space the script does not handle, and a word its error line must contain.
-DISCRETE = {"ppo.py", "a2c.py", "impala.py", "dqn.py", "c51.py", "dqn_atari.py", "ddqn_atari.py", "c51_atari.py",
-            "iqn_atari.py", "ppo_atari.py", "ppo_atari_envpool.py", "ppo_atari_multigpu.py", "sac_atari.py",
-            "grpo_lm.py", *OFFLINE_DISCRETE}
-WRONG_ENV = {s: ("CartPole-v1", "task") if s == "grpo_lm.py" else ("Hopper-v4", "discrete") if s in DISCRETE else
-             ("CartPole-v1", "map") if s in SMAC_LITE else
-             ("CartPole-v1", "task") if s in MPE else ("CartPole-v1", "continuous") for s in SMOKE}
-# The budget of the Ctrl-C test: long enough that the run is still training when Ctrl-C comes (after its first
-# update), short enough that the resumed run finishes in seconds.
-LONG = {"ppo.py": 30_000, "a2c.py": 10_000, "impala.py": 10_000, "dqn.py": 10_000, "c51.py": 10_000,
-        "dqn_atari.py": 800, "ddqn_atari.py": 800, "c51_atari.py": 800, "iqn_atari.py": 800, "ppo_atari.py": 1536,
-        "ppo_atari_envpool.py": 1536, "ppo_atari_multigpu.py": 1536, "sac_atari.py": 800, "ppo_continuous.py": 4096,
-        "ddpg_continuous.py": 2000, "sac_continuous.py": 2000, "td3_continuous.py": 2000,
-        "mappo_smac_lite.py": 2048, "ippo_smac_lite.py": 2048, "qmix_smac_lite.py": 2000, "vdn_smac_lite.py": 2000,
-        "mappo_mpe.py": 2048, "ippo_mpe.py": 2048, "maddpg_mpe.py": 2000, "bc_continuous.py": 3000,
-        "td3_bc_continuous.py": 2000, "iql_continuous.py": 2000, "cql_continuous.py": 1000, "bc_discrete.py": 3000,
-        "cql_discrete.py": 3000, "grpo_lm.py": 800}
+DISCRETE = {
+    "ppo.py",
+    "a2c.py",
+    "impala.py",
+    "dqn.py",
+    "c51.py",
+    "dqn_atari.py",
+    "ddqn_atari.py",
+    "c51_atari.py",
+    "iqn_atari.py",
+    "ppo_atari.py",
+    "ppo_atari_envpool.py",
+    "ppo_atari_multigpu.py",
+    "sac_atari.py",
+    "grpo_lm.py",
+    *OFFLINE_DISCRETE,
+}
+WRONG_ENV = {
+    s: ("CartPole-v1", "task")
+    if s == "grpo_lm.py"
+    else ("Hopper-v4", "discrete")
+    if s in DISCRETE
+    else ("CartPole-v1", "map")
+    if s in SMAC_LITE
+    else ("CartPole-v1", "task")
+    if s in MPE
+    else ("CartPole-v1", "continuous")
+    for s in SMOKE
+}
+# The budget of the Ctrl-C test: long enough that the run is still training when Ctrl-C comes (after
+# its first update), short enough that the resumed run finishes in seconds.
+LONG = {
+    "ppo.py": 30_000,
+    "a2c.py": 10_000,
+    "impala.py": 10_000,
+    "dqn.py": 10_000,
+    "c51.py": 10_000,
+    "dqn_atari.py": 800,
+    "ddqn_atari.py": 800,
+    "c51_atari.py": 800,
+    "iqn_atari.py": 800,
+    "ppo_atari.py": 1536,
+    "ppo_atari_envpool.py": 1536,
+    "ppo_atari_multigpu.py": 1536,
+    "sac_atari.py": 800,
+    "ppo_continuous.py": 4096,
+    "ddpg_continuous.py": 2000,
+    "sac_continuous.py": 2000,
+    "td3_continuous.py": 2000,
+    "mappo_smac_lite.py": 2048,
+    "ippo_smac_lite.py": 2048,
+    "qmix_smac_lite.py": 2000,
+    "vdn_smac_lite.py": 2000,
+    "mappo_mpe.py": 2048,
+    "ippo_mpe.py": 2048,
+    "maddpg_mpe.py": 2000,
+    "bc_continuous.py": 3000,
+    "td3_bc_continuous.py": 2000,
+    "iql_continuous.py": 2000,
+    "cql_continuous.py": 1000,
+    "bc_discrete.py": 3000,
+    "cql_discrete.py": 3000,
+    "grpo_lm.py": 800,
+}
 
 
-# Families of scripts by the env code they share (the env check and its errors; the shared blocks are byte-identical in
-# every script): behaviour of the shared blocks is tested on one representative per family (tests/test_cli.py), and
-# every script holds the blocks and calls them (tests/test_shared_blocks.py).
-FAMILY = {**{s: "classic" for s in ("ppo.py", "a2c.py", "impala.py", "dqn.py", "c51.py")},
-          **{s: "atari" for s in ("dqn_atari.py", "ddqn_atari.py", "c51_atari.py", "iqn_atari.py", "sac_atari.py",
-                                  "ppo_atari.py", "ppo_atari_envpool.py", "ppo_atari_multigpu.py")},
-          **{s: "continuous" for s in ("ppo_continuous.py", "ddpg_continuous.py", "sac_continuous.py",
-                                       "td3_continuous.py")},
-          **{s: "smac_lite" for s in SMAC_LITE}, **{s: "mpe" for s in MPE}, **{s: "offline" for s in OFFLINE},
-          "grpo_lm.py": "lm"}
-REPRESENTATIVE = {"classic": "ppo.py", "atari": "dqn_atari.py", "continuous": "sac_continuous.py",
-                  "smac_lite": "mappo_smac_lite.py", "mpe": "maddpg_mpe.py", "offline": "td3_bc_continuous.py",
-                  "lm": "grpo_lm.py"}
+# Families of scripts by the env code they share (the env check and its errors; the shared blocks
+# are byte-identical in every script): behaviour of the shared blocks is tested on one
+# representative per family (tests/test_cli.py), and every script holds the blocks and calls them
+# (tests/test_shared_blocks.py).
+FAMILY = {
+    **{s: "classic" for s in ("ppo.py", "a2c.py", "impala.py", "dqn.py", "c51.py")},
+    **{
+        s: "atari"
+        for s in (
+            "dqn_atari.py",
+            "ddqn_atari.py",
+            "c51_atari.py",
+            "iqn_atari.py",
+            "sac_atari.py",
+            "ppo_atari.py",
+            "ppo_atari_envpool.py",
+            "ppo_atari_multigpu.py",
+        )
+    },
+    **{
+        s: "continuous"
+        for s in (
+            "ppo_continuous.py",
+            "ddpg_continuous.py",
+            "sac_continuous.py",
+            "td3_continuous.py",
+        )
+    },
+    **{s: "smac_lite" for s in SMAC_LITE},
+    **{s: "mpe" for s in MPE},
+    **{s: "offline" for s in OFFLINE},
+    "grpo_lm.py": "lm",
+}
+REPRESENTATIVE = {
+    "classic": "ppo.py",
+    "atari": "dqn_atari.py",
+    "continuous": "sac_continuous.py",
+    "smac_lite": "mappo_smac_lite.py",
+    "mpe": "maddpg_mpe.py",
+    "offline": "td3_bc_continuous.py",
+    "lm": "grpo_lm.py",
+}
 
 
 def smoke_env(script: str) -> str:
@@ -124,43 +416,68 @@ SMOKE_RUN = ["--save-model", "--seed", "7"]  # the shared smoke run's flags afte
 
 @pytest.fixture(scope="session", autouse=True)
 def offline_dataset():
-    """OFFLINE_DATASET and OFFLINE_DISCRETE_DATASET, made if they are not there yet (seconds, once per checkout)."""
-    return [standard(path.name, path.parent) for path in (OFFLINE_DATASET, OFFLINE_DISCRETE_DATASET)]
+    """OFFLINE_DATASET and OFFLINE_DISCRETE_DATASET, made if they are not there yet (seconds, once
+    per checkout)."""
+    return [
+        standard(path.name, path.parent) for path in (OFFLINE_DATASET, OFFLINE_DISCRETE_DATASET)
+    ]
 
 
 @pytest.fixture(scope="session")
 def smoke_runs(tmp_path_factory):
-    """smoke_runs(script, dest): the script's smoke run (SMOKE[script] + SMOKE_RUN, forked) with a copy of its run
-    directory at dest; returns SimpleNamespace(out=the CompletedProcess, run_dir=where it ran). A test worker runs each
-    script's smoke run once, and every test that only reads a finished run (or resumes it) gets its own copy: one run
-    instead of one per test. The tests that use it are grouped by script, so that one worker runs them all."""
+    """smoke_runs(script, dest): the script's smoke run (SMOKE[script] + SMOKE_RUN, forked) with a
+    copy of its run directory at dest; returns SimpleNamespace(out=the CompletedProcess,
+    run_dir=where it ran). A test worker runs each script's smoke run once, and every test that only
+    reads a finished run (or resumes it) gets its own copy: one run instead of one per test. The
+    tests that use it are grouped by script, so that one worker runs them all."""
     runs, root = {}, tmp_path_factory.mktemp("smoke-runs")
 
     def get(script: str, dest):
         if script not in runs:
             run_dir = root / script[:-3]
-            runs[script] = SimpleNamespace(out=run_script(script, SMOKE[script] + SMOKE_RUN, run_dir, fork=True),
-                                           run_dir=run_dir)
+            runs[script] = SimpleNamespace(
+                out=run_script(script, SMOKE[script] + SMOKE_RUN, run_dir, fork=True),
+                run_dir=run_dir,
+            )
         run = runs[script]
         assert run.out.returncode == 0, run.out.stderr[-2000:]
         shutil.copytree(run.run_dir, dest)
         return run
+
     return get
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks (--dist loadgroup)
+# before pytest-xdist reads the xdist_group marks (--dist loadgroup)
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items):
     for item in items:
         if "smoke_runs" in item.fixturenames:
             params = item.callspec.params
-            item.add_marker(pytest.mark.xdist_group(f"smoke-{params.get('smoke_script') or params['script']}"))
+            item.add_marker(
+                pytest.mark.xdist_group(f"smoke-{params.get('smoke_script') or params['script']}")
+            )
 
 
 @pytest.fixture
 def ray_cluster():
-    """A Ray cluster of its own in a separate process (benchmark.ray_backend.separate_cluster): yields its address,
-    the environment a driver needs and the head's pid (the session id of every process the cluster starts)."""
+    """A Ray cluster of its own in a separate process (benchmark.ray_backend.separate_cluster):
+    yields its address, the environment a driver needs and the head's pid (the session id of every
+    process the cluster starts)."""
     pytest.importorskip("ray")
     from benchmark.ray_backend import separate_cluster
+
     with separate_cluster(num_cpus=2) as cluster:
         yield cluster
+
+
+@pytest.fixture(autouse=True)
+def restore_pythonbreakpoint():
+    """ray.init sets PYTHONBREAKPOINT in the process that calls it, and the fork server refuses a
+    run whose PYTHON* variables differ from its own: a test that starts Ray in this process must
+    not break the forked runs of the tests after it on the same worker."""
+    before = os.environ.get("PYTHONBREAKPOINT")
+    yield
+    if before is None:
+        os.environ.pop("PYTHONBREAKPOINT", None)
+    else:
+        os.environ["PYTHONBREAKPOINT"] = before

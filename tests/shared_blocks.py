@@ -1,13 +1,15 @@
 """The blocks the scripts of algos/ share, kept byte-identical.
 
-A block starts with a line `# ---- shared: <name> ----` and ends with `# ---- end shared: <name> ----` (either may be
-indented, as inside `class Args`). A block named `<family>/<name>` (e.g. `gae/compute_gae`) is a family block: every
-script of that family (FAMILIES below) holds it. Every other block is held by every script. Each block is the same
-text in every script that holds it.
+A block starts with a line `# ---- shared: <name> ----` and ends with `# ---- end shared: <name>
+----` (either may be indented, as inside `class Args`). A block named `<family>/<name>` (e.g.
+`gae/compute_gae`) is a family block: every script of that family (FAMILIES below) holds it. Every
+other block is held by every script. Each block is the same text in every script that holds it.
 
-    python tests/shared_blocks.py              # check: list every block that differs (with a diff) or is missing
-    python tests/shared_blocks.py --fix ppo.py # copy ppo.py's blocks into every other script that holds them
+    python tests/shared_blocks.py              # check: list every block that differs (with a diff)
+    or is missing python tests/shared_blocks.py --fix ppo.py # copy ppo.py's blocks into every other
+    script that holds them
 """
+
 import argparse
 import difflib
 import re
@@ -15,24 +17,62 @@ import sys
 from pathlib import Path
 
 ALGOS = Path(__file__).resolve().parents[1] / "algos"
-# The families of scripts that share family blocks: a script of a family must hold every block of that family.
+# The families of scripts that share family blocks: a script of a family must hold every block of
+# that family.
 FAMILIES = {
-    "ppo": {"ppo.py", "ppo_continuous.py", "ppo_atari.py", "ppo_atari_envpool.py", "ppo_atari_multigpu.py",
-            "mappo_smac_lite.py", "ippo_smac_lite.py", "mappo_mpe.py", "ippo_mpe.py"},
-    "gae": {"a2c.py", "ppo.py", "ppo_continuous.py", "ppo_atari.py", "ppo_atari_envpool.py", "ppo_atari_multigpu.py",
-            "mappo_smac_lite.py", "ippo_smac_lite.py", "mappo_mpe.py", "ippo_mpe.py"},
+    "ppo": {
+        "ppo.py",
+        "ppo_continuous.py",
+        "ppo_atari.py",
+        "ppo_atari_envpool.py",
+        "ppo_atari_multigpu.py",
+        "mappo_smac_lite.py",
+        "ippo_smac_lite.py",
+        "mappo_mpe.py",
+        "ippo_mpe.py",
+    },
+    "gae": {
+        "a2c.py",
+        "ppo.py",
+        "ppo_continuous.py",
+        "ppo_atari.py",
+        "ppo_atari_envpool.py",
+        "ppo_atari_multigpu.py",
+        "mappo_smac_lite.py",
+        "ippo_smac_lite.py",
+        "mappo_mpe.py",
+        "ippo_mpe.py",
+    },
     "atari": {"dqn_atari.py", "ddqn_atari.py", "c51_atari.py", "iqn_atari.py", "sac_atari.py"},
     "classic": {"dqn.py", "c51.py"},
     "continuous": {"ddpg_continuous.py", "sac_continuous.py", "td3_continuous.py"},
     "mpe": {"mappo_mpe.py", "ippo_mpe.py", "maddpg_mpe.py"},
-    "smac_lite": {"mappo_smac_lite.py", "ippo_smac_lite.py", "qmix_smac_lite.py", "vdn_smac_lite.py"},
+    "smac_lite": {
+        "mappo_smac_lite.py",
+        "ippo_smac_lite.py",
+        "qmix_smac_lite.py",
+        "vdn_smac_lite.py",
+    },
     "qmix": {"qmix_smac_lite.py", "vdn_smac_lite.py"},
-    "offline": {"bc_continuous.py", "td3_bc_continuous.py", "iql_continuous.py", "cql_continuous.py", "bc_discrete.py",
-                "cql_discrete.py"},
-    "offline_continuous": {"bc_continuous.py", "td3_bc_continuous.py", "iql_continuous.py", "cql_continuous.py"},
+    "offline": {
+        "bc_continuous.py",
+        "td3_bc_continuous.py",
+        "iql_continuous.py",
+        "cql_continuous.py",
+        "bc_discrete.py",
+        "cql_discrete.py",
+    },
+    "offline_continuous": {
+        "bc_continuous.py",
+        "td3_bc_continuous.py",
+        "iql_continuous.py",
+        "cql_continuous.py",
+    },
     "offline_discrete": {"bc_discrete.py", "cql_discrete.py"},
 }
-BLOCK = re.compile(r"^([ \t]*)# ---- shared: (\S+) ----\n(.*?)^\1# ---- end shared: \2 ----\n", re.M | re.S)
+BLOCK = re.compile(
+    r"^([ \t]*)# ---- shared: (\S+) ----\n(.*?)^\1# ---- end shared: \2 ----\n", re.M | re.S
+)
 
 
 def blocks(text: str) -> dict[str, str]:
@@ -50,41 +90,63 @@ def scripts(algos: Path = ALGOS) -> list[Path]:
 
 
 def differences(paths: list[Path]) -> list[str]:
-    """One problem per entry: a block missing from a script that must hold it, or a block with more than one text
-    (the scripts of each text are listed, separated by |, followed by a unified diff of the first two texts)."""
+    """One problem per entry: a block missing from a script that must hold it, or a block with more
+    than one text (the scripts of each text are listed, separated by |, followed by a unified diff
+    of the first two texts)."""
     texts = {p: blocks(p.read_text()) for p in paths}
     names = sorted({n for t in texts.values() for n in t} | {f"{f}/" for f in FAMILIES})
     problems = []
     for name in names:
         family = name.split("/")[0] if "/" in name else None
         if name.endswith("/"):  # a family's members must hold at least one block of it
-            problems += [f"{p.name}: holds no block of family {family!r}" for p in paths if p.name in FAMILIES[family]
-                         and not any(n.startswith(name) for n in texts[p])]
+            problems += [
+                f"{p.name}: holds no block of family {family!r}"
+                for p in paths
+                if p.name in FAMILIES[family] and not any(n.startswith(name) for n in texts[p])
+            ]
             continue
         if family is not None and family not in FAMILIES:
-            problems.append(f"block {name!r}: no family {family!r} in FAMILIES of tests/shared_blocks.py")
+            problems.append(
+                f"block {name!r}: no family {family!r} in FAMILIES of tests/shared_blocks.py"
+            )
             continue
         holders = [p for p in paths if name in texts[p]]
         members = [p for p in paths if family is None or p.name in FAMILIES[family]]
         problems += [f"{p.name}: lacks shared block {name!r}" for p in members if p not in holders]
-        problems += [f"{p.name}: holds block {name!r} of a family it is not in" for p in holders if p not in members]
-        versions = sorted({texts[p][name] for p in holders}, key=lambda t: -sum(texts[p][name] == t for p in holders))
+        problems += [
+            f"{p.name}: holds block {name!r} of a family it is not in"
+            for p in holders
+            if p not in members
+        ]
+        versions = sorted(
+            {texts[p][name] for p in holders},
+            key=lambda t: -sum(texts[p][name] == t for p in holders),
+        )
         if len(versions) > 1:  # name the scripts of each version, the most common version first
             groups = [", ".join(p.name for p in holders if texts[p][name] == v) for v in versions]
             a, b = (next(p.name for p in holders if texts[p][name] == v) for v in versions[:2])
-            diff = difflib.unified_diff(versions[0].splitlines(), versions[1].splitlines(), a, b, lineterm="", n=1)
-            problems.append(f"shared block {name!r} differs: " + " | ".join(groups) + "\n" + "\n".join(diff))
+            diff = difflib.unified_diff(
+                versions[0].splitlines(), versions[1].splitlines(), a, b, lineterm="", n=1
+            )
+            problems.append(
+                f"shared block {name!r} differs: " + " | ".join(groups) + "\n" + "\n".join(diff)
+            )
     return problems
 
 
 def fix(source: Path, paths: list[Path]) -> list[Path]:
-    """Copy the blocks of `source` into every other path that has the markers; returns the files changed. A block
-    a script lacks altogether is not added (where it goes is the script author's choice): differences() reports it."""
+    """Copy the blocks of `source` into every other path that has the markers; returns the files
+    changed. A block a script lacks altogether is not added (where it goes is the script author's
+    choice): differences() reports it."""
     wanted, changed = blocks(source.read_text()), []
 
-    def copy(m):  # the block rebuilt around the source's text (a block the source lacks stays as it is)
+    # the block rebuilt around the source's text (a block the source lacks stays as it is)
+    def copy(m):
         indent, name, body = m.group(1), m.group(2), m.group(3)
-        return f"{indent}# ---- shared: {name} ----\n{wanted.get(name, body)}{indent}# ---- end shared: {name} ----\n"
+        return (
+            f"{indent}# ---- shared: {name} ----\n{wanted.get(name, body)}{indent}# "
+            f"---- end shared: {name} ----\n"
+        )
 
     for p in paths:
         if p.resolve() == source.resolve():
@@ -98,8 +160,15 @@ def fix(source: Path, paths: list[Path]) -> list[Path]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--fix", type=Path, metavar="SCRIPT", help="copy this script's shared blocks into the others")
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--fix",
+        type=Path,
+        metavar="SCRIPT",
+        help="copy this script's shared blocks into the others",
+    )
     p.add_argument("--algos", type=Path, default=ALGOS, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     paths = scripts(a.algos)

@@ -1,5 +1,6 @@
-"""c51.py's maths: the categorical projection, the cross-entropy loss and the greedy action, checked against cases
-computed by hand and against the paper's closed form of the projection."""
+"""c51.py's maths: the categorical projection, the cross-entropy loss and the greedy action, checked
+against cases computed by hand and against the paper's closed form of the projection."""
+
 import pytest
 import torch
 
@@ -12,24 +13,28 @@ ATOMS5 = torch.linspace(-2.0, 2.0, 5)  # z = -2, -1, 0, 1, 2: delta_z = 1
 def project(pmfs, rewards, terminated, gamma, atoms=ATOMS5):
     pmfs = torch.as_tensor(pmfs, dtype=torch.float32)
     pmfs = pmfs[None] if pmfs.dim() == 1 else pmfs
-    rewards, terminated = (torch.as_tensor(x, dtype=torch.float32).expand(len(pmfs)) for x in (rewards, terminated))
+    rewards, terminated = (
+        torch.as_tensor(x, dtype=torch.float32).expand(len(pmfs)) for x in (rewards, terminated)
+    )
     return c51.categorical_projection(pmfs, rewards, terminated, gamma, atoms)
 
 
 def closed_form(pmfs, rewards, terminated, gamma, atoms):
-    """The paper's eq. 7: (Phi T z)_i = sum_j [1 - |clip(Tz_j) - z_i| / delta_z]_0^1 p_j, written independently of
-    categorical_projection's floor/ceil split (O(atoms^2), fine for a test)."""
+    """The paper's eq. 7: (Phi T z)_i = sum_j [1 - |clip(Tz_j) - z_i| / delta_z]_0^1 p_j, written
+    independently of categorical_projection's floor/ceil split (O(atoms^2), fine for a test)."""
     delta_z = (atoms[-1] - atoms[0]) / (len(atoms) - 1)
     tz = (rewards[:, None] + gamma * (1 - terminated[:, None]) * atoms).clamp(atoms[0], atoms[-1])
-    weights = (1 - (tz[:, :, None] - atoms[None, None, :]).abs() / delta_z).clamp(0, 1)  # (batch, j, i)
+    # (batch, j, i)
+    weights = (1 - (tz[:, :, None] - atoms[None, None, :]).abs() / delta_z).clamp(0, 1)
     return (pmfs[:, :, None] * weights).sum(dim=1)
 
 
 def test_projection_by_hand():
-    # r = 0.25, gamma = 0.5: Tz = -0.75, -0.25, 0.25, 0.75, 1.25, i.e. a quarter or three quarters past an atom
+    # r = 0.25, gamma = 0.5: Tz = -0.75, -0.25, 0.25, 0.75, 1.25, i.e. a quarter or three quarters
+    # past an atom
     pmf = [0.1, 0.2, 0.3, 0.2, 0.2]
-    # z=-1 gets 0.75*0.1 + 0.25*0.2; z=0 gets 0.25*0.1 + 0.75*0.2 + 0.75*0.3 + 0.25*0.2; z=1 gets 0.25*0.3 + 0.75*0.2
-    # + 0.75*0.2; z=2 gets 0.25*0.2
+    # z=-1 gets 0.75*0.1 + 0.25*0.2; z=0 gets 0.25*0.1 + 0.75*0.2 + 0.75*0.3 + 0.25*0.2; z=1 gets
+    # 0.25*0.3 + 0.75*0.2 + 0.75*0.2; z=2 gets 0.25*0.2
     expected = torch.tensor([[0.0, 0.125, 0.45, 0.375, 0.05]])
     target = project(pmf, 0.25, 0.0, 0.5)
     assert torch.allclose(target, expected, atol=1e-6)
@@ -39,7 +44,8 @@ def test_projection_by_hand():
 
 def test_target_on_an_atom_keeps_its_mass_there_and_the_ends_clip():
     pmf = [0.1, 0.2, 0.3, 0.15, 0.25]
-    # r = 1, gamma = 1: every atom lands on the next one (floor == ceil); the top one, at 3, clips to 2
+    # r = 1, gamma = 1: every atom lands on the next one (floor == ceil); the top one, at 3, clips
+    # to 2
     assert torch.equal(project(pmf, 1.0, 0.0, 1.0), torch.tensor([[0.0, 0.1, 0.2, 0.3, 0.4]]))
     assert torch.equal(project(pmf, -1.0, 0.0, 1.0), torch.tensor([[0.3, 0.3, 0.15, 0.25, 0.0]]))
     # r = 0, gamma = 1: the identity
@@ -47,22 +53,32 @@ def test_target_on_an_atom_keeps_its_mass_there_and_the_ends_clip():
     # far beyond the support: everything at the end atom
     assert torch.equal(project(pmf, 50.0, 0.0, 0.9), torch.tensor([[0.0, 0.0, 0.0, 0.0, 1.0]]))
     assert torch.equal(project(pmf, -50.0, 0.0, 0.9), torch.tensor([[1.0, 0.0, 0.0, 0.0, 0.0]]))
-    # the default support (101 atoms, delta_z = 2): an even reward moves each atom's mass by whole atoms
+    # the default support (101 atoms, delta_z = 2): an even reward moves each atom's mass by whole
+    # atoms
     atoms, pmfs = torch.linspace(-100.0, 100.0, 101), torch.rand(3, 101).softmax(dim=1)
     target = project(pmfs, 4.0, 0.0, 1.0, atoms)
-    assert torch.equal(target[:, 2:-1], pmfs[:, :-3]) and torch.equal(target[:, :2], torch.zeros(3, 2))
+    assert torch.equal(target[:, 2:-1], pmfs[:, :-3]) and torch.equal(
+        target[:, :2], torch.zeros(3, 2)
+    )
     assert torch.allclose(target[:, -1], pmfs[:, -3:].sum(dim=1))
 
 
 def test_terminated_puts_all_mass_at_the_clipped_reward():
     pmf = [0.1, 0.2, 0.3, 0.15, 0.25]
-    assert torch.allclose(project(pmf, 1.3, 1.0, 0.99), torch.tensor([[0.0, 0.0, 0.0, 0.7, 0.3]]), atol=1e-6)
-    assert torch.equal(project(pmf, -1.0, 1.0, 0.99), torch.tensor([[0.0, 1.0, 0.0, 0.0, 0.0]]))  # on an atom
-    assert torch.equal(project(pmf, 7.0, 1.0, 0.99), torch.tensor([[0.0, 0.0, 0.0, 0.0, 1.0]]))  # clipped to v_max
-    assert torch.equal(project(pmf, -7.0, 1.0, 0.99), torch.tensor([[1.0, 0.0, 0.0, 0.0, 0.0]]))  # to v_min
+    assert torch.allclose(
+        project(pmf, 1.3, 1.0, 0.99), torch.tensor([[0.0, 0.0, 0.0, 0.7, 0.3]]), atol=1e-6
+    )
+    # on an atom
+    assert torch.equal(project(pmf, -1.0, 1.0, 0.99), torch.tensor([[0.0, 1.0, 0.0, 0.0, 0.0]]))
+    # clipped to v_max
+    assert torch.equal(project(pmf, 7.0, 1.0, 0.99), torch.tensor([[0.0, 0.0, 0.0, 0.0, 1.0]]))
+    # to v_min
+    assert torch.equal(project(pmf, -7.0, 1.0, 0.99), torch.tensor([[1.0, 0.0, 0.0, 0.0, 0.0]]))
 
 
-@pytest.mark.parametrize("n_atoms,v_min,v_max", [(101, -100.0, 100.0), (51, -10.0, 10.0), (2, 0.0, 1.0)])
+@pytest.mark.parametrize(
+    "n_atoms,v_min,v_max", [(101, -100.0, 100.0), (51, -10.0, 10.0), (2, 0.0, 1.0)]
+)
 def test_projection_conserves_mass_and_matches_the_closed_form(n_atoms, v_min, v_max):
     torch.manual_seed(0)
     atoms, batch = torch.linspace(v_min, v_max, n_atoms), 256
@@ -82,7 +98,8 @@ def test_loss_is_the_cross_entropy_of_the_taken_actions_distribution():
     loss = c51.categorical_loss(logits, target)
     expected = -(target * torch.log(logits.softmax(dim=1))).sum(dim=1).mean()
     assert loss.item() == pytest.approx(expected.item(), abs=1e-6)
-    # the minimum is at the target itself, where the loss is the target's entropy and the gradient vanishes
+    # the minimum is at the target itself, where the loss is the target's entropy and the gradient
+    # vanishes
     at_target = target.log().clone().requires_grad_(True)
     best = c51.categorical_loss(at_target, target)
     best.backward()
@@ -91,8 +108,9 @@ def test_loss_is_the_cross_entropy_of_the_taken_actions_distribution():
 
 
 def greedy_test_network():
-    """A QNetwork whose output ignores the observation: over atoms (-10, 0, 10), action 0 is sure of 0 (the most
-    probable single atom of all), action 1 gives -10 or 10 with probabilities 0.4, 0.6 (mean 2)."""
+    """A QNetwork whose output ignores the observation: over atoms (-10, 0, 10), action 0 is sure of
+    0 (the most probable single atom of all), action 1 gives -10 or 10 with probabilities 0.4, 0.6
+    (mean 2)."""
     net = c51.QNetwork(obs_dim=3, n_actions=2, n_atoms=3, v_min=-10.0, v_max=10.0)
     pmfs = torch.tensor([[1e-6, 1.0, 1e-6], [0.4, 1e-6, 0.6]])
     with torch.no_grad():
@@ -103,8 +121,11 @@ def greedy_test_network():
 
 def test_greedy_action_maximises_the_expected_return():
     net, obs = greedy_test_network(), torch.randn(4, 3)
-    assert torch.allclose(net(obs), torch.tensor([[0.0, 2.0]]).expand(4, 2), atol=1e-3)  # sum_i p_i z_i
-    assert (net(obs).argmax(dim=1) == 1).all(), "the greedy action is the mean's argmax, not the likeliest atom's"
+    # sum_i p_i z_i
+    assert torch.allclose(net(obs), torch.tensor([[0.0, 2.0]]).expand(4, 2), atol=1e-3)
+    assert (net(obs).argmax(dim=1) == 1).all(), (
+        "the greedy action is the mean's argmax, not the likeliest atom's"
+    )
     pmfs = c51.greedy_pmfs(net.logits(obs), net.atoms)
     assert torch.allclose(pmfs, torch.tensor([[0.4, 0.0, 0.6]]).expand(4, 3), atol=1e-5)
 
@@ -118,25 +139,37 @@ def test_atoms_are_saved_with_the_network():
     assert torch.equal(other(obs), net(obs)) and net.logits(obs).shape == (6, 2, 11)
 
 
-@pytest.mark.parametrize("flags,expected", [
-    ({"v_min": 10.0, "v_max": 10.0}, "--v-min 10.0 must be below --v-max 10.0"),
-    ({"v_min": 5.0, "v_max": -5.0}, "--v-min 5.0 must be below --v-max -5.0"),
-    ({"n_atoms": 1}, "--n-atoms 1 is out of range"),
-])
+@pytest.mark.parametrize(
+    "flags,expected",
+    [
+        ({"v_min": 10.0, "v_max": 10.0}, "--v-min 10.0 must be below --v-max 10.0"),
+        ({"v_min": 5.0, "v_max": -5.0}, "--v-min 5.0 must be below --v-max -5.0"),
+        ({"n_atoms": 1}, "--n-atoms 1 is out of range"),
+    ],
+)
 def test_bad_support_is_a_one_line_error(flags, expected, capsys):
     with pytest.raises(SystemExit) as exit_:
         c51.check_args(c51.Args(**flags))
     lines = capsys.readouterr().err.strip().splitlines()
-    assert exit_.value.code == 2 and len(lines) == 1 and lines[0].startswith("error:") and expected in lines[0]
+    assert (
+        exit_.value.code == 2
+        and len(lines) == 1
+        and lines[0].startswith("error:")
+        and expected in lines[0]
+    )
 
 
 def test_c51_atari_has_the_same_maths_and_its_network_gives_a_distribution_per_action():
-    """c51_atari.py's target, projection and loss are c51.py's, line for line (so the cases above cover them); its
-    Nature CNN gives n_atoms logits per action, and forward() is the expectation under their softmax."""
+    """c51_atari.py's target, projection and loss are c51.py's, line for line (so the cases above
+    cover them); its Nature CNN gives n_atoms logits per action, and forward() is the expectation
+    under their softmax."""
     import inspect
+
     atari = load_script("c51_atari.py")
     for name in ("greedy_pmfs", "categorical_projection", "categorical_loss"):
-        assert inspect.getsource(getattr(atari, name)) == inspect.getsource(getattr(c51, name)), name
+        assert inspect.getsource(getattr(atari, name)) == inspect.getsource(getattr(c51, name)), (
+            name
+        )
     torch.manual_seed(0)
     net = atari.QNetwork(4)  # the paper's Atari support: 51 atoms in [-10, 10]
     x = torch.randint(0, 256, (3, 4, 84, 84), dtype=torch.uint8)

@@ -1,20 +1,36 @@
-"""cli tier: --help for every script, the shared flags, and bad input -> one line, exit 2, nothing written.
+"""cli tier: --help for every script, the shared flags, and bad input -> one line, exit 2, nothing
+written.
 
-What the shared blocks do (the env-id check, the ranges every script shares, the run directory, --resume) is the same
-code in every script (tests/test_shared_blocks.py): it is run on one script per family (conftest.REPRESENTATIVE) and
-checked statically to be called by every script. What each script holds is run on every script: its --help (its own
-Args), its own ranges, its action-space check."""
+What the shared blocks do (the env-id check, the ranges every script shares, the run directory,
+--resume) is the same code in every script (tests/test_shared_blocks.py): it is run on one script
+per family (conftest.REPRESENTATIVE) and checked statically to be called by every script. What each
+script holds is run on every script: its --help (its own Args), its own ranges, its action-space
+check."""
+
 import ast
 
 import pytest
 import tyro
-
-from benchmark.runs import ALGOS, load_script, run_script
 from conftest import ENV_TYPO, FAMILY, REPRESENTATIVE, SCRIPTS, SMOKE, WRONG_ENV, smoke_env
 
-SHARED_FLAGS = ["--env-id", "--seed", "--total-timesteps", "--cuda", "--no-cuda", "--torch-deterministic", "--track",
-                "--wandb-project-name", "--wandb-entity", "--capture-video", "--save-model", "--eval-episodes",
-                "--run-dir", "--resume"]
+from benchmark.runs import ALGOS, load_script, run_script
+
+SHARED_FLAGS = [
+    "--env-id",
+    "--seed",
+    "--total-timesteps",
+    "--cuda",
+    "--no-cuda",
+    "--torch-deterministic",
+    "--track",
+    "--wandb-project-name",
+    "--wandb-entity",
+    "--capture-video",
+    "--save-model",
+    "--eval-episodes",
+    "--run-dir",
+    "--resume",
+]
 REPRESENTATIVES = sorted(REPRESENTATIVE.values())
 ENV_CHECKS = {"env_spaces", "check_map", "check_task"}  # gymnasium ids; smac_lite maps; mpe2 tasks
 
@@ -35,7 +51,8 @@ def args_fields(script: str) -> list[str]:
 
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_help_lists_every_flag(script):
-    """--help works (tyro reads the script's own Args) and lists every flag: the shared ones and the script's."""
+    """--help works (tyro reads the script's own Args) and lists every flag: the shared ones and the
+    script's."""
     out = run_script(script, ["--help"], fork=True)
     assert out.returncode == 0, out.stderr
     flags = SHARED_FLAGS + [f"--{name.replace('_', '-')}" for name in args_fields(script)]
@@ -46,8 +63,15 @@ def test_help_lists_every_flag(script):
 def call_graph(script: str) -> tuple[dict[str, set[str]], list[ast.Call]]:
     """{module-level function: the names it calls} of the script, and every call in it."""
     tree = ast.parse((ALGOS / script).read_text())
-    graph = {n.name: {c.func.id for c in ast.walk(n) if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)}
-             for n in tree.body if isinstance(n, ast.FunctionDef)}
+    graph = {
+        n.name: {
+            c.func.id
+            for c in ast.walk(n)
+            if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)
+        }
+        for n in tree.body
+        if isinstance(n, ast.FunctionDef)
+    }
     return graph, [c for c in ast.walk(tree) if isinstance(c, ast.Call)]
 
 
@@ -63,11 +87,14 @@ def reaches(graph: dict[str, set[str]], start: str) -> set[str]:
 
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_every_script_calls_the_shared_checks(script):
-    """The representatives' runs below stand for every script because each one runs the same shared code: its main
-    starts with start_run(args, check_args) (the run directory, --resume, seeding), and its check_args calls
-    check_ranges (the shared ranges) and its family's env check (env_spaces, check_map or check_task)."""
+    """The representatives' runs below stand for every script because each one runs the same shared
+    code: its main starts with start_run(args, check_args) (the run directory, --resume, seeding),
+    and its check_args calls check_ranges (the shared ranges) and its family's env check
+    (env_spaces, check_map or check_task)."""
     graph, calls = call_graph(script)
-    assert {"start_run", "check_ranges", "check_args", "main"} <= set(graph), f"{script} lacks a shared function"
+    assert {"start_run", "check_ranges", "check_args", "main"} <= set(graph), (
+        f"{script} lacks a shared function"
+    )
     starts = [c for c in calls if isinstance(c.func, ast.Name) and c.func.id == "start_run"]
     assert len(starts) == 1 and [ast.unparse(a) for a in starts[0].args] == ["args", "check_args"]
     assert "start_run" in reaches(graph, "main"), f"{script}: main does not call start_run"
@@ -86,11 +113,14 @@ def assert_clean_error(out, run_dir, *expected):
 
 
 @pytest.mark.parametrize("script", sorted(SMOKE))
-@pytest.mark.parametrize("flags,expected", [
-    (["--learning-rate", "-1"], ["--learning-rate -1.0", "x > 0"]),
-    (["--learning-rate", "0"], ["--learning-rate 0.0"]),
-    (["--gamma", "1.5"], ["--gamma 1.5"]),
-])
+@pytest.mark.parametrize(
+    "flags,expected",
+    [
+        (["--learning-rate", "-1"], ["--learning-rate -1.0", "x > 0"]),
+        (["--learning-rate", "0"], ["--learning-rate 0.0"]),
+        (["--gamma", "1.5"], ["--gamma 1.5"]),
+    ],
+)
 def test_own_ranges(script, flags, expected, tmp_path):
     """Ranges each script sets for its own hyperparameters (bc_continuous.py has no discount)."""
     if flags[0][2:].replace("-", "_") not in args_fields(script):
@@ -100,26 +130,32 @@ def test_own_ranges(script, flags, expected, tmp_path):
 
 
 @pytest.mark.parametrize("script", REPRESENTATIVES)
-@pytest.mark.parametrize("flags,expected", [
-    (["--env-id", "CartPol-v1"], ["CartPol-v1", "did you mean 'CartPole-v1'"]),
-    (["--eval-episodes", "-1"], ["--eval-episodes"]),
-    (["--total-timesteps", "0"], ["--total-timesteps"]),
-    (["--checkpoint-every", "0"], ["--checkpoint-every"]),
-])
+@pytest.mark.parametrize(
+    "flags,expected",
+    [
+        (["--env-id", "CartPol-v1"], ["CartPol-v1", "did you mean 'CartPole-v1'"]),
+        (["--eval-episodes", "-1"], ["--eval-episodes"]),
+        (["--total-timesteps", "0"], ["--total-timesteps"]),
+        (["--checkpoint-every", "0"], ["--checkpoint-every"]),
+    ],
+)
 def test_shared_bad_input(script, flags, expected, tmp_path):
     """The env-id check and the ranges of the shared blocks, on one script per family."""
-    if script in ENV_TYPO and "CartPol-v1" in flags:  # multi-agent: their env ids are smac_lite maps or mpe2 tasks
+    # multi-agent: their env ids are smac_lite maps or mpe2 tasks
+    if script in ENV_TYPO and "CartPol-v1" in flags:
         typo, meant = ENV_TYPO[script]
         flags, expected = ["--env-id", typo], [typo, f"did you mean '{meant}'"]
     flags = flags if "--env-id" in flags else ["--env-id", smoke_env(script), *flags]
-    assert_clean_error(run_script(script, flags, tmp_path / "run", fork=True), tmp_path / "run", *expected)
+    assert_clean_error(
+        run_script(script, flags, tmp_path / "run", fork=True), tmp_path / "run", *expected
+    )
 
 
 @pytest.mark.parametrize("script", sorted(SMOKE))
 def test_wrong_action_space_names_only_scripts_that_exist(script, tmp_path):
-    """An env of the other action space (a MuJoCo one for discrete scripts): one error line (no MuJoCo or deprecation
-    warning before it), nothing left in the working directory (MuJoCo writes MUJOCO_LOG.TXT there), and any script
-    the error suggests exists."""
+    """An env of the other action space (a MuJoCo one for discrete scripts): one error line (no
+    MuJoCo or deprecation warning before it), nothing left in the working directory (MuJoCo writes
+    MUJOCO_LOG.TXT there), and any script the error suggests exists."""
     env_id, word = WRONG_ENV[script]
     out = run_script(script, ["--env-id", env_id], tmp_path / "run", cwd=tmp_path, fork=True)
     assert_clean_error(out, tmp_path / "run", word, env_id)
@@ -134,47 +170,70 @@ def test_new_run_refuses_a_directory_that_holds_a_run(script, tmp_path):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / "metrics.csv").write_text("global_step,wall_time,name,value\n1,0,train/x,1\n")
-    assert_clean_error(run_script(script, SMOKE[script], run_dir, fork=True), tmp_path / "nothing", "--resume")
-    assert (run_dir / "metrics.csv").read_text().endswith("1,0,train/x,1\n") and len(list(run_dir.iterdir())) == 1
+    assert_clean_error(
+        run_script(script, SMOKE[script], run_dir, fork=True), tmp_path / "nothing", "--resume"
+    )
+    assert (run_dir / "metrics.csv").read_text().endswith("1,0,train/x,1\n") and len(
+        list(run_dir.iterdir())
+    ) == 1
 
 
 def test_ppo_minibatches_must_divide_batch(tmp_path):
-    out = run_script("ppo.py", ["--num-envs", "4", "--num-steps", "10", "--num-minibatches", "3"], tmp_path / "run",
-                     fork=True)
+    out = run_script(
+        "ppo.py",
+        ["--num-envs", "4", "--num-steps", "10", "--num-minibatches", "3"],
+        tmp_path / "run",
+        fork=True,
+    )
     assert_clean_error(out, tmp_path / "run", "--num-minibatches 3", "40")
 
 
 def test_dqn_batch_larger_than_buffer(tmp_path):
-    out = run_script("dqn.py", ["--batch-size", "256", "--buffer-size", "100"], tmp_path / "run", fork=True)
+    out = run_script(
+        "dqn.py", ["--batch-size", "256", "--buffer-size", "100"], tmp_path / "run", fork=True
+    )
     assert_clean_error(out, tmp_path / "run", "--batch-size")
 
 
 @pytest.mark.parametrize("script", REPRESENTATIVES)
 def test_resume_missing_or_corrupt(script, tmp_path):
     out = run_script(script, ["--resume", str(tmp_path / "nope")], fork=True)
-    assert out.returncode == 2 and "no checkpoint" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+    assert (
+        out.returncode == 2
+        and "no checkpoint" in out.stderr
+        and len(out.stderr.strip().splitlines()) == 1
+    )
     (tmp_path / "bad").mkdir()
-    (tmp_path / "bad" / "metrics.csv").write_text("global_step,wall_time,name,value\n1,0,train/x,1\n")
+    (tmp_path / "bad" / "metrics.csv").write_text(
+        "global_step,wall_time,name,value\n1,0,train/x,1\n"
+    )
     (tmp_path / "bad" / "checkpoint.pt").write_bytes(b"not a checkpoint")
     out = run_script(script, ["--resume", str(tmp_path / "bad")], fork=True)
-    assert out.returncode == 2 and "corrupt" in out.stderr and len(out.stderr.strip().splitlines()) == 1
-    assert (tmp_path / "bad" / "metrics.csv").read_text().endswith("1,0,train/x,1\n"), "existing logs must be kept"
+    assert (
+        out.returncode == 2
+        and "corrupt" in out.stderr
+        and len(out.stderr.strip().splitlines()) == 1
+    )
+    assert (tmp_path / "bad" / "metrics.csv").read_text().endswith("1,0,train/x,1\n"), (
+        "existing logs must be kept"
+    )
     assert (tmp_path / "bad" / "checkpoint.pt").read_bytes() == b"not a checkpoint"
 
 
 def quick_command(script: str) -> list[str]:
-    """The flags of the `Quick:` command of the script's docstring (a backslash continues it on the next line)."""
+    """The flags of the `Quick:` command of the script's docstring (a backslash continues it on the
+    next line)."""
     doc = ast.get_docstring(ast.parse((ALGOS / script).read_text()))
-    text = doc[doc.index("\nQuick:"):].split("\n", 2)
+    text = doc[doc.index("\nQuick:") :].split("\n", 2)
     line = text[1] + (" " + text[2].split("\n")[0] if text[1].endswith("\\") else "")
     words = line.replace("\\", " ").split("#")[0].split()
-    return words[words.index(f"algos/{script}") + 1:]
+    return words[words.index(f"algos/{script}") + 1 :]
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_the_docstring_shows_a_short_command(script):
-    """Every docstring shows one command of a small budget (a minute or so on one CPU core), with flags the script
-    has: the default budgets are the papers' (hours to days on a CPU)."""
+    """Every docstring shows one command of a small budget (a minute or so on one CPU core), with
+    flags the script has: the default budgets are the papers' (hours to days on a CPU)."""
     flags = quick_command(script)
     names = [f[2:].replace("-", "_") for f in flags if f.startswith("--")]
     assert names and set(names) <= set(args_fields(script)), names
@@ -184,6 +243,7 @@ def test_the_docstring_shows_a_short_command(script):
         return
     module = load_script(script)
     try:
-        module.check_args(tyro.cli(module.Args, args=flags))  # flags that fit together (an error exits)
+        # flags that fit together (an error exits)
+        module.check_args(tyro.cli(module.Args, args=flags))
     except SystemExit as e:
         pytest.fail(f"{script}: the Quick: command is refused (exit {e.code})")

@@ -1,5 +1,7 @@
-"""A run folder, a model or a dataset may come from someone else: it is data. No file that such a folder names is
-ever imported or run (a config.json's "script" naming an outside file, an absolute path or ../ out of algos/)."""
+"""A run folder, a model or a dataset may come from someone else: it is data. No file that such a
+folder names is ever imported or run (a config.json's "script" naming an outside file, an absolute
+path or ../ out of algos/)."""
+
 import json
 import shutil
 
@@ -20,11 +22,27 @@ def test_a_config_naming_an_outside_file_runs_nothing(name, tmp_path, capsys):
     run.mkdir()
     shutil.copy(POLICY, run / "model.pt")
     config = json.loads((POLICY.parent / "config.json").read_text())
-    config["script"] = {"absolute": str(planted), "dotdot": f"../../../../../../../..{planted}",
-                        "subdir": "../tests/conftest.py"}[name]
+    config["script"] = {
+        "absolute": str(planted),
+        "dotdot": f"../../../../../../../..{planted}",
+        "subdir": "../tests/conftest.py",
+    }[name]
     (run / "config.json").write_text(json.dumps(config))
-    assert datasets.main(["--kind", "medium", "--policy", str(run / "model.pt"), "--expert", "-150",
-                          "--root", str(tmp_path / "d")]) == 2
+    assert (
+        datasets.main(
+            [
+                "--kind",
+                "medium",
+                "--policy",
+                str(run / "model.pt"),
+                "--expert",
+                "-150",
+                "--root",
+                str(tmp_path / "d"),
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1, err
     assert not marker.exists(), "the file named by config.json ran"

@@ -1,6 +1,8 @@
-"""impala.py: V-trace against hand-computed values and the n-step return it reduces to on-policy; the Ray actors
-(policy lag, an actor killed mid-run and replaced); a run whose actors fail stops with its checkpoint saved;
---ray-address errors. The run contract with one in-process actor is the generic tests' (conftest.SMOKE)."""
+"""impala.py: V-trace against hand-computed values and the n-step return it reduces to on-policy;
+the Ray actors (policy lag, an actor killed mid-run and replaced); a run whose actors fail stops
+with its checkpoint saved; --ray-address errors. The run contract with one in-process actor is the
+generic tests' (conftest.SMOKE)."""
+
 import concurrent.futures
 import http.server
 import math
@@ -19,7 +21,8 @@ impala = load_script("impala.py")
 
 
 def nstep_returns(rewards, discounts, bootstrap_value):
-    """v_s = r_s + d_s r_{s+1} + d_s d_{s+1} r_{s+2} + ... + (d_s ... d_{T-1}) V(x_T), one s at a time."""
+    """v_s = r_s + d_s r_{s+1} + d_s d_{s+1} r_{s+2} + ... + (d_s ... d_{T-1}) V(x_T), one s at a
+    time."""
     T, B = rewards.shape
     out = torch.zeros(T, B, dtype=torch.float64)
     for s in range(T):
@@ -32,14 +35,20 @@ def nstep_returns(rewards, discounts, bootstrap_value):
 
 
 def test_vtrace_on_policy_is_the_n_step_return():
-    """pi = mu (log rhos 0), rho_bar = c_bar = 1: v_s is the n-step bootstrapped return (episode ends included) and the
-    advantage is r_s + d_s v_{s+1} - V(x_s). (< 1 s)"""
+    """pi = mu (log rhos 0), rho_bar = c_bar = 1: v_s is the n-step bootstrapped return (episode
+    ends included) and the advantage is r_s + d_s v_{s+1} - V(x_s). (< 1 s)"""
     g = torch.Generator().manual_seed(0)
     T, B = 6, 4
-    rewards, values = torch.randn(T, B, generator=g, dtype=torch.float64), torch.randn(T, B, dtype=torch.float64)
+    rewards, values = (
+        torch.randn(T, B, generator=g, dtype=torch.float64),
+        torch.randn(T, B, dtype=torch.float64),
+    )
     bootstrap = torch.randn(B, dtype=torch.float64)
-    discounts = 0.9 * (torch.rand(T, B, generator=g) > 0.25).double()  # some episodes end (discount 0)
-    vs, adv = impala.vtrace(torch.zeros(T, B, dtype=torch.float64), discounts, rewards, values, bootstrap)
+    # some episodes end (discount 0)
+    discounts = 0.9 * (torch.rand(T, B, generator=g) > 0.25).double()
+    vs, adv = impala.vtrace(
+        torch.zeros(T, B, dtype=torch.float64), discounts, rewards, values, bootstrap
+    )
     expected = nstep_returns(rewards, discounts, bootstrap)
     torch.testing.assert_close(vs, expected)
     next_vs = torch.cat([expected[1:], bootstrap[None]])
@@ -47,8 +56,9 @@ def test_vtrace_on_policy_is_the_n_step_return():
 
 
 # two steps, one env: V(x_0) = 1, V(x_1) = 2, V(x_2) = 3 (bootstrap), rewards 1, gamma 0.9, by hand:
-#   rho_t = min(rho_bar, pi/mu), c_t = min(c_bar, pi/mu), delta_t = rho_t (r_t + 0.9 V(x_{t+1}) - V(x_t))
-#   v_1 = V(x_1) + delta_1, v_0 = V(x_0) + delta_0 + 0.9 c_0 delta_1; advantage_t = rho_t (r_t + 0.9 v_{t+1} - V(x_t))
+# rho_t = min(rho_bar, pi/mu), c_t = min(c_bar, pi/mu), delta_t = rho_t (r_t + 0.9 V(x_{t+1}) -
+# V(x_t)) v_1 = V(x_1) + delta_1, v_0 = V(x_0) + delta_0 + 0.9 c_0 delta_1; advantage_t = rho_t (r_t
+# + 0.9 v_{t+1} - V(x_t))
 HAND = [  # (pi/mu at t=0 and t=1, rho_bar, c_bar, expected v, expected advantages)
     # rho_0 = 2 is clipped to 1: delta_0 = 1.8; rho_1 = 0.5: delta_1 = 0.5 * 1.7 = 0.85
     ((2.0, 0.5), 1.0, 1.0, (1 + 1.8 + 0.9 * 1.0 * 0.85, 2 + 0.85), (1 + 0.9 * 2.85 - 1, 0.85)),
@@ -60,19 +70,28 @@ HAND = [  # (pi/mu at t=0 and t=1, rho_bar, c_bar, expected v, expected advantag
 
 
 @pytest.mark.parametrize("ratios,rho_bar,c_bar,expected_vs,expected_adv", HAND)
-def test_vtrace_truncated_importance_weights_by_hand(ratios, rho_bar, c_bar, expected_vs, expected_adv):
+def test_vtrace_truncated_importance_weights_by_hand(
+    ratios, rho_bar, c_bar, expected_vs, expected_adv
+):
     """(< 1 s)"""
     log_rhos = torch.tensor([[math.log(r)] for r in ratios], dtype=torch.float64)
     f64 = dict(dtype=torch.float64)
-    vs, adv = impala.vtrace(log_rhos, torch.full((2, 1), 0.9, **f64), torch.ones(2, 1, **f64),
-                            torch.tensor([[1.0], [2.0]], **f64), torch.tensor([3.0], **f64), rho_bar, c_bar)
+    vs, adv = impala.vtrace(
+        log_rhos,
+        torch.full((2, 1), 0.9, **f64),
+        torch.ones(2, 1, **f64),
+        torch.tensor([[1.0], [2.0]], **f64),
+        torch.tensor([3.0], **f64),
+        rho_bar,
+        c_bar,
+    )
     torch.testing.assert_close(vs[:, 0], torch.tensor(expected_vs, dtype=torch.float64))
     torch.testing.assert_close(adv[:, 0], torch.tensor(expected_adv, dtype=torch.float64))
 
 
 def test_an_episode_end_cuts_the_trace():
-    """Discount 0 at step 0 (the episode ended there): v_0 and the advantage at 0 depend on nothing after step 0;
-    off-policy too. (< 1 s)"""
+    """Discount 0 at step 0 (the episode ended there): v_0 and the advantage at 0 depend on nothing
+    after step 0; off-policy too. (< 1 s)"""
     g = torch.Generator().manual_seed(1)
     log_rhos, values = 0.5 * torch.randn(3, 2, generator=g), torch.randn(3, 2, generator=g)
     discounts = torch.tensor([[0.0, 0.0], [0.9, 0.9], [0.9, 0.9]])
@@ -88,7 +107,8 @@ def test_an_episode_end_cuts_the_trace():
 
 
 def rollout_actors(session: int) -> list[int]:
-    """The Ray actor processes (`ray::RolloutActor...`) of a Ray cluster: those of the session its head started."""
+    """The Ray actor processes (`ray::RolloutActor...`) of a Ray cluster: those of the session its
+    head started."""
     found = []
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         try:
@@ -100,24 +120,45 @@ def rollout_actors(session: int) -> list[int]:
     return found
 
 
-RAY = ["--env-id", "CartPole-v1", "--num-actors", "2", "--num-envs", "4", "--num-steps", "20", "--eval-episodes", "2",
-       "--save-model", "--total-timesteps", "16000"]
+RAY = [
+    "--env-id",
+    "CartPole-v1",
+    "--num-actors",
+    "2",
+    "--num-envs",
+    "4",
+    "--num-steps",
+    "20",
+    "--eval-episodes",
+    "2",
+    "--save-model",
+    "--total-timesteps",
+    "16000",
+]
 
 
 def test_ray_actors_killed_mid_run_are_replaced_and_the_run_finishes(ray_cluster, tmp_path):
-    """Two Ray actors on a Ray cluster of its own, joined by --ray-address (the gate runs a local Ray); once the
-    learner has updated, both actor processes, which the cluster started, are killed (SIGKILL): each death is
-    reported, new actors take over, and the run trains to its budget and leaves the whole run contract. The rollouts
-    of two actors lag the learner's policy (charts/policy_lag). (about 40 s: the cluster's start-up, two actor
-    start-ups, 200 updates)"""
+    """Two Ray actors on a Ray cluster of its own, joined by --ray-address (the gate runs a local
+    Ray); once the learner has updated, both actor processes, which the cluster started, are killed
+    (SIGKILL): each death is reported, new actors take over, and the run trains to its budget and
+    leaves the whole run contract. The rollouts of two actors lag the learner's policy
+    (charts/policy_lag). (about 40 s: the cluster's start-up, two actor start-ups, 200 updates)"""
     address, env, session = ray_cluster
     run_dir = tmp_path / "run"
-    proc = start_script("impala.py", RAY + ["--ray-address", address], run_dir, fork=True,
-                        RAY_AUTH_TOKEN_PATH=env["RAY_AUTH_TOKEN_PATH"])
+    proc = start_script(
+        "impala.py",
+        RAY + ["--ray-address", address],
+        run_dir,
+        fork=True,
+        RAY_AUTH_TOKEN_PATH=env["RAY_AUTH_TOKEN_PATH"],
+    )
     deadline, killed = time.time() + 120, []
     while time.time() < deadline and proc.poll() is None and not killed:
-        if (run_dir / "metrics.csv").exists() and "losses/" in (run_dir / "metrics.csv").read_text():
-            found = rollout_actors(session)  # on a busy machine the second actor may still be starting
+        if (run_dir / "metrics.csv").exists() and "losses/" in (
+            run_dir / "metrics.csv"
+        ).read_text():
+            # on a busy machine the second actor may still be starting
+            found = rollout_actors(session)
             if len(found) == 2:
                 killed = found
                 for p in killed:
@@ -126,7 +167,9 @@ def test_ray_actors_killed_mid_run_are_replaced_and_the_run_finishes(ray_cluster
     _, stderr = proc.communicate(timeout=180)
     assert len(killed) == 2, f"found the actor processes {killed}"
     assert proc.returncode == 0, stderr[-3000:]
-    replaced = [line for line in stderr.splitlines() if "died" in line and "replaced by a new actor" in line]
+    replaced = [
+        line for line in stderr.splitlines() if "died" in line and "replaced by a new actor" in line
+    ]
     assert len(replaced) == 2, stderr[-3000:]
     rows = read_rows(run_dir)
     lags = [r["value"] for r in rows if r["name"] == "charts/policy_lag"]
@@ -141,18 +184,28 @@ def test_ray_actors_killed_mid_run_are_replaced_and_the_run_finishes(ray_cluster
 
 
 def test_failed_actors_stop_the_run_with_its_checkpoint_saved(tmp_path, monkeypatch):
-    """When the actors cannot go on (a replacement that dies too, no rollout for minutes), the run saves the updates
-    it made, says so in one line and exits 1; --resume then finishes it. (about 3 s)"""
+    """When the actors cannot go on (a replacement that dies too, no rollout for minutes), the run
+    saves the updates it made, says so in one line and exits 1; --resume then finishes it. (about 3
+    s)"""
     ready, calls = impala.Actors.ready, []
 
     def failing_ready(self):
         calls.append(1)
         if len(calls) == 6:
-            raise impala.ActorsFailed("actor 0 died again before its first rollout (ActorDiedError)")
+            raise impala.ActorsFailed(
+                "actor 0 died again before its first rollout (ActorDiedError)"
+            )
         return ready(self)
 
     monkeypatch.setattr(impala.Actors, "ready", failing_ready)
-    args = dict(env_id="CartPole-v1", num_actors=0, num_envs=4, num_steps=20, total_timesteps=800, eval_episodes=2)
+    args = dict(
+        env_id="CartPole-v1",
+        num_actors=0,
+        num_envs=4,
+        num_steps=20,
+        total_timesteps=800,
+        eval_episodes=2,
+    )
     with pytest.raises(SystemExit) as e:
         impala.main(impala.Args(**args, run_dir=str(tmp_path)))
     assert e.value.code == 1
@@ -165,13 +218,18 @@ def test_failed_actors_stop_the_run_with_its_checkpoint_saved(tmp_path, monkeypa
     assert read_metrics(tmp_path)["eval/episodic_return"][0].tolist() == [800, 800]
 
 
-@pytest.mark.parametrize("flags,env,expected", [
-    (["--ray-address", "127.0.0.1:1"], {}, "cannot reach a Ray cluster at 127.0.0.1:1"),
-    ([], {"RAY_ADDRESS": "127.0.0.1:1"}, "cannot reach a Ray cluster at 127.0.0.1:1"),
-    (["--ray-address", "nohost"], {}, "is not host:port"),
-    (["--ray-address", "127.0.0.1:1", "--num-actors", "0"], {}, "needs --num-actors 1 or more"),
-])
-def test_a_ray_address_that_cannot_be_used_is_one_line_before_training(flags, env, expected, tmp_path):
+@pytest.mark.parametrize(
+    "flags,env,expected",
+    [
+        (["--ray-address", "127.0.0.1:1"], {}, "cannot reach a Ray cluster at 127.0.0.1:1"),
+        ([], {"RAY_ADDRESS": "127.0.0.1:1"}, "cannot reach a Ray cluster at 127.0.0.1:1"),
+        (["--ray-address", "nohost"], {}, "is not host:port"),
+        (["--ray-address", "127.0.0.1:1", "--num-actors", "0"], {}, "needs --num-actors 1 or more"),
+    ],
+)
+def test_a_ray_address_that_cannot_be_used_is_one_line_before_training(
+    flags, env, expected, tmp_path
+):
     """(about 1 s each)"""
     out = run_script("impala.py", flags, tmp_path / "run", fork=True, **env)
     lines = out.stderr.strip().splitlines()
@@ -187,8 +245,8 @@ class QuietHTTPHandler(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture
 def not_ray(request):
-    """host:port of a server that accepts connections but is no Ray head: an HTTP server or a gRPC server without
-    Ray's services, in a thread of this process."""
+    """host:port of a server that accepts connections but is no Ray head: an HTTP server or a gRPC
+    server without Ray's services, in a thread of this process."""
     if request.param == "http":
         server = http.server.HTTPServer(("127.0.0.1", 0), QuietHTTPHandler)
         threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -206,11 +264,17 @@ def not_ray(request):
 
 @pytest.mark.parametrize("not_ray", ["http", "grpc"], indirect=True)
 def test_an_address_that_is_not_ray_is_one_line_within_seconds(not_ray, tmp_path):
-    """ray.init retried for minutes against a port that accepts connections but speaks no Ray (an HTTP server, a
-    gRPC server of another service). (about 6 s for HTTP: the probe's 5 s timeout; 1 s for gRPC)"""
+    """ray.init retried for minutes against a port that accepts connections but speaks no Ray (an
+    HTTP server, a gRPC server of another service). (about 6 s for HTTP: the probe's 5 s timeout; 1
+    s for gRPC)"""
     start = time.time()
-    out = run_script("impala.py", ["--ray-address", not_ray, "--num-actors", "1"], tmp_path / "run", timeout=30,
-                     fork=True)
+    out = run_script(
+        "impala.py",
+        ["--ray-address", not_ray, "--num-actors", "1"],
+        tmp_path / "run",
+        timeout=30,
+        fork=True,
+    )
     lines = out.stderr.strip().splitlines()
     assert out.returncode == 2 and len(lines) == 1, out.stderr[-3000:]
     assert lines[0].startswith(f"error: {not_ray} does not answer as a Ray cluster"), lines
@@ -219,20 +283,43 @@ def test_an_address_that_is_not_ray_is_one_line_within_seconds(not_ray, tmp_path
 
 
 def test_ray_address_in_the_environment_does_not_stop_a_run_without_ray(tmp_path):
-    """RAY_ADDRESS (exported for other programs) is used only when there are Ray actors: --num-actors 0 needs no
-    Ray and runs. (about 2 s)"""
-    flags = ["--num-actors", "0", "--num-envs", "2", "--num-steps", "20", "--total-timesteps", "80",
-             "--eval-episodes", "1"]
+    """RAY_ADDRESS (exported for other programs) is used only when there are Ray actors:
+    --num-actors 0 needs no Ray and runs. (about 2 s)"""
+    flags = [
+        "--num-actors",
+        "0",
+        "--num-envs",
+        "2",
+        "--num-steps",
+        "20",
+        "--total-timesteps",
+        "80",
+        "--eval-episodes",
+        "1",
+    ]
     out = run_script("impala.py", flags, tmp_path, fork=True, RAY_ADDRESS="127.0.0.1:1")
     assert out.returncode == 0, out.stderr[-3000:]
     assert read_metrics(tmp_path)["eval/episodic_return"][0].size == 1
 
 
 def test_a_minatar_game_trains_with_minatars_network_and_reloads(tmp_path):
-    """MinAtar/Breakout-v1 with one in-process actor: the 10x10 grid of object channels goes to the convolution, and
-    the saved model evaluates as it did at the end of training. (about 5 s)"""
-    flags = ["--env-id", "MinAtar/Breakout-v1", "--num-actors", "0", "--num-envs", "4", "--num-steps", "20",
-             "--total-timesteps", "1600", "--eval-episodes", "2", "--save-model"]
+    """MinAtar/Breakout-v1 with one in-process actor: the 10x10 grid of object channels goes to the
+    convolution, and the saved model evaluates as it did at the end of training. (about 5 s)"""
+    flags = [
+        "--env-id",
+        "MinAtar/Breakout-v1",
+        "--num-actors",
+        "0",
+        "--num-envs",
+        "4",
+        "--num-steps",
+        "20",
+        "--total-timesteps",
+        "1600",
+        "--eval-episodes",
+        "2",
+        "--save-model",
+    ]
     out = run_script("impala.py", flags, tmp_path, fork=True)
     assert out.returncode == 0, out.stderr[-3000:]
     saved = torch.load(tmp_path / "model.pt", weights_only=True)
@@ -245,8 +332,8 @@ def test_a_minatar_game_trains_with_minatars_network_and_reloads(tmp_path):
 
 
 def test_an_actor_registers_the_minatar_ids_itself(monkeypatch):
-    """A Ray actor's process has not run impala.py's top level, which registers the MinAtar ids: RolloutActor
-    registers them (here in a registry without them)."""
+    """A Ray actor's process has not run impala.py's top level, which registers the MinAtar ids:
+    RolloutActor registers them (here in a registry without them)."""
     for env_id in impala.MINATAR:
         monkeypatch.delitem(impala.gym.registry, env_id)  # put back after the test
     actor = impala.RolloutActor("MinAtar/Breakout-v1", 2, 3, 0.99, seed=1)
@@ -257,18 +344,42 @@ def test_an_actor_registers_the_minatar_ids_itself(monkeypatch):
 
 def test_a_minatar_game_records_no_video(tmp_path):
     """(about 1 s)"""
-    out = run_script("impala.py", ["--env-id", "MinAtar/Breakout-v1", "--capture-video"], tmp_path / "run", fork=True)
-    assert out.returncode == 2 and out.stderr.strip() == "error: MinAtar games record no video: drop --capture-video"
+    out = run_script(
+        "impala.py",
+        ["--env-id", "MinAtar/Breakout-v1", "--capture-video"],
+        tmp_path / "run",
+        fork=True,
+    )
+    assert (
+        out.returncode == 2
+        and out.stderr.strip() == "error: MinAtar games record no video: drop --capture-video"
+    )
     assert not (tmp_path / "run").exists()
 
 
 def test_speed_benchmark_measures_every_configuration_into_a_report(tmp_path):
-    """benchmark/impala_speed.py, shortened (no separate cluster: the fixture's tests start one): a row per
-    configuration with its steps/s and wall time. (about 15 s: one local Ray)"""
+    """benchmark/impala_speed.py, shortened (no separate cluster: the fixture's tests start one): a
+    row per configuration with its steps/s and wall time. (about 15 s: one local Ray)"""
     from benchmark import impala_speed
-    assert impala_speed.main(["--steps", "640", "--actors", "1", "--no-cluster", "--report-dir", str(tmp_path)]) == 0
+
+    assert (
+        impala_speed.main(
+            ["--steps", "640", "--actors", "1", "--no-cluster", "--report-dir", str(tmp_path)]
+        )
+        == 0
+    )
     [report] = tmp_path.glob("impala-speed-cpu-*.md")
-    rows = [line.split("|")[1:4] for line in report.read_text().splitlines() if line.startswith("| ") and "s |" in line]
-    assert [r[0].strip() for r in rows] == ["impala.py, --num-actors 0 (in-process)",
-                                            "impala.py, 1 Ray actor, local Ray", "a2c.py, 8 envs x 20 steps"]
-    assert all(float(r[1].replace(",", "")) > 0 and float(r[2].strip().removesuffix(" s")) > 0 for r in rows)
+    rows = [
+        line.split("|")[1:4]
+        for line in report.read_text().splitlines()
+        if line.startswith("| ") and "s |" in line
+    ]
+    assert [r[0].strip() for r in rows] == [
+        "impala.py, --num-actors 0 (in-process)",
+        "impala.py, 1 Ray actor, local Ray",
+        "a2c.py, 8 envs x 20 steps",
+    ]
+    assert all(
+        float(r[1].replace(",", "")) > 0 and float(r[2].strip().removesuffix(" s")) > 0
+        for r in rows
+    )

@@ -252,6 +252,7 @@ def test_dapo_run_leaves_the_contract_resumes_and_saves(grpo, tmp_path):
     steps, accuracy = metrics["eval/accuracy"]
     assert steps.tolist() == [0, 16, 32], "evaluated first, every --eval-every and at the end"
     policy, tokenizer = grpo.load_policy(str(run_dir / "model"))
+    assert (run_dir / "model" / "task.json").read_bytes() == (BASE / "task.json").read_bytes()
     heldout = grpo.load_task(BASE / "task.json")["heldout"][:20]
     final = metrics["eval/episodic_return"][1][-20:].tolist()
     assert grpo.evaluate(policy, tokenizer, heldout, 5) == final

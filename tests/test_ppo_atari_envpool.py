@@ -1,5 +1,7 @@
-"""ppo_atari_envpool.py: envpool's behaviour that the script relies on (the reset step after an episode end, game over
-apart from a lost life), whole games logged, a reproducible evaluation, and the one-line errors."""
+"""ppo_atari_envpool.py: envpool's behaviour that the script relies on (the reset step after an
+episode end, game over apart from a lost life), whole games logged, a reproducible evaluation, and
+the one-line errors."""
+
 import numpy as np
 import pytest
 import torch
@@ -10,9 +12,10 @@ m = load_script("ppo_atari_envpool.py")
 
 
 def test_envpool_resets_on_the_step_after_an_episode_ends():
-    """The step after terminated/truncated is envpool's reset: reward 0, no step of the game counted (elapsed_step
-    unchanged), no life lost, whatever the action (so the script keeps it out of the update); info["terminated"] marks
-    the game's end (the last life) apart from the episode ends of lost lives."""
+    """The step after terminated/truncated is envpool's reset: reward 0, no step of the game counted
+    (elapsed_step unchanged), no life lost, whatever the action (so the script keeps it out of the
+    update); info["terminated"] marks the game's end (the last life) apart from the episode ends of
+    lost lives."""
     envs = m.make_env("ALE/Breakout-v5", 2, seed=0)
     envs.reset()
     rng, ended, lives_lost, games = np.random.default_rng(0), np.zeros(2, bool), 0, 0
@@ -33,9 +36,25 @@ def test_envpool_resets_on_the_step_after_an_episode_ends():
 
 def test_training_logs_whole_games_and_evaluation_is_reproducible(tmp_path):
     run = tmp_path / "run"
-    out = run_script("ppo_atari_envpool.py", ["--total-timesteps", "1024", "--num-envs", "2", "--num-steps", "64",
-                                              "--num-minibatches", "2", "--update-epochs", "1", "--eval-episodes", "1"],
-                     run, fork=True)
+    out = run_script(
+        "ppo_atari_envpool.py",
+        [
+            "--total-timesteps",
+            "1024",
+            "--num-envs",
+            "2",
+            "--num-steps",
+            "64",
+            "--num-minibatches",
+            "2",
+            "--update-epochs",
+            "1",
+            "--eval-episodes",
+            "1",
+        ],
+        run,
+        fork=True,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     _, returns = read_metrics(run)["train/episodic_return"]
     _, lengths = read_metrics(run)["train/episodic_length"]
@@ -43,11 +62,18 @@ def test_training_logs_whole_games_and_evaluation_is_reproducible(tmp_path):
     assert (lengths >= 100).all(), f"an episode shorter than a game of 5 lives: {lengths}"
     torch.manual_seed(0)
     agent = m.Agent(4)
-    assert m.evaluate(agent, "ALE/Breakout-v5", 2, seed=5) == m.evaluate(agent, "ALE/Breakout-v5", 2, seed=5)
+    assert m.evaluate(agent, "ALE/Breakout-v5", 2, seed=5) == m.evaluate(
+        agent, "ALE/Breakout-v5", 2, seed=5
+    )
 
 
-@pytest.mark.parametrize("flags, words", [(["--capture-video"], ("--capture-video", "ppo_atari.py")),
-                                          (["--env-id", "CartPole-v1"], ("Atari", "CartPole-v1"))])
+@pytest.mark.parametrize(
+    "flags, words",
+    [
+        (["--capture-video"], ("--capture-video", "ppo_atari.py")),
+        (["--env-id", "CartPole-v1"], ("Atari", "CartPole-v1")),
+    ],
+)
 def test_bad_input_is_one_line(flags, words, tmp_path):
     out = run_script("ppo_atari_envpool.py", flags, tmp_path / "run", fork=True)
     lines = out.stderr.strip().splitlines()
@@ -56,6 +82,8 @@ def test_bad_input_is_one_line(flags, words, tmp_path):
 
 
 def test_envpool_ids_and_sticky_actions():
-    assert m.envpool_id("ALE/Breakout-v5") == m.envpool_id("BreakoutNoFrameskip-v4") == "Breakout-v5"
+    assert (
+        m.envpool_id("ALE/Breakout-v5") == m.envpool_id("BreakoutNoFrameskip-v4") == "Breakout-v5"
+    )
     assert m.make_env("ALE/Pong-v5", 1, 0).spec.config.repeat_action_probability == 0.25
     assert m.make_env("PongNoFrameskip-v4", 1, 0).spec.config.repeat_action_probability == 0.0

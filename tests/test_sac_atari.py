@@ -1,5 +1,6 @@
-"""sac_atari.py's maths: the soft target with its exact expectation over the actions, the actor loss whose minimiser
-is the Boltzmann policy softmax(Q / alpha), and the temperature's gradient."""
+"""sac_atari.py's maths: the soft target with its exact expectation over the actions, the actor loss
+whose minimiser is the Boltzmann policy softmax(Q / alpha), and the temperature's gradient."""
+
 import numpy as np
 import pytest
 import torch
@@ -13,8 +14,11 @@ def test_sac_discrete_target_by_hand():
     probs = torch.tensor([[0.5, 0.5], [1.0, 0.0]])
     log_probs = torch.log(torch.tensor([[0.5, 0.5], [1.0, 1e-30]]))
     q1, q2 = torch.tensor([[1.0, 4.0], [2.0, 0.0]]), torch.tensor([[2.0, 3.0], [1.0, 9.0]])
-    got = m.sac_discrete_target(probs, log_probs, q1, q2, torch.tensor([1.0, 5.0]), torch.tensor([0.0, 1.0]), 0.9, 0.2)
-    # V(s') = 0.5 * (min(1, 2) - 0.2 log 0.5) + 0.5 * (min(4, 3) - 0.2 log 0.5) = 2 + 0.2 log 2; terminated: r alone
+    got = m.sac_discrete_target(
+        probs, log_probs, q1, q2, torch.tensor([1.0, 5.0]), torch.tensor([0.0, 1.0]), 0.9, 0.2
+    )
+    # V(s') = 0.5 * (min(1, 2) - 0.2 log 0.5) + 0.5 * (min(4, 3) - 0.2 log 0.5) = 2 + 0.2 log 2;
+    # terminated: r alone
     assert torch.allclose(got, torch.tensor([1.0 + 0.9 * (2.0 + 0.2 * float(np.log(2.0))), 5.0]))
 
 
@@ -31,7 +35,8 @@ def test_actor_loss_is_minimised_by_the_boltzmann_policy():
 
 def test_temperature_grows_when_the_entropy_is_below_its_target():
     log_alpha = torch.zeros(1, requires_grad=True)
-    peaked = torch.tensor([[0.97, 0.01, 0.01, 0.01]])  # entropy ~0.17, far below 0.89 * log 4 = 1.23
+    # entropy ~0.17, far below 0.89 * log 4 = 1.23
+    peaked = torch.tensor([[0.97, 0.01, 0.01, 0.01]])
     m.temperature_loss(log_alpha, peaked, peaked.log(), 0.89 * np.log(4)).backward()
     assert log_alpha.grad < 0, "gradient descent raises alpha"
     log_alpha.grad = None

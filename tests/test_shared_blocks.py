@@ -1,5 +1,7 @@
-"""The blocks every script shares (the shared Args fields, errors, the env check, the run's files, checkpoints,
-progress and evaluation plumbing) are byte-identical in every file of algos/, and one command copies them."""
+"""The blocks every script shares (the shared Args fields, errors, the env check, the run's files,
+checkpoints, progress and evaluation plumbing) are byte-identical in every file of algos/, and one
+command copies them."""
+
 import shutil
 import subprocess
 import sys
@@ -14,7 +16,9 @@ def test_every_script_holds_the_same_blocks():
     paths = scripts()
     for p in paths:
         assert REQUIRED <= set(blocks(p.read_text())), f"{p.name} lacks a shared block"
-    assert differences(paths) == [], "run `python tests/shared_blocks.py --fix algos/<the script you edited>.py`"
+    assert differences(paths) == [], (
+        "run `python tests/shared_blocks.py --fix algos/<the script you edited>.py`"
+    )
 
 
 def test_a_hand_made_difference_fails_and_fix_repairs_it(tmp_path):
@@ -23,8 +27,11 @@ def test_a_hand_made_difference_fails_and_fix_repairs_it(tmp_path):
     original = (tmp_path / "dqn.py").read_text()
     (tmp_path / "dqn.py").write_text(original.replace("exit status 2", "exit status 3", 1))
     problems = differences(scripts(tmp_path))
-    assert len(problems) == 1 and "'helpers' differs" in problems[0] and {"dqn.py", "ppo.py"} <= set(
-        problems[0].replace("|", " ").replace(",", " ").split())
+    assert (
+        len(problems) == 1
+        and "'helpers' differs" in problems[0]
+        and {"dqn.py", "ppo.py"} <= set(problems[0].replace("|", " ").replace(",", " ").split())
+    )
     cli = [sys.executable, shared_blocks.__file__, "--algos", str(tmp_path)]
     assert subprocess.run(cli, capture_output=True).returncode == 1
     assert fix(tmp_path / "ppo.py", scripts(tmp_path)) == [tmp_path / "dqn.py"]
@@ -36,28 +43,67 @@ def test_a_missing_block_is_reported(tmp_path):
     for p in scripts():
         shutil.copy(p, tmp_path / p.name)
     text = (tmp_path / "ppo.py").read_text()
-    start, end = text.index("    # ---- shared: args ----"), text.index("    # ---- end shared: args ----\n")
-    (tmp_path / "ppo.py").write_text(text[:start] + text[end + len("    # ---- end shared: args ----\n"):])
+    start, end = (
+        text.index("    # ---- shared: args ----"),
+        text.index("    # ---- end shared: args ----\n"),
+    )
+    (tmp_path / "ppo.py").write_text(
+        text[:start] + text[end + len("    # ---- end shared: args ----\n") :]
+    )
     assert "ppo.py: lacks shared block 'args'" in differences(scripts(tmp_path))
 
 
 def test_the_blocks_hold_the_shared_flags():
     args_block = blocks((ALGOS / "ppo.py").read_text())["args"]
-    for field in ("seed", "cuda", "torch_deterministic", "track", "wandb_project_name", "wandb_entity", "capture_video",
-                  "save_model", "eval_episodes", "eval_every", "run_dir", "resume", "checkpoint_every"):
+    for field in (
+        "seed",
+        "cuda",
+        "torch_deterministic",
+        "track",
+        "wandb_project_name",
+        "wandb_entity",
+        "capture_video",
+        "save_model",
+        "eval_episodes",
+        "eval_every",
+        "run_dir",
+        "resume",
+        "checkpoint_every",
+    ):
         assert f"    {field}:" in args_block
 
 
 def test_every_script_reads_algorithm_first():
-    """The order a reader meets: Args, the env, networks, losses and buffer, main(); the run plumbing (check_args and
-    the shared helpers) below main(). The first network class sits within the first third of the file."""
+    """The order a reader meets: Args, the env, networks, losses and buffer, main(); the run
+    plumbing (check_args and the shared helpers) below main(). The first network class sits within
+    the first third of the file."""
     import re
+
     for p in scripts():
         lines = p.read_text().splitlines()
-        where = {name: next((i for i, line in enumerate(lines) if re.match(pattern, line)), None) for name, pattern in {
-            "args": r"class Args:", "net": r"class \w+\(nn\.Module\)", "main": r"def main\(",
-            "check": r"def check_args\(", "helpers": r"# ---- shared: helpers ----", "run": r"if __name__ =="}.items()}
+        where = {
+            name: next((i for i, line in enumerate(lines) if re.match(pattern, line)), None)
+            for name, pattern in {
+                "args": r"class Args:",
+                "net": r"class \w+\(nn\.Module\)",
+                "main": r"def main\(",
+                "check": r"def check_args\(",
+                "helpers": r"# ---- shared: helpers ----",
+                "run": r"if __name__ ==",
+            }.items()
+        }
         assert None not in where.values(), f"{p.name}: {where}"
-        assert where["args"] < where["net"] < where["main"] < where["check"] < where["helpers"] < where["run"], (
-            f"{p.name}: the order is Args, networks, main(), check_args(), the shared helpers ({where})")
-        assert where["net"] < len(lines) / 3, f"{p.name}: the first network is at line {where['net'] + 1} of {len(lines)}"
+        assert (
+            where["args"]
+            < where["net"]
+            < where["main"]
+            < where["check"]
+            < where["helpers"]
+            < where["run"]
+        ), (
+            f"{p.name}: the order is Args, networks, main(), "
+            f"check_args(), the shared helpers ({where})"
+        )
+        assert where["net"] < len(lines) / 3, (
+            f"{p.name}: the first network is at line {where['net'] + 1} of {len(lines)}"
+        )

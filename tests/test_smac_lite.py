@@ -1,10 +1,11 @@
-"""smac_lite: unit rules, SMAC layouts, batching, determinism, rewards, scripted play and the PettingZoo API."""
+"""smac_lite: unit rules, SMAC layouts, batching, determinism, rewards, scripted play and the
+PettingZoo API."""
+
+import math
 
 import numpy as np
 import pytest
 import torch
-
-import math
 
 import smac_lite
 from smac_lite.core import DT, STEP_MUL
@@ -14,7 +15,8 @@ from smac_lite.policies import play_battles, random_policy
 torch.set_num_threads(1)
 STEP_S = STEP_MUL * DT  # real seconds per agent step
 
-# A target dummy: lots of hp, an attacker (so the battle does not end at once) that never reaches anyone.
+# A target dummy: lots of hp, an attacker (so the battle does not end at once) that never reaches
+# anyone.
 DUMMY = dict(hp=1000, armour=0, damage=1, range=0.1, cooldown=1.0, speed=0.0, radius=0.5)
 
 
@@ -22,15 +24,26 @@ DUMMY = dict(hp=1000, armour=0, damage=1, range=0.1, cooldown=1.0, speed=0.0, ra
 def _dummy_units(monkeypatch):
     monkeypatch.setitem(UNIT_TYPES, "dummy", DUMMY)
     monkeypatch.setitem(UNIT_TYPES, "tank", {**DUMMY, "armour": 10})
-    monkeypatch.setitem(UNIT_TYPES, "post", {**DUMMY, "cooldown": 1e6})  # hits once, so melee units survive
-    monkeypatch.setitem(UNIT_TYPES, "mine", {**UNIT_TYPES["baneling"], "speed": 0.0})  # a baneling that stays put
+    # hits once, so melee units survive
+    monkeypatch.setitem(UNIT_TYPES, "post", {**DUMMY, "cooldown": 1e6})
+    # a baneling that stays put
+    monkeypatch.setitem(UNIT_TYPES, "mine", {**UNIT_TYPES["baneling"], "speed": 0.0})
 
 
 def duel(agents, enemies, dist, limit=50, a_race="T", b_race="T", **rules):
-    """A custom map (maps are data): agents on the left, enemies `dist` to the right, no jitter; `rules`: map
-    entries such as pursue=True."""
-    spec = dict(agents=agents, enemies=enemies, limit=limit, a_race=a_race, b_race=b_race, type_order=[],
-                size=(32.0, 32.0), gap=dist, **rules)
+    """A custom map (maps are data): agents on the left, enemies `dist` to the right, no jitter;
+    `rules`: map entries such as pursue=True."""
+    spec = dict(
+        agents=agents,
+        enemies=enemies,
+        limit=limit,
+        a_race=a_race,
+        b_race=b_race,
+        type_order=[],
+        size=(32.0, 32.0),
+        gap=dist,
+        **rules,
+    )
     env = smac_lite.BatchedSMAC(spec, num_envs=1, seed=0, jitter=0.0, auto_reset=False)
     env.reset()
     A = env.n_agents
@@ -44,18 +57,21 @@ def act(env, *a):
     return torch.tensor([list(a)])
 
 
-# ---------------------------------------------------------------------------------------------- unit rules
+# ---------------------------------------------------------------------------------------------- uni
 def test_damage_armour_and_bonus():
     env = duel([("marine", 1)], [("marauder", 1)], 5.0)
     env.step(act(env, 6))
     assert env.hp[0, 1].item() == pytest.approx(125 - (6 - 1))  # marine 6 dmg - marauder armour 1
-    assert env.hp[0, 0].item() == pytest.approx(45 - 10)  # marauder 10, no bonus against a light marine
-    # Marauder against an armoured stalker: 10 + 10 bonus, all absorbed by shields (shields have no armour).
+    # marauder 10, no bonus against a light marine
+    assert env.hp[0, 0].item() == pytest.approx(45 - 10)
+    # Marauder against an armoured stalker: 10 + 10 bonus, all absorbed by shields (shields have no
+    # armour).
     env = duel([("stalker", 1)], [("marauder", 1)], 5.0, a_race="P")
     env.step(act(env, 6))
     assert env.sh[0, 0].item() == pytest.approx(80 - 20)
     assert env.hp[0, 0].item() == pytest.approx(80)
-    assert env.hp[0, 1].item() == pytest.approx(125 - (13 + 5 - 1))  # stalker 13 +5 armoured, armour 1
+    # stalker 13 +5 armoured, armour 1
+    assert env.hp[0, 1].item() == pytest.approx(125 - (13 + 5 - 1))
 
 
 def test_armour_minimum_half_damage():
@@ -68,16 +84,19 @@ def test_zealot_two_hits_and_shield_spill():
     env = duel([("zealot", 1)], [("stalker", 1)], 1.0, a_race="P", b_race="P")
     env.sh[0, 1] = 10.0
     env.step(act(env, 6))
-    # 2 hits of 8: 10 go to shields, the remaining 6 raw reach hp reduced by armour per hit (prorated): 16-2=14
-    # effective for 16 raw -> 14 * 6/16.
+    # 2 hits of 8: 10 go to shields, the remaining 6 raw reach hp reduced by armour per hit
+    # (prorated): 16-2=14 effective for 16 raw -> 14 * 6/16.
     assert env.sh[0, 1].item() == pytest.approx(0.0)
     assert env.hp[0, 1].item() == pytest.approx(80 - 14 * 6 / 16, abs=1e-4)
 
 
-@pytest.mark.parametrize("unit", ["marine", "marauder", "stalker", "zealot", "colossus", "zergling", "hydralisk"])
+@pytest.mark.parametrize(
+    "unit", ["marine", "marauder", "stalker", "zealot", "colossus", "zergling", "hydralisk"]
+)
 def test_fire_period_in_game_loops(unit):
-    """Over 800 game loops a weapon with a cooldown of C loops fires at loops 0, C, 2C, ... (each shot in the first
-    loop at or after its time), i.e. floor(799 / C) + 1 shots: marine C = 13.77 -> 59 shots, not one per 15 loops."""
+    """Over 800 game loops a weapon with a cooldown of C loops fires at loops 0, C, 2C, ... (each
+    shot in the first loop at or after its time), i.e. floor(799 / C) + 1 shots: marine C = 13.77 ->
+    59 shots, not one per 15 loops."""
     s = unit_stats(unit)
     env = duel([(unit, 1)], [("post", 1)], s["range"] + s["radius"] + DUMMY["radius"] - 0.05)
     for _ in range(100):
@@ -114,8 +133,8 @@ def test_movement_speed_and_move_amount():
 
 
 def test_shield_regeneration():
-    """SC2: shields come back 2 per game second (2.8 per real second) after 10 game seconds (160 loops, 7.14 real s)
-    without damage."""
+    """SC2: shields come back 2 per game second (2.8 per real second) after 10 game seconds (160
+    loops, 7.14 real s) without damage."""
     env = duel([("stalker", 1)], [("dummy", 1)], 20.0, a_race="P")
     env.sh[0, 0] = 10.0
     env.since_dmg[0, 0] = 0.0
@@ -132,13 +151,14 @@ def test_shield_regeneration():
 
 
 def test_ground_weapon_cannot_target_air():
-    # Agents: a marauder (ground-only weapon) and a marine (hits air); enemies: a medivac in range of both, and a
-    # dummy far away that keeps the battle going.
+    # Agents: a marauder (ground-only weapon) and a marine (hits air); enemies: a medivac in range
+    # of both, and a dummy far away that keeps the battle going.
     env = duel([("marauder", 1), ("marine", 1)], [("medivac", 1), ("dummy", 1)], 4.0)
     env.x[0, 3] = 30.0
     _, _, avail = env._observe()
     assert avail[0, 0, 6] == 0 and avail[0, 1, 6] == 1
-    env.step(act(env, 6, 1))  # the marauder's order is invalid (acts as stop); the idle marine fires at the medivac
+    # the marauder's order is invalid (acts as stop); the idle marine fires at the medivac
+    env.step(act(env, 6, 1))
     assert env.hp[0, 2].item() == pytest.approx(150 - (6 - 1))
     env.step(act(env, 1, 5))  # marine walks away; the idle marauder has nothing it can shoot
     env.step(act(env, 6, 5))
@@ -156,15 +176,16 @@ def test_move_stops_at_map_edge():
 
 
 def test_state_cooldown_scaled_by_smac_table():
-    """SMAC's state: weapon cooldown in game loops / a fixed per-type constant (marine 15), not / the unit's own."""
+    """SMAC's state: weapon cooldown in game loops / a fixed per-type constant (marine 15), not /
+    the unit's own."""
     env = duel([("marine", 1)], [("dummy", 1)], 5.0)
     _, state, _, _, _, _ = env.step(act(env, 6))  # fired at loop 0, 8 loops ago
     assert state[0, 1].item() == pytest.approx((0.8608 * 16 - 8) / 15, abs=1e-3)
 
 
 def test_baneling_bursts_on_all_enemy_ground_units_around_it_and_dies():
-    # Agents: a baneling with a zergling beside it; enemies: zerglings at 1 and 2.5 (edge 2.2 + 0.375 away is
-    # the limit) and one at 3.5, plus a dummy far away.
+    # Agents: a baneling with a zergling beside it; enemies: zerglings at 1 and 2.5 (edge 2.2 +
+    # 0.375 away is the limit) and one at 3.5, plus a dummy far away.
     env = duel([("baneling", 1), ("zergling", 1)], [("zergling", 3), ("dummy", 1)], 1.0, b_race="Z")
     env.x[0, 1] = env.x[0, 0] - 0.5
     env.x[0, 3] = env.x[0, 0] + 2.5
@@ -173,7 +194,8 @@ def test_baneling_bursts_on_all_enemy_ground_units_around_it_and_dies():
     env.step(act(env, 6, 1))
     assert env.alive[0, 0] == 0  # the baneling is gone
     assert env.hp[0, 2].item() == 0 and env.hp[0, 3].item() == 0  # 20 + 15 (light) each
-    assert env.hp[0, 4].item() == 35 and env.hp[0, 1].item() == 35  # out of the burst; no friendly fire
+    # out of the burst; no friendly fire
+    assert env.hp[0, 4].item() == 35 and env.hp[0, 1].item() == 35
 
 
 def test_baneling_killed_bursts_where_it_dies():
@@ -202,11 +224,14 @@ def test_medivac_heals_and_spends_energy():
     env = duel([("marine", 1), ("medivac", 1)], [("dummy", 2)], 20.0)
     env.hp[0, 0] = 20.0
     obs, state, avail = env._observe()
-    assert avail[0, 1, 6] == 1 and avail[0, 1, 7] == 0  # the medivac's target slots are allies (not medivacs)
+    # the medivac's target slots are allies (not medivacs)
+    assert avail[0, 1, 6] == 1 and avail[0, 1, 7] == 0
     assert avail[0, 0, 6] == 0  # the dummy is out of range for the marine
     env.step(act(env, 1, 6))
     assert env.hp[0, 0].item() == pytest.approx(20 + 12.6 * STEP_S, abs=1e-3)
-    assert env.energy[0, 1].item() == pytest.approx(50 - 12.6 * STEP_S / 3 + 0.7875 * STEP_S, abs=1e-3)
+    assert env.energy[0, 1].item() == pytest.approx(
+        50 - 12.6 * STEP_S / 3 + 0.7875 * STEP_S, abs=1e-3
+    )
     for _ in range(10):
         env.step(act(env, 1, 6))
     assert env.hp[0, 0].item() == pytest.approx(45)  # capped at max hp
@@ -216,7 +241,12 @@ def test_death_win_and_reward():
     env = duel([("marine", 1)], [("marine", 1)], 5.0)
     env.hp[0, 1] = 3.0
     _, _, avail, reward, done, info = env.step(act(env, 6))
-    assert env.alive[0, 1] == 0 and bool(done[0]) and bool(info["won"][0]) and not bool(info["truncated"][0])
+    assert (
+        env.alive[0, 1] == 0
+        and bool(done[0])
+        and bool(info["won"][0])
+        and not bool(info["truncated"][0])
+    )
     scale = 20.0 / (10 + 200 + 45)
     assert reward[0].item() == pytest.approx((3 + 10 + 200) * scale, rel=1e-5)
     assert avail[0, 0, 6] == 0  # dead enemy
@@ -234,7 +264,8 @@ def test_loss_and_dead_agent():
     o, _, _ = env2._observe()
     assert torch.all(o[0, 0] == 0)  # and observes nothing
     assert not bool(done[0])
-    # Both marines at 1 hp: the marauder kills one per shot -> the battle is lost within a few steps.
+    # Both marines at 1 hp: the marauder kills one per shot -> the battle is lost within a few
+    # steps.
     for _ in range(6):
         _, _, _, r, done, info = env.step(act(env, 0, 0))
         if bool(done[0]):
@@ -244,13 +275,28 @@ def test_loss_and_dead_agent():
 
 @pytest.mark.parametrize("only_positive", [True, False])
 def test_reward_defeat_in_both_modes(only_positive):
-    spec = dict(agents=[("marine", 1)], enemies=[("marauder", 1)], limit=50, a_race="T", b_race="T", type_order=[],
-                size=(32.0, 32.0), gap=5.0)
-    env = smac_lite.BatchedSMAC(spec, seed=0, jitter=0.0, auto_reset=False, reward_defeat=-7.0,
-                                reward_only_positive=only_positive)
+    spec = dict(
+        agents=[("marine", 1)],
+        enemies=[("marauder", 1)],
+        limit=50,
+        a_race="T",
+        b_race="T",
+        type_order=[],
+        size=(32.0, 32.0),
+        gap=5.0,
+    )
+    env = smac_lite.BatchedSMAC(
+        spec,
+        seed=0,
+        jitter=0.0,
+        auto_reset=False,
+        reward_defeat=-7.0,
+        reward_only_positive=only_positive,
+    )
     env.reset()
     env.hp[0, 0] = 1.0
-    _, _, _, reward, done, info = env.step(act(env, 5))  # walk away without firing; the marauder kills it
+    # walk away without firing; the marauder kills it
+    _, _, _, reward, done, info = env.step(act(env, 5))
     assert bool(done[0]) and not bool(info["won"][0])
     # SMAC: negative mode also charges 0.5 x (the lost hp + 10 for the death).
     expected = -7.0 if only_positive else -7.0 - 0.5 * (1.0 + 10.0)
@@ -262,13 +308,16 @@ def test_time_limit_truncates():
     for t in range(7):
         _, _, _, _, done, info = env.step(act(env, 1))
         assert bool(done[0]) == (t == 6)
-    assert bool(info["truncated"][0]) and not bool(info["won"][0]) and not bool(info["terminated"][0])
+    assert (
+        bool(info["truncated"][0]) and not bool(info["won"][0]) and not bool(info["terminated"][0])
+    )
     assert int(info["episode_length"][0]) == 7
 
 
-# ---------------------------------------------------------------------------------------------- enemy behaviour
+# ---------------------------------------------------------------------------------------------- ene
 def test_enemy_keeps_its_target_while_in_range():
-    """SC2 auto-targeting: an enemy keeps shooting the ally it engaged even when another comes closer."""
+    """SC2 auto-targeting: an enemy keeps shooting the ally it engaged even when another comes
+    closer."""
     env = duel([("marine", 2)], [("marine", 1)], 5.0)
     env.x[0, 1] = 5.0  # the second ally starts far away
     env.step(act(env, 1, 1))
@@ -283,8 +332,9 @@ def test_enemy_keeps_its_target_while_in_range():
 
 @pytest.mark.parametrize("pursue", [False, True])
 def test_enemy_drops_a_target_that_leaves_weapon_range_unless_the_map_pursues(pursue):
-    """The engaged ally steps out of the enemy's weapon range (still within sight) while another ally is in range:
-    by default the enemy turns to the ally in range; on a map with pursue=True it follows the one it engaged."""
+    """The engaged ally steps out of the enemy's weapon range (still within sight) while another
+    ally is in range: by default the enemy turns to the ally in range; on a map with pursue=True it
+    follows the one it engaged."""
     env = duel([("marine", 2)], [("marine", 1)], 5.0, pursue=pursue)
     env.x[0, 1] = 5.0  # the second ally starts far away
     env.step(act(env, 1, 1))
@@ -293,10 +343,21 @@ def test_enemy_drops_a_target_that_leaves_weapon_range_unless_the_map_pursues(pu
     env.x[0, 0] = x_enemy - 7.5  # out of weapon range (5 + both radii), within sight (9)
     env.x[0, 1] = x_enemy - 5.0  # in range
     env.step(act(env, 1, 1))
-    if pursue:  # one step (1.125 map units) is not enough to close 7.5 to 5.75: nobody is hit, the enemy walks
-        assert env.hp[0, 1].item() == 45 and env.hp[0, 0].item() == hp0 and env.x[0, 2].item() < x_enemy - 1
-    else:  # it follows the engaged ally until its next re-evaluation (4 loops), then shoots the one in range
-        assert env.hp[0, 1].item() < 45 and env.hp[0, 0].item() == hp0 and env.x[0, 2].item() > x_enemy - 0.6
+    # one step (1.125 map units) is not enough to close 7.5 to 5.75: nobody is hit, the enemy walks
+    if pursue:
+        assert (
+            env.hp[0, 1].item() == 45
+            and env.hp[0, 0].item() == hp0
+            and env.x[0, 2].item() < x_enemy - 1
+        )
+    else:
+        # it follows the engaged ally until its next re-evaluation (4 loops), then shoots the one
+        # in range
+        assert (
+            env.hp[0, 1].item() < 45
+            and env.hp[0, 0].item() == hp0
+            and env.x[0, 2].item() > x_enemy - 0.6
+        )
 
 
 def test_enemy_prefers_a_threat_and_attack_moves_to_the_allies_start():
@@ -313,20 +374,36 @@ def test_enemy_prefers_a_threat_and_attack_moves_to_the_allies_start():
     env.y[0, 0] = 1.0
     for _ in range(10):
         env.step(act(env, 1))
-    assert env.x[0, 1].item() == pytest.approx(x_start, abs=1e-4) and env.y[0, 1].item() == pytest.approx(16.0)
+    assert env.x[0, 1].item() == pytest.approx(x_start, abs=1e-4) and env.y[
+        0, 1
+    ].item() == pytest.approx(16.0)
     assert env.hp[0, 0].item() == 45
 
 
-# ---------------------------------------------------------------------------------------------- layouts
+# ---------------------------------------------------------------------------------------------- lay
 # SMAC's (obs_shape, state_shape, n_actions) with default settings (state_last_action=True).
 SMAC_SHAPES = {
-    "3m": (30, 48, 9), "8m": (80, 168, 14), "25m": (250, 950, 31), "5m_vs_6m": (55, 98, 12),
-    "8m_vs_9m": (85, 179, 15), "10m_vs_11m": (105, 243, 17), "27m_vs_30m": (285, 1170, 36),
-    "MMM": (160, 290, 16), "MMM2": (176, 322, 18), "2s3z": (80, 120, 11), "3s5z": (128, 216, 14),
-    "3s5z_vs_3s6z": (136, 230, 15), "3s_vs_5z": (48, 68, 11), "2s_vs_1sc": (17, 27, 7), "6h_vs_8z": (78, 140, 14),
+    "3m": (30, 48, 9),
+    "8m": (80, 168, 14),
+    "25m": (250, 950, 31),
+    "5m_vs_6m": (55, 98, 12),
+    "8m_vs_9m": (85, 179, 15),
+    "10m_vs_11m": (105, 243, 17),
+    "27m_vs_30m": (285, 1170, 36),
+    "MMM": (160, 290, 16),
+    "MMM2": (176, 322, 18),
+    "2s3z": (80, 120, 11),
+    "3s5z": (128, 216, 14),
+    "3s5z_vs_3s6z": (136, 230, 15),
+    "3s_vs_5z": (48, 68, 11),
+    "2s_vs_1sc": (17, 27, 7),
+    "6h_vs_8z": (78, 140, 14),
     # Worked out by hand from SMAC's get_obs_size / get_state_size and its map registry.
-    "1c3s5z": (162, 270, 15), "corridor": (156, 282, 30), "so_many_baneling": (202, 397, 38),
-    "bane_vs_bane": (336, 984, 30), "2c_vs_64zg": (332, 342, 70),
+    "1c3s5z": (162, 270, 15),
+    "corridor": (156, 282, 30),
+    "so_many_baneling": (202, 397, 38),
+    "bane_vs_bane": (336, 984, 30),
+    "2c_vs_64zg": (332, 342, 70),
 }
 
 
@@ -341,7 +418,8 @@ def test_shapes_every_map(map_name):
     if map_name in SMAC_SHAPES:
         assert (env.obs_dim, env.state_dim, env.n_actions) == SMAC_SHAPES[map_name]
     assert obs.abs().max() <= 1.0 and state.abs().max() <= 1.0
-    assert torch.all(avail[:, :, 0] == 0) and torch.all(avail[:, :, 1] == 1)  # alive: no no-op, stop allowed
+    # alive: no no-op, stop allowed
+    assert torch.all(avail[:, :, 0] == 0) and torch.all(avail[:, :, 1] == 1)
     obs, state, avail, reward, done, info = env.step(random_policy(env, avail))
     assert reward.shape == (N,) and done.dtype == torch.bool
     assert info["won"].shape == (N,) and info["episode_return"].shape == (N,)
@@ -359,7 +437,8 @@ def test_obs_layout_3m():
     # enemy 0 at (+4, 0): attackable, dist 4/9, rel (4/9, 0), health 0.5
     assert o[4:9].tolist() == pytest.approx([1, 4 / 9, 4 / 9, 0, 0.5])
     assert o[9:14].tolist() == [0] * 5  # enemy 1 beyond sight
-    assert o[14:19].tolist() == pytest.approx([1, 13**0.5 / 9, 2 / 9, 3 / 9, 1])  # enemy 2: dist 3.6 <= 6
+    # enemy 2: dist 3.6 <= 6
+    assert o[14:19].tolist() == pytest.approx([1, 13**0.5 / 9, 2 / 9, 3 / 9, 1])
     assert o[19:24].tolist() == pytest.approx([1, 1 / 9, 0, 1 / 9, 1])  # ally 1
     assert o[24:29].tolist() == pytest.approx([1, 6 / 9, 0, -6 / 9, 1])  # ally 2
     assert o[29].item() == 1.0  # own health
@@ -368,7 +447,7 @@ def test_obs_layout_3m():
     assert state[0, 12:15].tolist() == pytest.approx([0.5, (14 - 16) / 32, 0])
 
 
-# ---------------------------------------------------------------------------------------------- batching, seeds
+# ---------------------------------------------------------------------------------------------- bat
 def test_batched_equals_single_battles():
     n, steps = 4, 130
     batched = smac_lite.BatchedSMAC("2s3z", num_envs=n, seed=3)
@@ -427,7 +506,7 @@ def test_reset_seed_restarts_stream():
     assert torch.equal(s0, s2) and not torch.equal(s0, s1)
 
 
-# ---------------------------------------------------------------------------------------------- reward, play
+# ---------------------------------------------------------------------------------------------- rew
 def test_max_reward_scale():
     env = smac_lite.BatchedSMAC("2s3z", num_envs=1)
     assert env.max_reward == 5 * 10 + 200 + 2 * 160 + 3 * 150
@@ -439,21 +518,25 @@ def test_perfect_win_returns_20_and_focus_fire_beats_random():
     won_rand, _, _, _ = play_battles("3m", "random", 64)
     assert (len_ff > 0).all()  # every battle finished within the episode limit
     assert won_ff.sum() > 0
-    # A won 3m battle has dealt every enemy hp, every kill and the win bonus: exactly SMAC's max return, 20.
+    # A won 3m battle has dealt every enemy hp, every kill and the win bonus: exactly SMAC's max
+    # return, 20.
     assert torch.allclose(ret_ff[won_ff], torch.full_like(ret_ff[won_ff], 20.0), atol=1e-4)
     assert ret_ff.max() <= 20.0 + 1e-4
     assert won_ff.float().mean() >= won_rand.float().mean() + 0.3
 
 
 def test_pulling_back_wins_5m_vs_6m_only_against_enemies_that_pursue():
-    """The rule that decides 5m_vs_6m (benchmark/smac_lite_rules.py): a damaged marine that steps back drags its
-    attackers out of the fight only if they follow it. Seeds 0-3 of 200-500 battles gave 0.00 and 0.93-0.96."""
+    """The rule that decides 5m_vs_6m (benchmark/smac_lite_rules.py): a damaged marine that steps
+    back drags its attackers out of the fight only if they follow it. Seeds 0-3 of 200-500 battles
+    gave 0.00 and 0.93-0.96."""
     won, _, _, _ = play_battles("5m_vs_6m", "pull_back", 100, seed=5)
-    won_pursue, _, _, _ = play_battles(dict(MAPS["5m_vs_6m"], pursue=True), "pull_back", 100, seed=5)
+    won_pursue, _, _, _ = play_battles(
+        dict(MAPS["5m_vs_6m"], pursue=True), "pull_back", 100, seed=5
+    )
     assert won.float().mean() <= 0.05 and won_pursue.float().mean() >= 0.8
 
 
-# ---------------------------------------------------------------------------------------------- PettingZoo, render
+# ---------------------------------------------------------------------------------------------- Pet
 @pytest.mark.parametrize("map_name", ["3m", "MMM"])
 def test_parallel_api(map_name):
     from pettingzoo.test import parallel_api_test

@@ -1,6 +1,7 @@
-"""Bad input to the tools of benchmark/ (the dataset maker, reevaluate.py): a one-line error "error: ..." on stderr and
-exit status 2, before anything is written. And every tool's --help works as the README runs it: `python
-benchmark/<tool>.py --help` from the repository root, with no PYTHONPATH."""
+"""Bad input to the tools of benchmark/ (the dataset maker, reevaluate.py): a one-line error "error:
+..." on stderr and exit status 2, before anything is written. And every tool's --help works as the
+README runs it: `python benchmark/<tool>.py --help` from the repository root, with no PYTHONPATH."""
+
 import os
 import shutil
 import subprocess
@@ -12,14 +13,31 @@ from benchmark import datasets, reevaluate
 from benchmark.runs import ALGOS
 
 ROOT = ALGOS.parent
-# The tools: each benchmark/*.py with a __main__ block (report.py must keep its own: it was run for its --help).
-TOOLS = sorted({p.name for p in (ROOT / "benchmark").glob("*.py") if 'if __name__ == "__main__"' in p.read_text()}
-               | {"report.py"})
-RANDOM_CARTPOLE = ["--kind", "random", "--env-id", "CartPole-v1", "--expert", "500", "--steps", "10"]
+# The tools: each benchmark/*.py with a __main__ block (report.py must keep its own: it was run for
+# its --help).
+TOOLS = sorted(
+    {
+        p.name
+        for p in (ROOT / "benchmark").glob("*.py")
+        if 'if __name__ == "__main__"' in p.read_text()
+    }
+    | {"report.py"}
+)
+RANDOM_CARTPOLE = [
+    "--kind",
+    "random",
+    "--env-id",
+    "CartPole-v1",
+    "--expert",
+    "500",
+    "--steps",
+    "10",
+]
 
 
 def one_line_error(capsys) -> str:
-    """The one line that the tool printed to stderr, after checking that it printed nothing to stdout."""
+    """The one line that the tool printed to stderr, after checking that it printed nothing to
+    stdout."""
     out = capsys.readouterr()
     lines = out.err.strip().splitlines()
     assert out.out == "", out.out
@@ -29,24 +47,34 @@ def one_line_error(capsys) -> str:
 
 @pytest.mark.parametrize("tool", TOOLS)
 def test_every_tool_shows_its_help_from_the_repository_root(tool):
-    """`python benchmark/<tool>.py --help` puts benchmark/, not the root, first on sys.path: a tool that imports
-    benchmark.* must put the root there itself (a fresh process: a forked one has benchmark imported already)."""
+    """`python benchmark/<tool>.py --help` puts benchmark/, not the root, first on sys.path: a tool
+    that imports benchmark.* must put the root there itself (a fresh process: a forked one has
+    benchmark imported already)."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    out = subprocess.run([sys.executable, f"benchmark/{tool}", "--help"], cwd=ROOT, env=env, capture_output=True,
-                         text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, f"benchmark/{tool}", "--help"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
 
 
 @pytest.mark.parametrize("name", ["model", "replay"])
 def test_a_policy_or_replay_file_is_checked_against_its_digest(name, tmp_path, capsys):
-    """A model.pt (or the replay.pt of --kind medium-replay) with 64 bytes flipped inside a tensor (torch.load still
-    reads it) and the digest it was saved with is refused, as is one with no .sha256 beside it: exit 2, one line, no
-    dataset. The copy as committed loads."""
+    """A model.pt (or the replay.pt of --kind medium-replay) with 64 bytes flipped inside a tensor
+    (torch.load still reads it) and the digest it was saved with is refused, as is one with no
+    .sha256 beside it: exit 2, one line, no dataset. The copy as committed loads."""
     policy = tmp_path / "policy"
     shutil.copytree(datasets.MEDIUM_DQN.parent, policy)
     path = policy / f"{name}.pt"
-    flags = ["--kind", "medium", "--policy", str(path)] if name == "model" else ["--kind", "medium-replay",
-                                                                                "--checkpoint", str(path)]
+    flags = (
+        ["--kind", "medium", "--policy", str(path)]
+        if name == "model"
+        else ["--kind", "medium-replay", "--checkpoint", str(path)]
+    )
     flags += ["--expert", "500", "--steps", "10", "--root", str(tmp_path / "d")]
     if name == "model":
         datasets.load_policy(path)
@@ -63,29 +91,47 @@ def test_a_policy_or_replay_file_is_checked_against_its_digest(name, tmp_path, c
     assert datasets.main(flags) == 2
     error = one_line_error(capsys)
     assert f"checked against {name}.sha256" in error and f"sha256sum {name}.pt" in error
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["policy"], "a refused dataset writes nothing"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["policy"], (
+        "a refused dataset writes nothing"
+    )
 
 
 def test_the_committed_policies_match_their_digests():
-    """Every model.pt (and replay.pt) under benchmark/policies/ has its model.sha256 (replay.sha256), and it matches."""
+    """Every model.pt (and replay.pt) under benchmark/policies/ has its model.sha256
+    (replay.sha256), and it matches."""
     files = sorted(datasets.POLICIES.glob("*/*.pt"))
     assert len(files) >= 8
     for path in files:
         datasets.check_digest(path)
 
 
-@pytest.mark.parametrize("flags, expected", [
-    (["--expert", "nan"], "must be a finite number"),
-    (["--expert", "inf"], "must be a finite number"),
-    (["--expert=-1e999"], "must be a finite number"),
-    (["--id", "bad id"], "is not a Minari dataset id"),
-    (["--id", "t/hopper-medium-v0"], "is not a Minari dataset id"),  # a one-letter namespace
-    (["--id", "canonrl/hopper/medium"], "is not a Minari dataset id"),  # no version
-    (["--id", "../../hopper-v0"], "is not a Minari dataset id"),
-    (["--root", "/proc/x"], "cannot be written"),
-    (["--root", "{tmp}/file/x"], "is not a folder"),
-    (["--seed", "-1"], "--seed must be >= 0"),
-], ids=["nan", "inf", "-inf", "space", "one-letter-namespace", "no-version", "dotdot", "proc", "under-a-file", "seed"])
+@pytest.mark.parametrize(
+    "flags, expected",
+    [
+        (["--expert", "nan"], "must be a finite number"),
+        (["--expert", "inf"], "must be a finite number"),
+        (["--expert=-1e999"], "must be a finite number"),
+        (["--id", "bad id"], "is not a Minari dataset id"),
+        (["--id", "t/hopper-medium-v0"], "is not a Minari dataset id"),  # a one-letter namespace
+        (["--id", "canonrl/hopper/medium"], "is not a Minari dataset id"),  # no version
+        (["--id", "../../hopper-v0"], "is not a Minari dataset id"),
+        (["--root", "/proc/x"], "cannot be written"),
+        (["--root", "{tmp}/file/x"], "is not a folder"),
+        (["--seed", "-1"], "--seed must be >= 0"),
+    ],
+    ids=[
+        "nan",
+        "inf",
+        "-inf",
+        "space",
+        "one-letter-namespace",
+        "no-version",
+        "dotdot",
+        "proc",
+        "under-a-file",
+        "seed",
+    ],
+)
 def test_the_maker_refuses_bad_numbers_ids_and_roots(flags, expected, tmp_path, capsys):
     """Each bad flag: exit 2, one line, before anything is rolled out or written."""
     (tmp_path / "file").write_text("a file, not a folder")
@@ -93,28 +139,35 @@ def test_the_maker_refuses_bad_numbers_ids_and_roots(flags, expected, tmp_path, 
     root = ["--root", str(tmp_path / "d")] if "--root" not in flags else []
     assert datasets.main(RANDOM_CARTPOLE + root + flags) == 2
     assert expected in one_line_error(capsys)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"], "a refused dataset writes nothing"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"], (
+        "a refused dataset writes nothing"
+    )
     assert not os.path.exists("/proc/x")
 
 
-@pytest.mark.parametrize("script", ["bc_continuous.py"])  # "script": the smoke_runs fixture groups tests by it
+# "script": the smoke_runs fixture groups tests by it
+@pytest.mark.parametrize("script", ["bc_continuous.py"])
 @pytest.mark.parametrize("case", ["seed", "episodes", "twice", "truncated"])
 def test_reevaluate_refuses_bad_input(script, case, smoke_runs, tmp_path, capsys):
-    """benchmark/reevaluate.py: --seed -1, --episodes 0, one run given twice (the second time by another path) and a
-    truncated checkpoint whose checkpoint.sha256 matches it are each one line, exit 2, before anything is played or
-    printed."""
+    """benchmark/reevaluate.py: --seed -1, --episodes 0, one run given twice (the second time by
+    another path) and a truncated checkpoint whose checkpoint.sha256 matches it are each one line,
+    exit 2, before anything is played or printed."""
     run = tmp_path / "run"
     smoke_runs(script, run)
     assert reevaluate.main([str(run), "--episodes", "1"]) == 0  # the run itself is fine
     capsys.readouterr()
     if case == "truncated":
         data = (run / "checkpoint.pt").read_bytes()
-        (run / "checkpoint.pt").write_bytes(data[:len(data) // 2])
+        (run / "checkpoint.pt").write_bytes(data[: len(data) // 2])
         (run / "checkpoint.sha256").write_text(datasets.sha256(run / "checkpoint.pt") + "\n")
-    argv, expected = {"seed": ([str(run), "--seed", "-1"], "--seed -1"),
-                      "episodes": ([str(run), "--episodes", "0"], "--episodes 0"),
-                      "twice": ([str(run), str(tmp_path / "." / "run" / ".." / "run"), "--episodes", "1"],
-                                "is given twice"),
-                      "truncated": ([str(run), "--episodes", "1"], "cannot be read as a checkpoint")}[case]
+    argv, expected = {
+        "seed": ([str(run), "--seed", "-1"], "--seed -1"),
+        "episodes": ([str(run), "--episodes", "0"], "--episodes 0"),
+        "twice": (
+            [str(run), str(tmp_path / "." / "run" / ".." / "run"), "--episodes", "1"],
+            "is given twice",
+        ),
+        "truncated": ([str(run), "--episodes", "1"], "cannot be read as a checkpoint"),
+    }[case]
     assert reevaluate.main(argv) == 2
     assert expected in one_line_error(capsys)
