@@ -733,9 +733,21 @@ def env_spaces(env_id: str):
     fail(error)
 
 
+# The ranges a flag may be given, by the name its error message shows (plain code, no eval).
+RANGES = {
+    "x >= 0": lambda x: x >= 0,
+    "x >= 1": lambda x: x >= 1,
+    "x >= 2": lambda x: x >= 2,
+    "x > 0": lambda x: x > 0,
+    "0 <= x <= 1": lambda x: 0 <= x <= 1,
+    "0 < x <= 1": lambda x: 0 < x <= 1,
+    "0 < x < 1": lambda x: 0 < x < 1,
+}
+
+
 def check_ranges(args, rules: dict):
-    """Fail on the first flag outside its range; a rule is a condition on x, the flag's value (e.g.
-    "0 <= x <= 1")."""
+    """Fail on a flag that is not a finite number or lies outside its range: rules maps a flag to
+    one of RANGES (e.g. "0 <= x <= 1")."""
     rules = {
         "total_timesteps": "x >= 1",
         "eval_episodes": "x >= 0",
@@ -747,8 +759,8 @@ def check_ranges(args, rules: dict):
         if isinstance(x, float) and not np.isfinite(x):
             fail(f"--{name.replace('_', '-')} {x} is not a finite number")
     for name, rule in rules.items():
-        # the rules are literals of this file
-        if (x := getattr(args, name)) is not None and not eval(rule, {"x": x}):
+        x = getattr(args, name)
+        if x is not None and not RANGES[rule](x):
             fail(f"--{name.replace('_', '-')} {x} is out of range: it must satisfy {rule}")
 
 

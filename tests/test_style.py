@@ -82,6 +82,22 @@ def test_one_statement_per_line_without_backslashes(path):
     assert backslash_continuations(source) == [], "a backslash continuation: use brackets"
 
 
+def string_evaluations(source: str) -> list[int]:
+    """The lines that call the builtins eval or exec: no string runs as code."""
+    return [
+        node.lineno
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id in ("eval", "exec")
+    ]
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_no_string_is_evaluated_as_code(path):
+    assert string_evaluations(path.read_text()) == [], "eval/exec of a string: write plain code"
+
+
 # status, not description: a CI gate, seed lists ("seeds 1-10", "10 seeds", "seed 3"), evidence
 STATUS = re.compile(r"\bCI\b|\bgates?\b|(?<![-\w])seeds? \d|\d+ seeds\b|\bevidence\b", re.I)
 
