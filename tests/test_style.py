@@ -19,7 +19,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 EXCLUDED = set(
-    tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["ruff"]["extend-exclude"]
+    tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["ruff"].get("extend-exclude", [])
 )
 SOURCES = sorted(
     p
