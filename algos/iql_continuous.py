@@ -212,11 +212,12 @@ def awr_weights(advantage, beta, max_weight):
     return torch.exp(beta * advantage.detach()).clamp(max=max_weight)
 
 
+# ---- shared: offline_reward/reward_scale ----
 def reward_scale(dataset) -> float:
-    """1000 / (max - min return of the dataset's episodes): the reward normalisation of IQL on D4RL
-    MuJoCo. Without a spread (one episode, or equal returns) there is no scale: a one-line error,
-    not rewards times 1e9; the hyperparameters assume scaled rewards, so training on the raw ones is
-    the user's choice (--no-normalize-reward)."""
+    """1000 / (max - min return of the dataset's episodes): CORL's reward normalisation of IQL and
+    CQL on D4RL MuJoCo. Without a spread (one episode, or equal returns) there is no scale: a
+    one-line error, not rewards times 1e9; the hyperparameters assume scaled rewards, so training
+    on the raw ones is the user's choice (--no-normalize-reward)."""
     returns = [float(np.sum(episode.rewards)) for episode in dataset.iterate_episodes()]
     spread = max(returns) - min(returns)
     # round-off between equal returns included
@@ -227,6 +228,9 @@ def reward_scale(dataset) -> float:
             f"return {returns[0]:.2f}; pass --no-normalize-reward"
         )
     return 1000.0 / spread
+
+
+# ---- end shared: offline_reward/reward_scale ----
 
 
 # ---- shared: offline/dataset ----

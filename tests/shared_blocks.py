@@ -69,6 +69,8 @@ FAMILIES = {
         "cql_continuous.py",
     },
     "offline_discrete": {"bc_discrete.py", "cql_discrete.py"},
+    # the scripts that scale rewards by the dataset's spread of episode returns
+    "offline_reward": {"iql_continuous.py", "cql_continuous.py"},
 }
 BLOCK = re.compile(
     r"^([ \t]*)# ---- shared: (\S+) ----\n(.*?)^\1# ---- end shared: \2 ----\n", re.M | re.S
