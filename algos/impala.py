@@ -242,6 +242,7 @@ def impala_loss(logprob, entropy, value, vs, pg_advantages, ent_coef, vf_coef):
     return loss, {k: v.detach() for k, v in stats.items()}
 
 
+# ---- shared: bootstrap/bootstrap_time_limits ----
 def bootstrap_time_limits(reward, terminated, truncated, infos, value_fn, gamma):
     """A time limit is not part of the task (Pardo et al. 2018): where an episode was truncated, add
     gamma * V(s_final) to its last reward, one value_fn call for all (same-step autoreset keeps
@@ -252,6 +253,9 @@ def bootstrap_time_limits(reward, terminated, truncated, infos, value_fn, gamma)
     return reward + np.bincount(
         idx, gamma * value_fn(np.stack(infos["final_obs"][idx])), len(reward)
     )
+
+
+# ---- end shared: bootstrap/bootstrap_time_limits ----
 
 
 class RolloutActor:

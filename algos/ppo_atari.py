@@ -194,6 +194,7 @@ def compute_gae(rewards, values, dones, next_value, gamma, gae_lambda):
 # ---- end shared: gae/compute_gae ----
 
 
+# ---- shared: bootstrap/bootstrap_time_limits ----
 def bootstrap_time_limits(reward, terminated, truncated, infos, value_fn, gamma):
     """A time limit is not part of the task (Pardo et al. 2018): where an episode was truncated, add
     gamma * V(s_final) to its last reward, one value_fn call for all (same-step autoreset keeps
@@ -204,6 +205,9 @@ def bootstrap_time_limits(reward, terminated, truncated, infos, value_fn, gamma)
     return reward + np.bincount(
         idx, gamma * value_fn(np.stack(infos["final_obs"][idx])), len(reward)
     )
+
+
+# ---- end shared: bootstrap/bootstrap_time_limits ----
 
 
 # ---- shared: ppo/ppo_loss ----

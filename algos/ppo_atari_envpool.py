@@ -208,6 +208,8 @@ def compute_gae(rewards, values, dones, next_value, gamma, gae_lambda):
 # ---- end shared: gae/compute_gae ----
 
 
+# Not the bootstrap/bootstrap_time_limits block of the gymnasium scripts on purpose: envpool gives
+# the final observation as next_obs, not in infos["final_obs"].
 def bootstrap_time_limits(reward, terminated, truncated, next_obs, value_fn, gamma):
     """A time limit is not part of the task (Pardo et al. 2018): where an episode was truncated, add
     gamma * V(s_final) to its last reward, one value_fn call for all (envpool returns s_final as

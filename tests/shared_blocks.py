@@ -69,6 +69,15 @@ FAMILIES = {
         "cql_continuous.py",
     },
     "offline_discrete": {"bc_discrete.py", "cql_discrete.py"},
+    # the on-policy scripts on gymnasium vector envs (ppo_atari_envpool.py's envpool differs)
+    "bootstrap": {
+        "a2c.py",
+        "impala.py",
+        "ppo.py",
+        "ppo_atari.py",
+        "ppo_atari_multigpu.py",
+        "ppo_continuous.py",
+    },
     # the scripts that scale rewards by the dataset's spread of episode returns
     "offline_reward": {"iql_continuous.py", "cql_continuous.py"},
 }
