@@ -86,22 +86,32 @@ class Args:
     # ---- end shared: args ----
 
 
-# ---- shared: offline_discrete/make_env ----
+# ---- shared: minatar/register_minatar ----
 MINATAR = {
     f"MinAtar/{game.title().replace('_', '')}-v1": game
     for game in ("asterix", "breakout", "freeway", "seaquest", "space_invaders")
 }
-# registered here (pip install minatar): importing minatar takes 1 s
-for _id, _game in MINATAR.items():
-    if _id not in gym.registry:
-        gym.register(
-            _id,
-            "minatar.gym:BaseEnv",
-            max_episode_steps=10_000,
-            kwargs=dict(game=_game, use_minimal_action_set=True),
-        )
 
 
+def register_minatar():
+    """Register the MinAtar/<Game>-v1 ids (pip install minatar) here: importing minatar takes 1 s.
+    Called at import, and by each of impala.py's actors: a Ray actor's process does not run this
+    file's top level."""
+    for env_id, game in MINATAR.items():
+        if env_id not in gym.registry:
+            gym.register(
+                env_id,
+                "minatar.gym:BaseEnv",
+                max_episode_steps=10_000,
+                kwargs=dict(game=game, use_minimal_action_set=True),
+            )
+
+
+register_minatar()
+# ---- end shared: minatar/register_minatar ----
+
+
+# ---- shared: offline_discrete/make_env ----
 def make_env(env_id, video_dir=None):
     """env_id (a MinAtar game's observation is its (10, 10, channels) grid of booleans, as its
     datasets hold it); with video_dir, episode 0 is recorded there as eval-episode-0.mp4

@@ -104,6 +104,7 @@ class Args:
     # ---- end shared: args ----
 
 
+# ---- shared: minatar/register_minatar ----
 MINATAR = {
     f"MinAtar/{game.title().replace('_', '')}-v1": game
     for game in ("asterix", "breakout", "freeway", "seaquest", "space_invaders")
@@ -111,8 +112,9 @@ MINATAR = {
 
 
 def register_minatar():
-    """Register the MinAtar/<Game>-v1 ids here (importing minatar takes 1 s). Called at import and
-    by each actor: a Ray actor's process does not run this file's top level."""
+    """Register the MinAtar/<Game>-v1 ids (pip install minatar) here: importing minatar takes 1 s.
+    Called at import, and by each of impala.py's actors: a Ray actor's process does not run this
+    file's top level."""
     for env_id, game in MINATAR.items():
         if env_id not in gym.registry:
             gym.register(
@@ -124,6 +126,7 @@ def register_minatar():
 
 
 register_minatar()
+# ---- end shared: minatar/register_minatar ----
 
 
 def make_env(env_id, video_dir=None):

@@ -122,17 +122,33 @@ class Args:
     # ---- end shared: args ----
 
 
+# ---- shared: minatar/register_minatar ----
+MINATAR = {
+    f"MinAtar/{game.title().replace('_', '')}-v1": game
+    for game in ("asterix", "breakout", "freeway", "seaquest", "space_invaders")
+}
+
+
+def register_minatar():
+    """Register the MinAtar/<Game>-v1 ids (pip install minatar) here: importing minatar takes 1 s.
+    Called at import, and by each of impala.py's actors: a Ray actor's process does not run this
+    file's top level."""
+    for env_id, game in MINATAR.items():
+        if env_id not in gym.registry:
+            gym.register(
+                env_id,
+                "minatar.gym:BaseEnv",
+                max_episode_steps=10_000,
+                kwargs=dict(game=game, use_minimal_action_set=True),
+            )
+
+
+register_minatar()
+# ---- end shared: minatar/register_minatar ----
+
+
 # ---- shared: atari/make_env ----
 gym.register_envs(ale_py)  # the ALE/<Game>-v5 and <Game>NoFrameskip-v4 ids
-# MinAtar/<Game>-v1 (pip install minatar)
-for game in ("asterix", "breakout", "freeway", "seaquest", "space_invaders"):
-    gym.register(
-        f"MinAtar/{game.title().replace('_', '')}-v1",
-        "minatar.gym:BaseEnv",
-        max_episode_steps=10_000,
-        # registered here: importing minatar takes 1 s
-        kwargs=dict(game=game, use_minimal_action_set=True),
-    )
 
 
 def minatar_frame(obs):

@@ -78,6 +78,17 @@ FAMILIES = {
         "ppo_atari_multigpu.py",
         "ppo_continuous.py",
     },
+    # the scripts that take MinAtar/<Game>-v1 ids
+    "minatar": {
+        "dqn_atari.py",
+        "ddqn_atari.py",
+        "c51_atari.py",
+        "iqn_atari.py",
+        "sac_atari.py",
+        "impala.py",
+        "bc_discrete.py",
+        "cql_discrete.py",
+    },
     # the scripts that scale rewards by the dataset's spread of episode returns
     "offline_reward": {"iql_continuous.py", "cql_continuous.py"},
 }
