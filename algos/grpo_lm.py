@@ -119,6 +119,7 @@ class Args:
     # ---- end shared: args ----
 
 
+# ---- shared: lm/model ----
 def load_task(path: Path) -> dict:
     """The task file: {"name", "max_new_tokens", "train": [[prompt, answer], ...], "heldout"}."""
     return json.loads(Path(path).read_text())
@@ -151,7 +152,7 @@ class Policy(nn.Module):
         self.pad_id = pad_id
         self.eos_id = eos_id
 
-    def forward(self, ids, mask, past_key_values=None, positions=None):
+    def forward(self, ids, mask, past_key_values=None, positions=None, hidden=False):
         if positions is None:
             positions = (mask.cumsum(-1) - 1).clamp(min=0)
         return self.lm(
@@ -160,16 +161,19 @@ class Policy(nn.Module):
             position_ids=positions,
             past_key_values=past_key_values,
             use_cache=past_key_values is not None,
+            output_hidden_states=hidden,
         )
 
     def token_logprobs(self, ids, mask, n_prompt: int, temperature: float = 1.0):
-        """Log-probabilities and entropies of the tokens ids[:, n_prompt:] (the completions) under
-        the policy at `temperature`, one forward pass over prompt and completion."""
-        logits = self(ids, mask).logits[:, n_prompt - 1 : -1].float() / temperature
+        """Log-probabilities and entropies (B, T) of the tokens ids[:, n_prompt:] (the completions)
+        under the policy at `temperature`, and the last layer's states (B, T, hidden) at the
+        positions that predict them (a value head reads these): one forward pass."""
+        out = self(ids, mask, hidden=True)
+        logits = out.logits[:, n_prompt - 1 : -1].float() / temperature
         logp = torch.log_softmax(logits, dim=-1)
         token_logp = logp.gather(-1, ids[:, n_prompt:, None]).squeeze(-1)
         entropy = -(logp.exp() * logp).sum(-1)
-        return token_logp, entropy
+        return token_logp, entropy, out.hidden_states[-1][:, n_prompt - 1 : -1]
 
     @torch.no_grad()
     def generate(
@@ -207,6 +211,51 @@ class Policy(nn.Module):
         completions = nn.functional.pad(torch.stack(tokens, 1), pad, value=self.pad_id)
         c_mask = nn.functional.pad(torch.stack(alive, 1).long(), pad)
         return completions, c_mask, nn.functional.pad(torch.stack(logps, 1), pad)
+
+
+def encode_prompts(tokenizer, prompts: list[str], device):
+    """(ids, mask) of prompts padded on the left to the longest."""
+    tokenizer.padding_side = "left"
+    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    return enc["input_ids"].to(device), enc["attention_mask"].to(device)
+
+
+@torch.no_grad()
+def evaluate(
+    policy, tokenizer, pairs: list, max_new_tokens: int, device="cpu", batch_size: int = 500
+):
+    """Greedy completions of held-out [prompt, answer] pairs; returns one reward per prompt."""
+    rewards = []
+    for start in range(0, len(pairs), batch_size):
+        chunk = pairs[start : start + batch_size]
+        ids, mask = encode_prompts(tokenizer, [p for p, _ in chunk], device)
+        completions, _, _ = policy.generate(ids, mask, max_new_tokens, greedy=True)
+        texts = completion_texts(tokenizer, completions)
+        rewards += [reward(text, answer) for text, (_, answer) in zip(texts, chunk)]
+    return rewards
+
+
+def load_policy(model: str, device="cpu"):
+    """(Policy, tokenizer) from a from_pretrained directory or id (a directory may be given relative
+    to the repository: the default base)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()  # the weights of a small model load at once
+    path = find(model)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    lm = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    return Policy(lm, tokenizer.pad_token_id, tokenizer.eos_token_id).to(device), tokenizer
+
+
+def find(path: str) -> str:
+    """path as given, or relative to the repository root where it exists only there."""
+    if not Path(path).exists() and (ALGOS.parent / path).exists():
+        return str(ALGOS.parent / path)
+    return path
+
+
+# ---- end shared: lm/model ----
 
 
 def group_advantages(rewards, scale: bool = True, baseline: str = "mean", eps: float = 1e-4):
@@ -275,28 +324,6 @@ def clipped_loss(
     return loss, {k: v.detach() for k, v in stats.items()}
 
 
-def encode_prompts(tokenizer, prompts: list[str], device):
-    """(ids, mask) of prompts padded on the left to the longest."""
-    tokenizer.padding_side = "left"
-    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
-    return enc["input_ids"].to(device), enc["attention_mask"].to(device)
-
-
-@torch.no_grad()
-def evaluate(
-    policy, tokenizer, pairs: list, max_new_tokens: int, device="cpu", batch_size: int = 500
-):
-    """Greedy completions of held-out [prompt, answer] pairs; returns one reward per prompt."""
-    rewards = []
-    for start in range(0, len(pairs), batch_size):
-        chunk = pairs[start : start + batch_size]
-        ids, mask = encode_prompts(tokenizer, [p for p, _ in chunk], device)
-        completions, _, _ = policy.generate(ids, mask, max_new_tokens, greedy=True)
-        texts = completion_texts(tokenizer, completions)
-        rewards += [reward(text, answer) for text, (_, answer) in zip(texts, chunk)]
-    return rewards
-
-
 def sample_groups(
     policy,
     tokenizer,
@@ -339,26 +366,6 @@ def keep_groups(rounds: list, num_prompts: int, group_size: int) -> dict:
             parts = [b[key][keep.repeat_interleave(group_size)] for b, keep in rounds]
             batch[key] = torch.cat(parts)[: num_prompts * group_size]
     return batch
-
-
-def load_policy(model: str, device="cpu"):
-    """(Policy, tokenizer) from a from_pretrained directory or id (a directory may be given relative
-    to the repository: the default base)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging
-
-    logging.disable_progress_bar()  # the weights of a small model load at once
-    path = find(model)
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    lm = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    return Policy(lm, tokenizer.pad_token_id, tokenizer.eos_token_id).to(device), tokenizer
-
-
-def find(path: str) -> str:
-    """path as given, or relative to the repository root where it exists only there."""
-    if not Path(path).exists() and (ALGOS.parent / path).exists():
-        return str(ALGOS.parent / path)
-    return path
 
 
 def main(args: Args):
@@ -424,14 +431,14 @@ def main(args: Args):
         full_mask = torch.cat([b["mask"], b["c_mask"]], dim=1)
         n_prompt = b["ids"].shape[1]
         with torch.no_grad():
-            ref_logp, _ = reference.token_logprobs(full_ids, full_mask, n_prompt, args.temperature)
+            ref_logp, _, _ = reference.token_logprobs(full_ids, full_mask, n_prompt, args.temperature)
         policy.train()
         n = len(full_ids)
         for epoch in range(args.update_epochs):
             perm = torch.randperm(n, device=device)
             for start in range(0, n, minibatch):
                 mb = perm[start : start + minibatch]
-                logp, entropy = policy.token_logprobs(
+                logp, entropy, _ = policy.token_logprobs(
                     full_ids[mb], full_mask[mb], n_prompt, args.temperature
                 )
                 loss, stats = clipped_loss(
@@ -499,24 +506,6 @@ def main(args: Args):
     logger.close(results)
 
 
-def log_eval(logger, step: int, results: dict):
-    """eval/accuracy (share of held-out prompts answered exactly), eval/reward (mean reward)."""
-    rewards = results["eval/episodic_return"]
-    if len(rewards):
-        logger.log(
-            step,
-            {
-                "eval/accuracy": float(np.mean(np.asarray(rewards) == 1.0)),
-                "eval/reward": float(np.mean(rewards)),
-            },
-        )
-        logger.bar.set_postfix(acc=f"{np.mean(rewards):.3f}", refresh=False)
-
-
-def task_path(args: Args) -> Path:
-    return Path(find(args.task)) if args.task else Path(find(args.model)) / "task.json"
-
-
 def check_args(args: Args):
     check_ranges(
         args,
@@ -550,19 +539,40 @@ def check_args(args: Args):
             f"--total-timesteps {args.total_timesteps} is less than one update "
             f"(--num-prompts {args.num_prompts})"
         )
-    check_task(args)
+    task = check_task(args)
+    if len(task["train"]) < args.num_prompts:
+        fail(f"--num-prompts {args.num_prompts} exceeds the {len(task['train'])} train prompts")
 
 
-def check_task(args: Args):
-    """The model's config and tokenizer, then the task file, before anything is written."""
-    from transformers import AutoConfig, AutoTokenizer
+# ---- shared: lm/checks ----
+def log_eval(logger, step: int, results: dict):
+    """eval/accuracy (share of held-out prompts answered exactly), eval/reward (mean reward)."""
+    rewards = results["eval/episodic_return"]
+    if len(rewards):
+        logger.log(
+            step,
+            {
+                "eval/accuracy": float(np.mean(np.asarray(rewards) == 1.0)),
+                "eval/reward": float(np.mean(rewards)),
+            },
+        )
+        logger.last_return = float(np.mean(rewards))  # the progress bar's (ret=)
 
+
+def task_path(args) -> Path:
+    return Path(find(args.task)) if args.task else Path(find(args.model)) / "task.json"
+
+
+def check_task(args) -> dict:
+    """The model (config, weights, tokenizer), then the task file, before anything is written.
+    Returns the task."""
     try:
-        config = AutoConfig.from_pretrained(find(args.model))
-        tokenizer = AutoTokenizer.from_pretrained(find(args.model))
+        policy, tokenizer = load_policy(args.model)
     except Exception as e:
         reason = (str(e).strip() or " ").splitlines()[0][:120]
         fail(f"--model {args.model} does not load ({type(e).__name__}: {reason})")
+    if not finite(policy.state_dict()):
+        fail(f"--model {args.model} holds weights that are not finite numbers")
     if tokenizer.pad_token_id is None or tokenizer.eos_token_id is None:
         fail(f"the tokenizer of --model {args.model} has no pad or no end (eos) token")
     path = task_path(args)
@@ -579,15 +589,17 @@ def check_task(args: Args):
             f"{args.env_id} is not the task of {path} (it holds task '{names}'){hint}",
             *other_family(args.env_id),
         )
-    if len(task["train"]) < args.num_prompts:
-        fail(f"--num-prompts {args.num_prompts} exceeds the {len(task['train'])} train prompts")
     longest = max(len(x) for x in tokenizer(prompts, add_special_tokens=False)["input_ids"])
-    context = getattr(config, "max_position_embeddings", None)
+    context = getattr(policy.lm.config, "max_position_embeddings", None)
     if context is not None and longest + max_new_tokens > context:
         fail(
             f"prompts of up to {longest} tokens + --max-new-tokens {max_new_tokens} exceed the "
             f"model's context of {context} tokens"
         )
+    return task
+
+
+# ---- end shared: lm/checks ----
 
 
 # ---- shared: helpers ----

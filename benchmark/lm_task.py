@@ -7,14 +7,19 @@ one (no end token within the completion budget). Train and held-out prompt sets:
 The base: a character-level LlamaForCausalLM (0.8M parameters) trained by supervised fine-tuning
 until its greedy accuracy is in the middle, so that RL has room to improve it. task.json beside the
 weights holds the prompts and answers; base.json the recipe, commit, seed and held-out accuracy.
+Preference pairs for dpo_lm.py (preferences.json beside the weights): the model's own samples on
+the train prompts, a correct completion chosen over a wrong one of the same prompt.
 
     python benchmark/lm_task.py --out benchmark/policies/lm-addition-base
+    python benchmark/lm_task.py --pairs benchmark/policies/lm-addition-base
 """
 
 import argparse
+import hashlib
 import json
 import random
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -23,6 +28,7 @@ import transformers
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+ROOT = Path(__file__).resolve().parent.parent
 TASK = "addition-v0"
 CHARS = "0123456789+="
 PAD, EOS = "<pad>", "<eos>"
@@ -161,6 +167,48 @@ def write_task(out: Path, train: list[str], heldout: list[str]):
     (out / "task.json").write_text(json.dumps(task, separators=(",", ":")) + "\n")
 
 
+def make_pairs(model_dir: Path, samples: int, seed: int) -> dict:
+    """Preference pairs from the model's own samples: `samples` completions (temperature 1) of
+    every train prompt; a prompt with a correct one and a wrong one gives the pair [prompt, the
+    first correct, the first wrong]. A wrong completion is one that ended with the end token: a
+    truncated one has no text to prefer against. The file names its task and the SHA-256 of the
+    weights it was sampled from."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from benchmark.runs import load_script
+
+    lm = load_script("grpo_lm.py")  # its Policy samples as the LM scripts do
+    policy, tokenizer = lm.load_policy(str(model_dir))
+    policy.eval()
+    task = lm.load_task(model_dir / "task.json")
+    torch.manual_seed(seed)
+    pairs = []
+    for start in range(0, len(task["train"]), 1000):
+        chunk = task["train"][start : start + 1000]
+        ids, mask = lm.encode_prompts(tokenizer, [p for p, _ in chunk], "cpu")
+        ids, mask = ids.repeat_interleave(samples, 0), mask.repeat_interleave(samples, 0)
+        completions, _, _ = policy.generate(ids, mask, task["max_new_tokens"])
+        texts = lm.completion_texts(tokenizer, completions)
+        for i, (prompt, answer_) in enumerate(chunk):
+            group = texts[i * samples : (i + 1) * samples]
+            right = [t for t in group if t == answer_]
+            wrong = [t for t in group if t is not None and t != answer_]
+            if right and wrong:
+                pairs.append([prompt, right[0], wrong[0]])
+    with open(model_dir / "model.safetensors", "rb") as f:
+        digest = hashlib.file_digest(f, "sha256").hexdigest()
+    return {
+        "task": task["name"],
+        "model_sha256": digest,
+        "command": f"python benchmark/lm_task.py --pairs {model_dir} --samples {samples} "
+        f"--seed {seed}",
+        "commit": commit(),
+        "samples_per_prompt": samples,
+        "seed": seed,
+        "pairs": pairs,
+    }
+
+
 def commit() -> str:
     """The short commit of HEAD, with -dirty when this file differs from it."""
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
@@ -174,7 +222,11 @@ def main():
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--out", type=Path, required=True, help="directory to write")
+    p.add_argument("--out", type=Path, help="directory to write the task and base model to")
+    p.add_argument(
+        "--pairs", type=Path, help="write preferences.json into this model directory instead"
+    )
+    p.add_argument("--samples", type=int, default=4, help="--pairs: completions per prompt")
     p.add_argument("--steps", type=int, default=2000, help="most SFT steps")
     p.add_argument(
         "--target",
@@ -187,6 +239,16 @@ def main():
     p.add_argument("--seed", type=int, default=1, help="seed of the initialisation and batches")
     a = p.parse_args()
     torch.set_num_threads(1)
+    if a.pairs:
+        if not (a.pairs / "task.json").is_file() or a.samples < 2:
+            p.error("--pairs needs a model directory with task.json, and --samples >= 2")
+        prefs = make_pairs(a.pairs, a.samples, a.seed)
+        out = a.pairs / "preferences.json"
+        out.write_text(json.dumps(prefs, separators=(",", ":")) + "\n")
+        print(f"{len(prefs['pairs'])} preference pairs written to {out}")
+        return
+    if a.out is None:
+        p.error("pass --out DIR (a new task and base) or --pairs MODEL_DIR")
     start = time.time()
     model, tokenizer, steps = train_base(a.steps, a.batch_size, a.lr, a.seed, a.target)
     seconds = time.time() - start

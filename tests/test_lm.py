@@ -140,7 +140,7 @@ def test_sampling_log_probs_equal_a_forward_pass(grpo, base):
     torch.manual_seed(0)
     completions, c_mask, sampled = policy.generate(ids, mask, 5, temperature=1.3)
     full = torch.cat([ids, completions], 1)
-    recomputed, _ = policy.token_logprobs(full, torch.cat([mask, c_mask], 1), ids.shape[1], 1.3)
+    recomputed, _, _ = policy.token_logprobs(full, torch.cat([mask, c_mask], 1), ids.shape[1], 1.3)
     assert c_mask.sum() > len(ids) and (c_mask == 0).any(), "some completions end early"
     assert torch.allclose(recomputed * c_mask, sampled, atol=1e-5)
     greedy, _, _ = policy.generate(ids, mask, 5, greedy=True)
@@ -161,7 +161,7 @@ def test_prompt_and_padding_tokens_get_no_gradient(grpo, base):
 
     hook = policy.lm.lm_head.register_forward_hook(keep)
     full = torch.cat([ids, completions], 1)
-    logp, _ = policy.token_logprobs(full, torch.cat([mask, c_mask], 1), ids.shape[1])
+    logp, _, _ = policy.token_logprobs(full, torch.cat([mask, c_mask], 1), ids.shape[1])
     hook.remove()
     loss, _ = grpo.clipped_loss(logp, old, torch.randn(len(ids)), c_mask, 0.2, 0.2, "token", 5)
     loss.backward()
