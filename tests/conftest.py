@@ -277,6 +277,30 @@ SMOKE = {
         "--eval-prompts",
         "20",
     ],
+    # 4 updates of 16 prompts, one completion each, 20 held-out prompts
+    "ppo_lm.py": [
+        "--env-id",
+        "addition-v0",
+        "--total-timesteps",
+        "64",
+        "--num-prompts",
+        "16",
+        "--num-minibatches",
+        "2",
+        "--eval-prompts",
+        "20",
+    ],
+    # 4 updates of 16 preference pairs, 20 held-out prompts
+    "dpo_lm.py": [
+        "--env-id",
+        "addition-v0",
+        "--total-timesteps",
+        "64",
+        "--batch-size",
+        "16",
+        "--eval-prompts",
+        "20",
+    ],
 }
 # The multi-agent scripts. smac_lite: --env-id is a map; they log the team return and the win rate.
 # MPE: an mpe2 task; they log the per-agent mean return.
@@ -287,6 +311,8 @@ ENV_TYPO = {
     **{s: ("3mm", "3m") for s in SMAC_LITE},
     **{s: ("simple_spred_v3", "simple_spread_v3") for s in MPE},
     "grpo_lm.py": ("additon-v0", "addition-v0"),
+    "dpo_lm.py": ("additon-v0", "addition-v0"),
+    "ppo_lm.py": ("additon-v0", "addition-v0"),
 }
 # An env of the action space the script does not handle, and a word its error line must contain.
 DISCRETE = {
@@ -304,11 +330,13 @@ DISCRETE = {
     "ppo_atari_multigpu.py",
     "sac_atari.py",
     "grpo_lm.py",
+    "dpo_lm.py",
+    "ppo_lm.py",
     *OFFLINE_DISCRETE,
 }
 WRONG_ENV = {
     s: ("CartPole-v1", "task")
-    if s == "grpo_lm.py"
+    if s in ("grpo_lm.py", "dpo_lm.py", "ppo_lm.py")
     else ("Hopper-v4", "discrete")
     if s in DISCRETE
     else ("CartPole-v1", "map")
@@ -352,6 +380,8 @@ LONG = {
     "bc_discrete.py": 3000,
     "cql_discrete.py": 3000,
     "grpo_lm.py": 800,
+    "dpo_lm.py": 3200,
+    "ppo_lm.py": 1600,
 }
 
 
@@ -387,6 +417,8 @@ FAMILY = {
     **{s: "mpe" for s in MPE},
     **{s: "offline" for s in OFFLINE},
     "grpo_lm.py": "lm",
+    "dpo_lm.py": "lm",
+    "ppo_lm.py": "lm",
 }
 REPRESENTATIVE = {
     "classic": "ppo.py",

@@ -54,6 +54,7 @@ FAMILIES = {
         "vdn_smac_lite.py",
     },
     "qmix": {"qmix_smac_lite.py", "vdn_smac_lite.py"},
+    "lm": {"grpo_lm.py", "dpo_lm.py", "ppo_lm.py"},
     "offline": {
         "bc_continuous.py",
         "td3_bc_continuous.py",

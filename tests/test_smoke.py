@@ -51,7 +51,7 @@ def actor_states(state: dict) -> list[dict]:
 
 
 def reloaded_lm(module, saved: dict, episodes: int) -> list[float]:
-    """grpo_lm.py: the run's --model with the saved weights, greedy on the run's held-out
+    """The LM scripts: the run's --model with the saved weights, greedy on the run's held-out
     prompts."""
     args = module.Args(**saved["args"])
     policy, tokenizer = module.load_policy(args.model)
@@ -162,6 +162,8 @@ RELOAD = {
         loaded(m, "QNetwork", s, "q_network", "obs_shape", "n_actions"), *a
     ),
     "grpo_lm.py": lambda m, s, env, episodes, _: reloaded_lm(m, s, episodes),
+    "dpo_lm.py": lambda m, s, env, episodes, _: reloaded_lm(m, s, episodes),
+    "ppo_lm.py": lambda m, s, env, episodes, _: reloaded_lm(m, s, episodes),
 }
 
 
@@ -215,6 +217,8 @@ def test_run_contract_and_saved_model(smoke_script, smoke_runs, tmp_path):
         if smoke_script in MPE
         else ("eval/episodic_return", "eval/normalized_score")
         if smoke_script in OFFLINE
+        else ("eval/accuracy", "eval/episodic_return")  # DPO trains on pairs, not episodes
+        if smoke_script == "dpo_lm.py"
         else ("train/episodic_return", "train/episodic_length", "eval/episodic_return")
     )
     for name in names + ("charts/sps",):
