@@ -431,7 +431,9 @@ def main(args: Args):
         full_mask = torch.cat([b["mask"], b["c_mask"]], dim=1)
         n_prompt = b["ids"].shape[1]
         with torch.no_grad():
-            ref_logp, _, _ = reference.token_logprobs(full_ids, full_mask, n_prompt, args.temperature)
+            ref_logp, _, _ = reference.token_logprobs(
+                full_ids, full_mask, n_prompt, args.temperature
+            )
         policy.train()
         n = len(full_ids)
         for epoch in range(args.update_epochs):
