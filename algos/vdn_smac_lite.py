@@ -16,6 +16,7 @@ import difflib
 import hashlib
 import importlib.util
 import json
+import math
 import os
 import random
 import re
@@ -184,15 +185,7 @@ class EpisodeBuffer:
     state_dict()."""
 
     def __init__(self, size, num_envs, steps, n_agents, obs_dim, state_dim, n_actions, device):
-        shapes = {
-            "obs": ((n_agents, obs_dim), torch.float32),
-            "state": ((state_dim,), torch.float32),
-            "avail": ((n_agents, n_actions), torch.bool),
-            "actions": ((n_agents,), torch.long),
-            "reward": ((), torch.float32),
-            "terminated": ((), torch.float32),
-            "filled": ((), torch.float32),
-        }
+        shapes = self.step_fields(n_agents, obs_dim, state_dim, n_actions)
         self.episodes, self.staging = (
             {
                 k: torch.zeros((n, steps + 1, *shape), dtype=dtype, device=device)
@@ -205,6 +198,26 @@ class EpisodeBuffer:
         # next row, stored
         self.pos, self.count = (torch.zeros((), dtype=torch.long, device=device) for _ in range(2))
         self.size, self.battles = size, torch.arange(num_envs, device=device)
+
+    @staticmethod
+    def step_fields(n_agents, obs_dim, state_dim, n_actions) -> dict:
+        """What one step of an episode holds: {field: (shape, dtype)}."""
+        return {
+            "obs": ((n_agents, obs_dim), torch.float32),
+            "state": ((state_dim,), torch.float32),
+            "avail": ((n_agents, n_actions), torch.bool),
+            "actions": ((n_agents,), torch.long),
+            "reward": ((), torch.float32),
+            "terminated": ((), torch.float32),
+            "filled": ((), torch.float32),
+        }
+
+    @staticmethod
+    def episode_bytes(steps, n_agents, obs_dim, state_dim, n_actions) -> int:
+        """Memory of one stored episode (steps + 1 rows of step_fields)."""
+        fields = EpisodeBuffer.step_fields(n_agents, obs_dim, state_dim, n_actions).values()
+        row = sum(math.prod(shape) * dtype.itemsize for shape, dtype in fields)
+        return (steps + 1) * row
 
     def add(
         self,
@@ -582,6 +595,38 @@ def check_value_decomposition_args(args, rules: dict):
             f"--total-timesteps {args.total_timesteps} must "
             f"exceed --learning-starts {args.learning_starts}"
         )
+    check_buffer_memory(args)
+
+
+def check_buffer_memory(args):
+    """The replay buffer of --buffer-size episodes of the map must fit in half the free memory of
+    the device it is kept on (a map of many units asks for tens of GB at pymarl's 5,000)."""
+    env = smac_lite.BatchedSMAC(args.env_id, num_envs=1)
+    per_episode = EpisodeBuffer.episode_bytes(
+        env.episode_limit, env.n_agents, env.obs_dim, env.state_dim, env.n_actions
+    )
+    if args.cuda and torch.cuda.is_available():
+        free, where = torch.cuda.mem_get_info()[0], "GPU"
+    else:
+        free, where = available_memory(), "CPU"
+    episodes = args.buffer_size + 1 + args.num_envs
+    if episodes * per_episode > free / 2:
+        fits = int(free / 2 / per_episode) - 1 - args.num_envs
+        fail(
+            f"--buffer-size {args.buffer_size} episodes of {args.env_id} need "
+            f"{episodes * per_episode / 1e9:.1f} GB, over half the {free / 1e9:.1f} GB of free "
+            f"{where} memory; pass --buffer-size {max(fits, 0)} or less"
+        )
+
+
+def available_memory() -> int:
+    """Bytes of memory free for a new allocation (Linux: MemAvailable; elsewhere all of it)."""
+    try:
+        with open("/proc/meminfo") as f:
+            fields = dict(line.split(":", 1) for line in f)
+        return int(fields["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 # ---- end shared: qmix/check_args ----

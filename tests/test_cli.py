@@ -247,3 +247,20 @@ def test_the_docstring_shows_a_short_command(script):
         module.check_args(tyro.cli(module.Args, args=flags))
     except SystemExit as e:
         pytest.fail(f"{script}: the Quick: command is refused (exit {e.code})")
+
+
+@pytest.mark.parametrize("script", ["qmix_smac_lite.py", "vdn_smac_lite.py"])
+def test_a_replay_buffer_larger_than_memory_is_one_line(script, tmp_path):
+    """bane_vs_bane at pymarl's 5,000 episodes asked for 37 GB and died in torch.zeros; a buffer
+    over half the free memory is refused before the run starts, with a size that fits."""
+    flags = ["--buffer-size", "100000000"]
+    out = run_script(script, flags, tmp_path / "run", fork=True)
+    assert_clean_error(out, tmp_path / "run", "--buffer-size 100000000 episodes of 3m need")
+
+
+def test_episode_bytes_is_what_the_buffer_allocates():
+    qmix = load_script("qmix_smac_lite.py")
+    rb = qmix.EpisodeBuffer(7, 2, 60, 3, 30, 48, 9, "cpu")
+    per_row = sum(t[0].numel() * t.element_size() for t in rb.episodes.values())
+    assert qmix.EpisodeBuffer.episode_bytes(60, 3, 30, 48, 9) == per_row
+    assert all(len(t) == 8 for t in rb.episodes.values())
