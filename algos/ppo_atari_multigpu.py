@@ -723,35 +723,31 @@ def other_family(env_id: str) -> tuple[str, ...]:
 
 
 def env_spaces(env_id: str):
-    """(observation space, action space) of env_id, or a one-line error. The env is made in a
-    temporary directory with stderr muted: MuJoCo prints warnings and leaves MUJOCO_LOG.TXT behind,
-    which must not precede an error."""
+    """(observation space, action space) of env_id, or a one-line error. The env is made with the
+    start-up messages of ALE (its banner) and MuJoCo (compiler warnings, which it also writes to
+    MUJOCO_LOG.TXT) turned off through their own settings: nothing may precede an error."""
     if env_id not in gym.registry:
         if scripts := other_family(env_id):
             fail(f"{env_id} is not an env of {SCRIPT}", *scripts)
         close = difflib.get_close_matches(env_id, list(gym.registry), n=1)
         fail(f"unknown env id '{env_id}'" + (f"; did you mean '{close[0]}'?" if close else ""))
-    cwd, stderr_fd = os.getcwd(), os.dup(2)
-    with (
-        tempfile.TemporaryDirectory() as tmp,
-        open(os.devnull, "w") as null,
-        warnings.catch_warnings(action="ignore"),
-    ):
-        os.chdir(tmp)
-        os.dup2(null.fileno(), 2)
-        try:
-            with gym.make(env_id) as env:
-                return env.observation_space, env.action_space
-        except Exception as e:
-            error = (
-                f"cannot make env '{env_id}': {type(e).__name__}: "
-                f"{(str(e).strip() or ' ').splitlines()[0]}"
-            )
-        finally:
-            os.dup2(stderr_fd, 2)
-            os.close(stderr_fd)
-            os.chdir(cwd)
-    fail(error)
+    entry_point = str(gym.spec(env_id).entry_point)
+    if entry_point.startswith("ale_py"):
+        import ale_py
+
+        ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)
+    mujoco = importlib.import_module("mujoco") if "mujoco" in entry_point else None
+    if mujoco:
+        mujoco.set_mju_user_warning(lambda message: None)
+    try:
+        with warnings.catch_warnings(action="ignore"), gym.make(env_id) as env:
+            return env.observation_space, env.action_space
+    except Exception as e:
+        reason = (str(e).strip() or " ").splitlines()[0]
+        fail(f"cannot make env '{env_id}': {type(e).__name__}: {reason}")
+    finally:
+        if mujoco:
+            mujoco.set_mju_user_warning(None)  # MuJoCo's default: print and log
 
 
 # The ranges a flag may be given, by the name its error message shows (plain code, no eval).
