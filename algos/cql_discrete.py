@@ -14,6 +14,7 @@ Results: benchmark/references.toml
 
 import csv
 import difflib
+import functools
 import hashlib
 import importlib.util
 import json
@@ -188,6 +189,7 @@ def cql_penalty(q_values, actions):
 
 
 # ---- shared: offline/dataset ----
+@functools.cache  # opened once: the flag checks and main() share it
 def open_dataset(name: str):
     """The Minari dataset `name`: a directory (the dataset's, or its data/ folder), or the id of one
     under MINARI_DATASETS_PATH (default ~/.minari/datasets). Nothing is downloaded; a missing one is
@@ -419,28 +421,12 @@ def check_args(args: Args):
 
 # ---- shared: offline_discrete/check_args ----
 def check_offline_discrete_args(args, rules: dict):
-    """The ranges of `rules` (as in check_ranges), the env the policy is evaluated in (given:
-    discrete actions and flat observations or a MinAtar grid; default: the dataset's), then the
-    dataset: it exists, holds transitions, and has the env's spaces. Nothing of the dataset but its
-    metadata is read here."""
+    """The ranges of `rules` (as in check_ranges), the env the policy is evaluated in when given,
+    the dataset (it exists and holds transitions of discrete actions; only its metadata and first
+    episode are read), then the dataset's env when none is given, and that the two have the same
+    spaces."""
     check_ranges(args, {"batch_size": "x >= 1", **rules})
-    if args.env_id is not None:
-        obs_space, act_space = env_spaces(args.env_id)
-        if not isinstance(act_space, gym.spaces.Discrete):
-            fail(
-                f"{SCRIPT} needs discrete actions but {args.env_id} has {act_space}",
-                "cql_continuous.py",
-                "iql_continuous.py",
-            )
-        if not isinstance(obs_space, gym.spaces.Box) or (
-            len(obs_space.shape) != 1 and args.env_id not in MINATAR
-        ):
-            fail(
-                f"{SCRIPT} needs flat vector observations or a "
-                f"MinAtar game but {args.env_id} has {obs_space}"
-            )
-        if args.capture_video and args.env_id in MINATAR:
-            fail("MinAtar games record no video: drop --capture-video")
+    spaces = check_env(args) if args.env_id is not None else None
     dataset = open_dataset(args.dataset)
     if dataset.total_steps == 0:
         fail(f"dataset {args.dataset!r} is empty: it holds no transition")
@@ -458,13 +444,35 @@ def check_offline_discrete_args(args, rules: dict):
                 "--env-id, the env to evaluate the policy in"
             )
         args.env_id = dataset.spec.env_spec.id
-        check_offline_discrete_args(args, rules)  # the dataset's env, checked as a given one
-    elif env_spaces(args.env_id) != (dataset.observation_space, dataset.action_space):
+        spaces = check_env(args)
+    if spaces != (dataset.observation_space, dataset.action_space):
         fail(
-            f"--env-id {args.env_id} has spaces {env_spaces(args.env_id)}, dataset "
+            f"--env-id {args.env_id} has spaces {spaces}, dataset "
             f"{args.dataset!r} {(dataset.observation_space, dataset.action_space)}: "
             "evaluate in the dataset's env"
         )
+
+
+def check_env(args):
+    """The spaces of --env-id (made once), which must be discrete actions and flat observations or
+    a MinAtar grid."""
+    if args.capture_video and args.env_id in MINATAR:
+        fail("MinAtar games record no video: drop --capture-video")
+    obs_space, act_space = env_spaces(args.env_id)
+    if not isinstance(act_space, gym.spaces.Discrete):
+        fail(
+            f"{SCRIPT} needs discrete actions but {args.env_id} has {act_space}",
+            "cql_continuous.py",
+            "iql_continuous.py",
+        )
+    if not isinstance(obs_space, gym.spaces.Box) or (
+        len(obs_space.shape) != 1 and args.env_id not in MINATAR
+    ):
+        fail(
+            f"{SCRIPT} needs flat vector observations or a "
+            f"MinAtar game but {args.env_id} has {obs_space}"
+        )
+    return obs_space, act_space
 
 
 # ---- end shared: offline_discrete/check_args ----

@@ -14,6 +14,7 @@ Results: benchmark/references.toml
 
 import csv
 import difflib
+import functools
 import hashlib
 import importlib.util
 import json
@@ -202,6 +203,7 @@ def td3_target(next_q1, next_q2, rewards, terminated, gamma):
 
 
 # ---- shared: offline/dataset ----
+@functools.cache  # opened once: the flag checks and main() share it
 def open_dataset(name: str):
     """The Minari dataset `name`: a directory (the dataset's, or its data/ folder), or the id of one
     under MINARI_DATASETS_PATH (default ~/.minari/datasets). Nothing is downloaded; a missing one is
@@ -482,25 +484,12 @@ def check_args(args: Args):
 
 # ---- shared: offline_continuous/check_args ----
 def check_offline_continuous_args(args, rules: dict):
-    """The ranges of `rules` (as in check_ranges), the env the policy is evaluated in (given:
-    continuous bounded actions and flat observations; default: the dataset's), then the dataset: it
-    exists, holds transitions, and has the env's spaces. Nothing of the dataset but its metadata is
-    read here."""
+    """The ranges of `rules` (as in check_ranges), the env the policy is evaluated in when given,
+    the dataset (it exists and holds transitions of continuous actions; only its metadata and first
+    episode are read), then the dataset's env when none is given, and that the two have the same
+    spaces."""
     check_ranges(args, {"batch_size": "x >= 1", **rules})
-    if args.env_id is not None:
-        obs_space, act_space = env_spaces(args.env_id)
-        if not isinstance(act_space, gym.spaces.Box) or len(act_space.shape) != 1:
-            fail(
-                f"{SCRIPT} needs continuous (Box) actions but {args.env_id} has {act_space}",
-                "cql_discrete.py",
-            )
-        if not (np.isfinite(act_space.low).all() and np.isfinite(act_space.high).all()):
-            fail(
-                f"{SCRIPT} squashes actions into the env's bounds "
-                f"but {args.env_id} has unbounded actions {act_space}"
-            )
-        if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) != 1:
-            fail(f"{SCRIPT} needs flat vector observations but {args.env_id} has {obs_space}")
+    spaces = check_env(args) if args.env_id is not None else None
     dataset = open_dataset(args.dataset)
     if dataset.total_steps == 0:
         fail(f"dataset {args.dataset!r} is empty: it holds no transition")
@@ -517,13 +506,32 @@ def check_offline_continuous_args(args, rules: dict):
                 "--env-id, the env to evaluate the policy in"
             )
         args.env_id = dataset.spec.env_spec.id
-        check_offline_continuous_args(args, rules)  # the dataset's env, checked as a given one
-    elif env_spaces(args.env_id) != (dataset.observation_space, dataset.action_space):
+        spaces = check_env(args)
+    if spaces != (dataset.observation_space, dataset.action_space):
         fail(
-            f"--env-id {args.env_id} has spaces {env_spaces(args.env_id)}, dataset "
+            f"--env-id {args.env_id} has spaces {spaces}, dataset "
             f"{args.dataset!r} {(dataset.observation_space, dataset.action_space)}: "
             "evaluate in the dataset's env"
         )
+
+
+def check_env(args):
+    """The spaces of --env-id (made once), which must be continuous bounded actions and flat
+    observations."""
+    obs_space, act_space = env_spaces(args.env_id)
+    if not isinstance(act_space, gym.spaces.Box) or len(act_space.shape) != 1:
+        fail(
+            f"{SCRIPT} needs continuous (Box) actions but {args.env_id} has {act_space}",
+            "cql_discrete.py",
+        )
+    if not (np.isfinite(act_space.low).all() and np.isfinite(act_space.high).all()):
+        fail(
+            f"{SCRIPT} squashes actions into the env's bounds "
+            f"but {args.env_id} has unbounded actions {act_space}"
+        )
+    if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) != 1:
+        fail(f"{SCRIPT} needs flat vector observations but {args.env_id} has {obs_space}")
+    return obs_space, act_space
 
 
 # ---- end shared: offline_continuous/check_args ----
