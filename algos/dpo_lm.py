@@ -133,14 +133,16 @@ class Policy(nn.Module):
     def forward(self, ids, mask, past_key_values=None, positions=None, hidden=False):
         if positions is None:
             positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        return self.lm(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=positions,
-            past_key_values=past_key_values,
-            use_cache=past_key_values is not None,
-            output_hidden_states=hidden,
-        )
+        # on a GPU: bf16 mixed precision (the weights and Adam's state stay float32)
+        with torch.autocast("cuda", torch.bfloat16, enabled=ids.is_cuda):
+            return self.lm(
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=positions,
+                past_key_values=past_key_values,
+                use_cache=past_key_values is not None,
+                output_hidden_states=hidden,
+            )
 
     def token_logprobs(self, ids, mask, n_prompt: int, temperature: float = 1.0):
         """Log-probabilities and entropies (B, T) of the tokens ids[:, n_prompt:] (the completions)

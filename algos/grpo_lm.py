@@ -155,14 +155,16 @@ class Policy(nn.Module):
     def forward(self, ids, mask, past_key_values=None, positions=None, hidden=False):
         if positions is None:
             positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        return self.lm(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=positions,
-            past_key_values=past_key_values,
-            use_cache=past_key_values is not None,
-            output_hidden_states=hidden,
-        )
+        # on a GPU: bf16 mixed precision (the weights and Adam's state stay float32)
+        with torch.autocast("cuda", torch.bfloat16, enabled=ids.is_cuda):
+            return self.lm(
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=positions,
+                past_key_values=past_key_values,
+                use_cache=past_key_values is not None,
+                output_hidden_states=hidden,
+            )
 
     def token_logprobs(self, ids, mask, n_prompt: int, temperature: float = 1.0):
         """Log-probabilities and entropies (B, T) of the tokens ids[:, n_prompt:] (the completions)
@@ -398,7 +400,9 @@ def main(args: Args):
     if ckpt is None and heldout:  # the first evaluation: the model as loaded
         log_eval(logger, global_step, logger.evaluate(global_step, run_eval))
     tokens_done, sampling_start = 0, time.time()
+    generation_seconds, update_seconds, update_tokens = 0.0, 0.0, 0
     for iteration in range(iteration + 1, num_iterations + 1):
+        phase_start = time.time()
         policy.eval()  # sampling: no dropout
         rounds, rewards_seen, lengths = [], [], []
         for _ in range(args.max_sampling_rounds if args.dynamic_sampling else 1):
@@ -425,6 +429,8 @@ def main(args: Args):
             rounds[-1] = (rounds[-1][0], torch.ones_like(rounds[-1][1]))
         b = keep_groups(rounds, args.num_prompts, args.group_size)
         tokens_done += int(torch.cat(lengths).sum())
+        generation_seconds += time.time() - phase_start
+        phase_start = time.time()
         advantages = group_advantages(b["rewards"], args.scale_rewards, args.baseline).flatten()
         loss_mask = b["c_mask"] * ~b["truncated"][:, None] if args.mask_truncated else b["c_mask"]
         full_ids = torch.cat([b["ids"], b["completions"]], dim=1)
@@ -461,6 +467,9 @@ def main(args: Args):
                 optimizer.step()
                 c_mask = b["c_mask"][mb]
                 stats["entropy"] = (entropy.detach() * c_mask).sum() / c_mask.sum().clamp(min=1)
+        stats = {k: float(v) for k, v in stats.items()}  # (on a GPU: waits for the update)
+        update_seconds += time.time() - phase_start
+        update_tokens += int(full_mask.sum()) * args.update_epochs
         all_rewards = torch.cat(rewards_seen)
         logger.last_return = float(all_rewards.mean())
         global_step = iteration * args.num_prompts
@@ -473,6 +482,8 @@ def main(args: Args):
                 "charts/truncated": b["truncated"].float().mean(),
                 "charts/kept_groups": len(b["rewards"]) / (len(all_rewards) / args.group_size),
                 "charts/tokens_per_s": tokens_done / seconds,
+                "charts/generation_tokens_per_s": tokens_done / generation_seconds,
+                "charts/update_tokens_per_s": update_tokens / update_seconds,
                 **{f"losses/{k}": v for k, v in stats.items()},
             },
         )

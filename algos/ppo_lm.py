@@ -145,14 +145,16 @@ class Policy(nn.Module):
     def forward(self, ids, mask, past_key_values=None, positions=None, hidden=False):
         if positions is None:
             positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        return self.lm(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=positions,
-            past_key_values=past_key_values,
-            use_cache=past_key_values is not None,
-            output_hidden_states=hidden,
-        )
+        # on a GPU: bf16 mixed precision (the weights and Adam's state stay float32)
+        with torch.autocast("cuda", torch.bfloat16, enabled=ids.is_cuda):
+            return self.lm(
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=positions,
+                past_key_values=past_key_values,
+                use_cache=past_key_values is not None,
+                output_hidden_states=hidden,
+            )
 
     def token_logprobs(self, ids, mask, n_prompt: int, temperature: float = 1.0):
         """Log-probabilities and entropies (B, T) of the tokens ids[:, n_prompt:] (the completions)
@@ -348,13 +350,17 @@ def main(args: Args):
     if ckpt is None and heldout:  # the first evaluation: the model as loaded
         log_eval(logger, global_step, logger.evaluate(global_step, run_eval))
     tokens_done, sampling_start = 0, time.time()
+    generation_seconds, update_seconds, update_tokens = 0.0, 0.0, 0
     for iteration in range(iteration + 1, num_iterations + 1):
+        phase_start = time.time()
         policy.eval()  # sampling: no dropout
         idx = torch.as_tensor(np_rng.choice(len(answers), args.num_prompts, replace=False))
         ids, mask = train_ids[idx], train_mask[idx]
         completions, c_mask, _ = policy.generate(
             ids, mask, max_new_tokens, temperature=args.temperature
         )
+        generation_seconds += time.time() - phase_start
+        phase_start = time.time()
         texts = completion_texts(tokenizer, completions)
         score = torch.tensor([reward(t, answers[i]) for t, i in zip(texts, idx)], device=device)
         full_ids = torch.cat([ids, completions], dim=1)
@@ -399,6 +405,9 @@ def main(args: Args):
                 loss.backward()
                 nn.utils.clip_grad_norm_(params, args.max_grad_norm)
                 optimizer.step()
+        stats = {k: float(v) for k, v in stats.items()}  # (on a GPU: waits for the update)
+        update_seconds += time.time() - phase_start
+        update_tokens += int(full_mask.sum()) * args.update_epochs
         n = c_mask.sum()
         logger.last_return = float(score.mean())
         global_step = iteration * args.num_prompts
@@ -409,6 +418,8 @@ def main(args: Args):
                 "train/episodic_return": score.mean(),
                 "train/episodic_length": c_mask.sum(1).mean(),
                 "charts/tokens_per_s": tokens_done / seconds,
+                "charts/generation_tokens_per_s": tokens_done / generation_seconds,
+                "charts/update_tokens_per_s": update_tokens / update_seconds,
                 "losses/policy_loss": policy_loss.detach(),
                 "losses/value_loss": value_loss.detach(),
                 "losses/kl": ((old_logp - ref_logp) * c_mask).sum() / n,

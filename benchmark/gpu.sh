@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The GPU check, one command on a fresh clone on a GPU machine (installs what is missing first):
-#   bash benchmark/gpu.sh              # about 9 minutes on one H100: steps/s per family with and without --compile,
-#                                      # smac_lite at 1024-8192 battles, MAPPO's time to 0.9 on 3m, a short Pong curve;
+#   bash benchmark/gpu.sh              # about 11 minutes on one H100: steps/s per family with and without --compile,
+#                                      # smac_lite at 1024-8192 battles, MAPPO's time to 0.9 on 3m, a short Pong curve,
+#                                      # grpo_lm.py on a random Qwen2-0.5B-shaped model, SB3 beside ppo.py and SAC;
 #                                      # writes benchmark/reports/gpu-check-cuda-<date>-<HHMM>-<commit>.md naming the GPU
+#   STEPS="1 2 3" bash benchmark/gpu.sh  # some of the six steps (two calls of under 10 minutes: "1 2 3", "4 5 6")
 #   bash benchmark/gpu.sh --dry-run    # the same steps on the CPU with tiny budgets (a test runs it); report in runs/
 #   bash benchmark/gpu.sh --suites     # every suite at full budget on CUDA (hours): SUITES="classic" SEEDS=10 JOBS=8
 #                                      # BACKEND=ray (RAY_ADDRESS=host:port: a cluster); reruns resume finished runs
@@ -21,7 +23,7 @@ fi
 python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'gpu.sh: no CUDA device visible to torch')" || exit 2
 python -c "import torch; print('device:', torch.cuda.get_device_name(0), '| torch', torch.__version__)"
 if [ "$mode" = "check" ]; then
-    exec python benchmark/gpu_check.py
+    exec python benchmark/gpu_check.py --steps ${STEPS:-1 2 3 4 5 6}
 fi
 SUITES=${SUITES:-"classic continuous atari marl"}
 SEEDS=${SEEDS:-5}

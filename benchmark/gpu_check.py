@@ -17,8 +17,15 @@ H100.
    training seconds to the first evaluation at or above 0.9, or where it stood when its time ran
    out.
 4. A short Atari curve: ppo_atari_envpool.py on Pong for as many steps as fit in its time (training
-   episodes'
-   returns by step: Pong needs millions of steps, so this shows speed and the start of the curve).
+   episodes' returns by step: Pong needs millions of steps, so this shows speed and the start of
+   the curve).
+5. grpo_lm.py on a randomly initialised model of Qwen2-0.5B's shape (built from its config, nothing
+   downloaded; bf16 mixed precision on the GPU): prompts/s, generation and update tokens/s.
+6. Stable-Baselines3's PPO and SAC beside ppo.py and sac_continuous.py on the same GPU with the
+   same hyperparameters and envs: steps/s of each and their ratio, from this one check.
+
+--steps 1 2 3 picks steps (default: all). On one H100 all six take about 11 minutes: in two calls
+of under 10 minutes, --steps 1 2 3 and --steps 4 5 6.
 
 Writes <report-dir>/gpu-check-<device>-<date>-<HHMM>-<commit>.md naming the device, the torch
 version and each step's budget; a step that fails or runs out of time says so in the report, and the
@@ -28,6 +35,7 @@ keeps the steps it finished.
 
 import argparse
 import datetime
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -59,8 +67,28 @@ BATTLES = [1024, 4096, 8192]
 # gpu-check-cuda-2026-11-27-0203-c19cfb5) the check took 529 s with MAPPO at 100 s and the curve at
 # 60 s, about 11 s of it per script process for start-up; MAPPO reached 0.9 there after about 105
 # training seconds: hence 125 s for MAPPO and 40 s for the curve.
-SECONDS = {"speed": 15, "compile": 45, "mappo": 125, "curve": 40}
-DRY_SECONDS = {"speed": 1, "compile": 2, "mappo": 4, "curve": 2}
+SECONDS = {"speed": 15, "compile": 45, "mappo": 125, "curve": 40, "lm": 60}
+DRY_SECONDS = {"speed": 1, "compile": 2, "mappo": 4, "curve": 2, "lm": 3}
+# Qwen2-0.5B's shape (its config.json); the dry run's is tiny. The tokenizer is addition-v0's: the
+# model samples ids the tokenizer does not have, which decode to nothing (reward 0): speed only.
+QWEN2_05B = dict(
+    hidden_size=896,
+    intermediate_size=4864,
+    num_hidden_layers=24,
+    num_attention_heads=14,
+    num_key_value_heads=2,
+    vocab_size=151936,
+    max_position_embeddings=32768,
+    rope_theta=1000000.0,
+    tie_word_embeddings=True,
+)
+TINY = dict(QWEN2_05B, hidden_size=64, intermediate_size=128, num_hidden_layers=2)
+TINY.update(num_attention_heads=4, num_key_value_heads=2, vocab_size=64)
+# ours and SB3's with the same flags (step 6)
+PEERS = [
+    ("ppo.py", ["--env-id", "CartPole-v1"]),
+    ("sac_continuous.py", ["--env-id", "Hopper-v5", "--learning-starts", "1000"]),
+]
 
 
 def timed_run(
@@ -262,6 +290,84 @@ def atari_curve(device_flag: str, seconds: dict, out: Path, dry: bool) -> list[s
     return lines + [""]
 
 
+def lm(device_flag: str, seconds: dict, out: Path, dry: bool) -> list[str]:
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from benchmark.lm_task import make_tokenizer
+
+    model_dir = out / "qwen2-0.5b-shape"
+    tokenizer = make_tokenizer()
+    torch.manual_seed(0)
+    config = Qwen2Config(
+        **(TINY if dry else QWEN2_05B),
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+    )
+    model = Qwen2ForCausalLM(config)
+    params = sum(p.numel() for p in model.parameters())
+    model.save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    shutil.copy(ROOT / "benchmark" / "policies" / "lm-addition-base" / "task.json", model_dir)
+    del model
+    flags = [
+        "--model",
+        str(model_dir),
+        "--total-timesteps",
+        "100000000",
+        "--eval-prompts",
+        "0",
+        device_flag,
+    ] + (["--num-prompts", "2", "--group-size", "2"] if dry else [])
+    rows, how = timed_run("grpo_lm.py", flags, seconds["lm"], out / "grpo-qwen2-shape", fork=dry)
+    last = {r["name"]: r["value"] for r in rows}
+    sps, done = steady_sps(rows), max((r["global_step"] for r in rows), default=0)
+
+    def rate(name):
+        return "–" if name not in last else f"{last[name]:,.0f}"
+
+    return [
+        "## 5. grpo_lm.py on a random model of Qwen2-0.5B's shape (bf16 mixed precision)",
+        "",
+        f"{params / 1e6:,.1f}M parameters (Qwen2-0.5B's config, randomly initialised; "
+        f"addition-v0's tokenizer), grpo_lm.py's defaults (16 prompts x 8 completions of up to 5 "
+        f"tokens), no evaluation, at most {seconds['lm']} s of training ({how}).",
+        "",
+        "| prompts done | prompts/s | sampled tokens/s (generation) | tokens/s (update) |",
+        "|---:|---:|---:|---:|",
+        f"| {done:,} | {'–' if sps is None else f'{sps:,.1f}'} | "
+        f"{rate('charts/generation_tokens_per_s')} | {rate('charts/update_tokens_per_s')} |",
+        "",
+    ]
+
+
+def peers(device_flag: str, seconds: dict, out: Path, dry: bool) -> list[str]:
+    lines = [
+        "## 6. Stable-Baselines3 beside ours on this device",
+        "",
+        f"Steps/s over the second half of {seconds['speed']} s of training, our script's defaults "
+        "for both (SB3 through benchmark/sb3_baseline.py --same-as), no evaluation.",
+        "",
+        "| ours | SB3 | env | ours steps/s | SB3 steps/s | ours / SB3 |",
+        "|---|---|---|---:|---:|---:|",
+    ]
+    for script, flags in PEERS:
+        rates = []
+        for name in (script, f"sb3:{script}"):
+            run_dir = out / f"peer-{name.replace(':', '-')[:-3]}"
+            run_flags = flags + ["--total-timesteps", "100000000", "--eval-episodes", "0"]
+            rows, how = timed_run(name, run_flags + [device_flag], seconds["speed"], run_dir, dry)
+            rates.append(steady_sps(rows))
+        ours, sb3 = rates
+        ratio = "–" if not ours or not sb3 else f"{ours / sb3:.2f}"
+        lines.append(
+            f"| {script} | sb3:{script} | {flags[1]} | {'–' if ours is None else f'{ours:,.0f}'}"
+            f" | {'–' if sb3 is None else f'{sb3:,.0f}'} | {ratio} |"
+        )
+        print(lines[-1], flush=True)
+    return lines + [""]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -272,6 +378,14 @@ def main(argv: list[str] | None = None) -> int:
         help="on the CPU with tiny budgets: check that every step runs",
     )
     p.add_argument("--report-dir", type=Path, default=REPORTS)
+    p.add_argument(
+        "--steps",
+        type=int,
+        nargs="+",
+        choices=range(1, 7),
+        default=list(range(1, 7)),
+        help="which steps to run (default: all six)",
+    )
     args = p.parse_args(argv)
     if not args.dry_run and not torch.cuda.is_available():
         print(
@@ -302,8 +416,10 @@ def main(argv: list[str] | None = None) -> int:
             lambda: battles(device, args.dry_run),
             lambda: mappo(device_flag, seconds, out, args.dry_run),
             lambda: atari_curve(device_flag, seconds, out, args.dry_run),
+            lambda: lm(device_flag, seconds, out, args.dry_run),
+            lambda: peers(device_flag, seconds, out, args.dry_run),
         ]
-        for step in steps:
+        for step in [steps[n - 1] for n in sorted(set(args.steps))]:
             try:
                 lines += step()
             except Exception as e:  # one broken step must not cost the others' numbers

@@ -631,7 +631,7 @@ def parse_baseline_args(doc: str, same: dict, peer: str, argv=None, offline: boo
         "--cuda",
         action=argparse.BooleanOptionalAction,
         default=False,
-        help=f"ignored: {peer} runs on the CPU",
+        help="run on CUDA when available (SB3; d3rlpy_baseline.py ignores it: the CPU)",
     )
     a, rest = p.parse_known_args(argv)
     ours = load_script(a.same_as).Args()

@@ -264,7 +264,7 @@ def sb3_kwargs(kwargs: dict, action_dim: int | None = None) -> dict:
     return out
 
 
-def make_model(algo: str, env_id: str, n_envs: int, kwargs: dict, seed: int):
+def make_model(algo: str, env_id: str, n_envs: int, kwargs: dict, seed: int, device: str):
     """SB3's `algo` on a vector env of `env_id` (Monitor-wrapped; VecNormalize when kwargs say
     "normalize"; Atari preprocessing, 4-frame stacks and a CnnPolicy when they say "atari")."""
     import stable_baselines3
@@ -287,7 +287,7 @@ def make_model(algo: str, env_id: str, n_envs: int, kwargs: dict, seed: int):
     action_dim = env.action_space.shape[0] if env.action_space.shape else None
     policy = "CnnPolicy" if kwargs.get("atari") else "MlpPolicy"
     return getattr(stable_baselines3, algo)(
-        policy, env, seed=seed, device="cpu", verbose=0, **sb3_kwargs(kwargs, action_dim)
+        policy, env, seed=seed, device=device, verbose=0, **sb3_kwargs(kwargs, action_dim)
     )
 
 
@@ -373,7 +373,8 @@ def main(argv=None) -> int:
     f = open(a.run_dir / "metrics.csv", "w", newline="")
     writer = csv.writer(f)
     writer.writerow(["global_step", "wall_time", "name", "value"])
-    model = make_model(algo, a.env_id, n_envs, kwargs, a.seed)
+    device = "cuda" if a.cuda and torch.cuda.is_available() else "cpu"
+    model = make_model(algo, a.env_id, n_envs, kwargs, a.seed, device)
 
     class Log(BaseCallback):
         """Training episodes as they end; evaluations every eval_every steps (their time is not

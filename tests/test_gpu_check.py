@@ -30,9 +30,8 @@ def test_dry_run_writes_every_section(tmp_path):
     text = report.read_text()
     assert text.startswith("# GPU check: CPU dry run") and f"torch {torch.__version__}" in text
     assert "A step failed" not in text
-    speed = [line for line in text.splitlines() if line.startswith("| ") and line.count("|") == 7][
-        1:
-    ]
+    section_1 = text.split("## 2.")[0].splitlines()
+    speed = [line for line in section_1 if line.startswith("| ") and line.count("|") == 7][1:]
     assert [row.split("|")[1].strip() for row in speed] == [
         "ppo.py",
         "sac_continuous.py",
@@ -54,6 +53,11 @@ def test_dry_run_writes_every_section(tmp_path):
     )
     assert re.search(r"\| 256 \| \d\.\d\d \| \d+ \|", text), "MAPPO's first evaluation"
     assert re.search(r"## 4\..*\n\n[1-9][\d,]* steps in at most", text), "the Pong run trained"
+    assert re.search(r"## 5\.(.*\n)+\| [1-9][\d,]* \| [\d.,]+ \| [\d,]+ \| [\d,]+ \|", text), (
+        "grpo_lm.py on the Qwen2-shaped model trained"
+    )
+    peers = re.findall(r"\| (\S+) \| sb3:\1 \| \S+ \| ([\d,]+) \| ([\d,]+) \| ([\d.]+) \|", text)
+    assert [p[0] for p in peers] == ["ppo.py", "sac_continuous.py"], "SB3 beside ours"
 
 
 @pytest.mark.skipif(

@@ -245,6 +245,8 @@ def test_dapo_run_leaves_the_contract_resumes_and_saves(grpo, tmp_path):
         "losses/clipfrac",
         "losses/entropy",
         "charts/tokens_per_s",
+        "charts/generation_tokens_per_s",
+        "charts/update_tokens_per_s",
         "charts/kept_groups",
         "charts/sps",
     ):

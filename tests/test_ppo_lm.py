@@ -168,6 +168,8 @@ def test_run_leaves_the_contract_resumes_and_saves(ppo, tmp_path):
         "losses/approx_kl",
         "losses/entropy",
         "charts/tokens_per_s",
+        "charts/generation_tokens_per_s",
+        "charts/update_tokens_per_s",
         "charts/sps",
     ):
         assert name in metrics, name
