@@ -233,6 +233,20 @@ def dataset_arrays(dataset) -> dict:
     return arrays
 
 
+def normalize_observations(data: dict, on: bool):
+    """Standardise the dataset's observations and next observations in place with their mean and
+    std (+ 1e-3, CORL's epsilon); returns (mean, std), which the policy keeps to standardise what
+    it sees. Off (on False), and for a MinAtar grid of 0/1 cells (a cell never set in the data,
+    divided by 1e-3, would blow up): mean 0 and std 1."""
+    shape = data["obs"].shape[1:]
+    mean, std = data["obs"].mean(0), data["obs"].std(0) + 1e-3
+    if not on or len(shape) == 3:
+        mean, std = np.zeros(shape, np.float32), np.ones(shape, np.float32)
+    data["obs"] = (data["obs"] - mean) / std
+    data["next_obs"] = (data["next_obs"] - mean) / std
+    return mean, std
+
+
 def normalized_scores(returns, dataset) -> list:
     """D4RL's normalised score of each return, 100 * (R - random) / (expert - random), with the
     dataset's reference returns (ref_min_score, ref_max_score); [] for a dataset without them."""
@@ -289,19 +303,9 @@ def main(args: Args):
     dataset = open_dataset(args.dataset)
     data = dataset_arrays(dataset)
     # ---- end shared: offline/start ----
-    # ---- shared: offline_discrete/normalize ----
+    obs_mean, obs_std = normalize_observations(data, args.normalize_obs)
     # (obs_dim,) or (10, 10, channels)
     obs_shape, n_actions = data["obs"].shape[1:], int(dataset.action_space.n)
-    obs_mean, obs_std = data["obs"].mean(0), data["obs"].std(0) + 1e-3  # CORL's epsilon
-    # a 0/1 grid is not: a cell never set in the data, divided by
-    if not args.normalize_obs or len(obs_shape) == 3:
-        # 1e-3, would blow up
-        obs_mean, obs_std = np.zeros(obs_shape, np.float32), np.ones(obs_shape, np.float32)
-    data["obs"], data["next_obs"] = (
-        (data["obs"] - obs_mean) / obs_std,
-        (data["next_obs"] - obs_mean) / obs_std,
-    )
-    # ---- end shared: offline_discrete/normalize ----
     actor = Actor(obs_shape, n_actions, obs_mean, obs_std).to(device)
     actor_optimizer = torch.optim.Adam(actor.parameters(), lr=args.learning_rate, fused=True)
     rng = np.random.default_rng(args.seed)  # minibatch sampling
