@@ -237,16 +237,46 @@ def reference_stats(ref: Reference) -> tuple[float | None, float | None]:
     return None, None
 
 
+# Flags that change how a run is watched, not what it learns: a reference matches runs that differ
+# from it only in these. (flag, whether it takes a value)
+WATCH_FLAGS = {
+    "--eval-every": True,
+    "--eval-episodes": True,
+    "--checkpoint-every": True,
+    "--save-model": False,
+    "--capture-video": False,
+    "--track": False,
+    "--cuda": False,
+    "--no-cuda": False,
+}
+
+
+def learning_flags(flags) -> list[str]:
+    """flags without WATCH_FLAGS (and their values)."""
+    kept, rest = [], list(flags)
+    while rest:
+        flag = rest.pop(0)
+        if flag in WATCH_FLAGS:
+            if WATCH_FLAGS[flag] and rest:
+                rest.pop(0)
+        else:
+            kept.append(flag)
+    return kept
+
+
 def find_reference(
     script: str,
     env_id: str,
     method: str,
     total_timesteps: int | None = None,
     refs: list[Reference] | None = None,
+    flags=None,
 ) -> Reference | None:
     """The reference to compare runs of `script` on `env_id` scored by `method` with: same script,
-    env and score method, with a mean (or per-seed values); the same budget preferred, else the
-    closest one (the caller must say when the budgets differ)."""
+    env and score method, with a mean (or per-seed values); given flags, one with the same flags
+    but for WATCH_FLAGS preferred (the caller must say when they differ: a variant such as
+    grpo_lm.py --loss-type dr_grpo is not the defaults' setting); the same budget preferred, else
+    the closest one (the caller must say when the budgets differ)."""
     refs = load_references() if refs is None else refs
     cands = [
         r
@@ -254,6 +284,9 @@ def find_reference(
         if (r.script, r.env_id, r.score) == (script, env_id, method)
         and reference_stats(r)[0] is not None
     ]
+    if flags is not None:
+        same = [r for r in cands if learning_flags(r.flags) == learning_flags(flags)]
+        cands = same or cands
     if not cands:
         return None
     return min(cands, key=lambda r: abs(r.total_timesteps - (total_timesteps or r.total_timesteps)))

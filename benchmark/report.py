@@ -30,6 +30,7 @@ from benchmark.references import (  # noqa: E402
     Reference,
     eval_curve,
     find_reference,
+    learning_flags,
     reference_stats,
     score,
 )
@@ -182,9 +183,17 @@ def cells(outcomes, refs: list[Reference], random_scores: dict | None = None):
         if ref_id:
             ref = next((r for r in refs if r.id == ref_id), None)
         else:
-            ref = find_reference(script, env_id, method, budget, refs)
+            ref = find_reference(script, env_id, method, budget, refs, flags)
         rm, rs = reference_stats(ref) if ref else (None, None)
         x = list(scores.values())
+        verdict = (
+            judge(x, env_id, ref, random_scores, self_ref)
+            if x
+            else stats.Verdict("no verdict", "no run scored")
+        )
+        other_setting = learning_flags(ref.flags) != learning_flags(flags) if ref else False
+        if verdict.label in ("PASS", "FAIL") and other_setting and not ref_id:
+            verdict = stats.Verdict("no verdict", "the reference was run with other flags")
         result.append(
             {
                 "script": script,
@@ -200,9 +209,7 @@ def cells(outcomes, refs: list[Reference], random_scores: dict | None = None):
                 "ref_mean": rm,
                 "ref_std": rs,
                 "runs": group,
-                "verdict": judge(x, env_id, ref, random_scores, self_ref)
-                if x
-                else stats.Verdict("no verdict", "no run scored"),
+                "verdict": verdict,
             }
         )
         compared += [(result[-1], other) for other in others]
@@ -334,11 +341,13 @@ def write_report(
     sources = {}
     for c in table:
         s, ref = c["summary"], c["reference"]
-        d = 3 if "win_rate" in c["score"] else 1  # win rates are fractions
+        # win rates and accuracies are fractions
+        small = s is not None and max(abs(s.mean), abs(c["ref_mean"] or 0)) <= 1
+        d = 3 if "win_rate" in c["score"] or small else 1
         ours = f"{s.mean:.{d}f} ± {s.std:.{d}f}" if s else "–"
         iqm = f"{s.iqm:.{d}f} [{s.ci_low:.{d}f}, {s.ci_high:.{d}f}]" if s else "–"
         f = list(c["final_evals"].values())
-        final = f"{np.mean(f):.1f} ± {np.std(f):.1f} ({len(f)})" if f else "–"
+        final = f"{np.mean(f):.{d}f} ± {np.std(f):.{d}f} ({len(f)})" if f else "–"
         notes = [c["verdict"].why] if c["verdict"].why else []
         if c.get("compared"):
             notes.insert(0, f"the runs of the row above, against this report's {c['compared']}")
@@ -348,7 +357,7 @@ def write_report(
             refcell = "none"
         else:
             sources[ref.id] = ref
-            refcell = f"{_fmt(c['ref_mean'])} ± {_fmt(c['ref_std'])} [{ref.id}]"
+            refcell = f"{_fmt(c['ref_mean'], d)} ± {_fmt(c['ref_std'], d)} [{ref.id}]"
             if ref.total_timesteps != c["total_timesteps"]:
                 notes.append(
                     f"reference budget {ref.total_timesteps:,} steps, ours {c['total_timesteps']:,}"

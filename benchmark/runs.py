@@ -50,8 +50,9 @@ def run_env(**extra) -> dict:
 def script_command(script: str, flags: list[str], run_dir: Path | str | None) -> list[str]:
     """The command line of algos/<script>; "sb3:<script>" is SB3 with that script's hyperparameters
     (benchmark/sb3_baseline.py), "d3rlpy:<script>" d3rlpy with an offline script's
-    (benchmark/d3rlpy_baseline.py)."""
-    if script.startswith(("sb3:", "d3rlpy:")):
+    (benchmark/d3rlpy_baseline.py), "trl:<script>" TRL with an LM script's
+    (benchmark/trl_baseline.py)."""
+    if script.startswith(("sb3:", "d3rlpy:", "trl:")):
         peer, ours = script.split(":")
         script_path(ours)
         cmd = [

@@ -264,7 +264,7 @@ def sb3_kwargs(kwargs: dict, action_dim: int | None = None) -> dict:
     return out
 
 
-def make_model(algo: str, env_id: str, n_envs: int, kwargs: dict, seed: int, device: str):
+def make_model(algo: str, env_id: str, n_envs: int, kwargs: dict, seed: int, device="cpu"):
     """SB3's `algo` on a vector env of `env_id` (Monitor-wrapped; VecNormalize when kwargs say
     "normalize"; Atari preprocessing, 4-frame stacks and a CnnPolicy when they say "atari")."""
     import stable_baselines3

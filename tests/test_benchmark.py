@@ -3,6 +3,7 @@ report, and the plumbing of the speed comparison; all on runs of a few hundred s
 
 import dataclasses
 import datetime
+import functools
 import http.server
 import json
 import re
@@ -21,7 +22,13 @@ from benchmark import run as bench
 from benchmark import sb3_baseline, speed, stats
 from benchmark.random_policy import load_random_scores, random_returns, register
 from benchmark.ray_backend import free_port
-from benchmark.references import Reference, find_reference, load_references, score
+from benchmark.references import (
+    Reference,
+    find_reference,
+    learning_flags,
+    load_references,
+    score,
+)
 from benchmark.report import cells, judge, write_report
 from benchmark.report_path import new_report_path
 from benchmark.runs import git_head, read_metrics, read_rows, run_finished, run_script
@@ -890,6 +897,22 @@ def test_find_reference_prefers_same_budget():
     assert find_reference("x.py", "E-v1", "final_eval", 100, refs).id == "b"
     assert find_reference("x.py", "E-v1", "final_eval", 400, refs).id == "a"
     assert find_reference("x.py", "E-v1", "max_eval", 100, refs) is None
+
+
+def test_find_reference_prefers_the_same_learning_flags():
+    """A variant (other learning flags) is matched to its own reference where there is one; the
+    evaluation schedule and device flags do not count."""
+    refs = [
+        Reference("defaults", "x.py", "E-v1", 100, "final_eval", "s", 3, mean=1.0),
+        Reference(
+            "dr", "x.py", "E-v1", 100, "final_eval", "s", 3, mean=2.0, flags=["--loss-type", "dr"]
+        ),
+    ]
+    find = functools.partial(find_reference, "x.py", "E-v1", "final_eval", 100, refs)
+    assert find(["--eval-every", "960", "--cuda"]).id == "defaults"
+    assert find(["--loss-type", "dr", "--eval-episodes", "5"]).id == "dr"
+    assert find(["--loss-type", "token"]).id == "defaults", "none the same: the closest, said so"
+    assert learning_flags(["--eval-every", "9", "--save-model", "--lr", "1"]) == ["--lr", "1"]
 
 
 def test_speed_maps_our_defaults_onto_sb3():

@@ -1,0 +1,505 @@
+"""TRL (1.16.0) with one of our LM scripts' hyperparameters, on the same base model, prompts, reward
+and budget, run the way our scripts run: both in one benchmark report (benchmark/run.py).
+
+    python benchmark/trl_baseline.py --same-as grpo_lm.py --env-id addition-v0 \\
+        --total-timesteps 4800 --seed 1 --eval-every 960 --run-dir runs/trl-grpo-1
+    python benchmark/trl_baseline.py --same-as grpo_lm.py --env-id addition-v0 \\
+        --total-timesteps 4800 --seed 1 --baseline rloo --no-scale-rewards --run-dir runs/trl-rloo-1
+    python benchmark/trl_baseline.py --same-as dpo_lm.py --env-id addition-v0 \\
+        --total-timesteps 14784 --seed 1 --eval-every 1480 --run-dir runs/trl-dpo-1
+
+In a suite (benchmark/suites.toml) the script "trl:<our script>" runs this file with --same-as <our
+script>. The hyperparameters are our script's defaults (its `Args`), with any of its flags given
+here (tyro's spelling: --no-scale-rewards, --dynamic-sampling, --clip-eps-high 0.28), mapped onto
+TRL's trainer by grpo_config / rloo_config / dpo_config below:
+
+  grpo_lm.py -> GRPOTrainer (RLOOTrainer with --baseline rloo): num_generations = --group-size, a
+  generation batch of --num-prompts x --group-size completions, per_device_train_batch_size = that
+  batch / --num-minibatches (steps_per_generation = --num-minibatches, no gradient accumulation), so
+  that one optimizer step is one of our minibatch steps and max_steps = updates x --update-epochs x
+  --num-minibatches; num_iterations = --update-epochs; learning_rate, constant schedule, no warm-up,
+  weight_decay 0 (AdamW without decay: Adam, betas and eps as torch's defaults, as ours);
+  max_grad_norm, beta, epsilon = --clip-eps, epsilon_high = --clip-eps-high (or --clip-eps),
+  temperature, top_p 1, top_k 0, max_completion_length = --max-new-tokens or the task's; loss_type
+  grpo -> "grpo", token -> "dapo", dr_grpo -> "dr_grpo"; scale_rewards "group" / "none";
+  mask_truncated_completions = --mask-truncated. The reward function is ours: 1.0 when the
+  completion's token ids hold the end token and the text before it is the answer, else 0 (it reads
+  completion_ids, not TRL's decoded text, which drops special tokens and so cannot tell a truncated
+  completion from an ended one).
+  dpo_lm.py -> DPOTrainer: beta, learning_rate, per_device_train_batch_size = --batch-size,
+  max_steps = --total-timesteps // --batch-size (two epochs of the pairs by default), the sigmoid
+  loss, no truncation (max_length None), chosen and rejected completions followed by the end token.
+
+The run leaves what the benchmark reads from ours: config.json and metrics.csv with, per update,
+charts/tokens_per_s (ours' count: completion tokens sampled for GRPO, prompt and completion tokens
+of both sides of each pair for DPO, per second of training), charts/update_seconds and
+train/episodic_return (GRPO); at step 0, every --eval-every prompts (pairs) and at the end
+charts/train_seconds (evaluations excluded), eval/episodic_return once per held-out prompt and
+eval/accuracy, from OUR greedy evaluation (grpo_lm.py's evaluate) of the trainer's model. The
+training clock starts when TRL's training loop starts (its set-up is not training time).
+
+Where TRL cannot do what ours does (DIFFERENCES, also written into config.json):
+  - DAPO's dynamic sampling (--dynamic-sampling): TRL 1.16 has none. The trl: row trains on every
+    group, those with all-equal rewards included (their advantage is 0, so they only enlarge the
+    token normaliser of the "dapo" loss); ours samples up to --max-sampling-rounds rounds of prompts
+    to fill the batch with groups whose rewards differ.
+  - RLOO (RLOOTrainer): the ratio and its clip are per sequence (the sum of the completion's token
+    log-probabilities) and the loss is the mean over completions of -min(r A, clip(r) A): each
+    token's gradient is A, not A / |o| as ours (--loss-type grpo: mean over each completion's
+    tokens). TRL's RLOO has no per-group std scaling (only a batch normalisation, off here):
+    --scale-rewards with --baseline rloo has no TRL counterpart. Its KL (beta > 0) is a k1 penalty
+    on the reward, ours a k3 term in the loss (beta is 0 by default in both rows).
+  - Prompt order: TRL's RepeatSampler walks a seeded permutation of the train prompts (without
+    replacement until all 20,000 are used); ours draws --num-prompts distinct prompts afresh each
+    update. DPO: TRL's dataloader shuffles each epoch and drops each epoch's last partial batch
+    (7,409 pairs: 115 batches of 64, 49 pairs left out per epoch), ours walks each epoch's own
+    permutation across epoch boundaries.
+  - Sampling: TRL samples with transformers' generate (the same left padding and positions; the
+    prompts here all have 8 tokens, so there is no padding), not with our KV-cache loop; the
+    random streams differ, so no completion is the same as ours for a seed.
+  - Old log-probabilities: with one pass (mu 1) TRL's ratio is that of the policy to itself
+    (per_token_logps.detach()), ours the policy to the sampling log-probabilities; the same up to
+    rounding. With mu > 1 TRL recomputes the old log-probabilities by a forward pass.
+  - No BOS token: the base's tokenizer has none, so TRL adds none (checked in the test).
+  - Logging: TRL's own metrics are not written; only the rows above.
+"""
+
+import csv
+import dataclasses
+import json
+import os
+import sys
+import tempfile
+import time
+import typing
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# `python benchmark/trl_baseline.py` puts benchmark/ first on the path, whose datasets.py would hide
+# Hugging Face's datasets (which TRL imports): the root instead
+sys.path = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "benchmark"]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmark.runs import load_script, parse_baseline_args, print_baseline_end  # noqa: E402
+
+TRL_VERSION = "1.16.0"
+SAME = {"grpo_lm.py": "GRPOTrainer or RLOOTrainer", "dpo_lm.py": "DPOTrainer"}
+LOSS_TYPES = {"grpo": "grpo", "token": "dapo", "dr_grpo": "dr_grpo"}
+DIFFERENCES = {
+    "grpo_lm.py": "TRL samples with transformers' generate and walks a seeded permutation of "
+    "the train prompts (ours: fresh prompts each update); with mu 1 its ratio is to the policy "
+    "itself (ours: to the sampling log-probabilities, the same up to rounding)",
+    "dynamic_sampling": "TRL has no dynamic sampling: every group is trained on, all-equal "
+    "ones included (ours refills the batch with groups whose rewards differ)",
+    "rloo": "TRL's RLOOTrainer clips a per-sequence ratio and sums the completion's token "
+    "log-probabilities (gradient A per token; ours A / |o|, --loss-type grpo); no per-group "
+    "std scaling; KL (beta > 0) as a k1 reward penalty (ours: k3 in the loss)",
+    "dpo_lm.py": "TRL shuffles the pairs each epoch and drops each epoch's last partial batch "
+    "(49 of 7,409 pairs); ours walks each epoch's permutation across epoch boundaries",
+}
+
+
+# ---- the command line: our script's flags in tyro's spelling ------------------------------------
+
+
+def split_flags(argv: list[str], args_cls) -> tuple[list[str], dict]:
+    """argv without our script's boolean flags (--x, --no-x: tyro's spelling, which
+    parse_baseline_args, reading flag-value pairs, cannot take), and those flags as {field: bool}.
+    --cuda/--no-cuda stay (parse_baseline_args takes them)."""
+    defaults = {f.name: f.default for f in dataclasses.fields(args_cls)}
+    rest, bools = [], {}
+    for token in argv:
+        name = token[2:].replace("-", "_") if token.startswith("--") and "=" not in token else ""
+        if name == "cuda" or name == "no_cuda":
+            rest.append(token)
+        elif isinstance(defaults.get(name), bool):
+            bools[name] = True
+        elif name.startswith("no_") and isinstance(defaults.get(name[3:]), bool):
+            bools[name[3:]] = False
+        else:
+            rest.append(token)
+    return rest, bools
+
+
+def typed(ours, args_cls, given: list[str]):
+    """Convert the flags given for fields whose default is None (e.g. --clip-eps-high 0.28, kept as
+    a string by parse_baseline_args) to their annotated type."""
+    hints = typing.get_type_hints(args_cls)
+    for flag in given:
+        name = flag.removeprefix("--").replace("-", "_")
+        value = getattr(ours, name, None)
+        if not isinstance(value, str):
+            continue
+        kinds = [t for t in typing.get_args(hints.get(name)) if t is not type(None)]
+        for kind in kinds:
+            if kind is str:
+                break
+            try:
+                setattr(ours, name, kind(value))
+                break
+            except (TypeError, ValueError):
+                continue
+    return ours
+
+
+def parse(argv=None):
+    """(parser, the run's flags, our script's Args with the flags given)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    same_as = argv[argv.index("--same-as") + 1] if "--same-as" in argv[:-1] else None
+    if same_as not in SAME:  # parse_baseline_args says what --same-as may be
+        return parse_baseline_args(__doc__, SAME, "trl", argv)
+    args_cls = load_script(same_as).Args
+    rest, bools = split_flags(argv, args_cls)
+    p, a, ours = parse_baseline_args(__doc__, SAME, "trl", rest)
+    for name, value in bools.items():
+        setattr(ours, name, value)
+    return p, a, typed(ours, args_cls, [t for t in rest if t.startswith("--")])
+
+
+# ---- our script's Args -> TRL's config ----------------------------------------------------------
+
+
+def common(a, ours, out_dir: str) -> dict:
+    """The TrainingArguments that every row shares: Adam at a constant rate, CPU, float32, no
+    checkpoints, no logging of TRL's own (our callback writes metrics.csv)."""
+    return dict(
+        output_dir=out_dir,
+        learning_rate=ours.learning_rate,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=0.0,
+        optim="adamw_torch",
+        max_grad_norm=ours.max_grad_norm,
+        gradient_accumulation_steps=1,
+        seed=a.seed,
+        data_seed=a.seed,
+        use_cpu=True,
+        bf16=False,
+        fp16=False,
+        gradient_checkpointing=False,
+        save_strategy="no",
+        eval_strategy="no",
+        report_to=[],
+        logging_strategy="no",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+    )
+
+
+def grpo_config(a, ours, max_new_tokens: int, out_dir: str = "/tmp/trl-out"):
+    """grpo_lm.py's Args -> (trainer class name, TRL config): GRPOConfig, or RLOOConfig for
+    --baseline rloo."""
+    updates = a.total_timesteps // ours.num_prompts
+    batch = ours.num_prompts * ours.group_size
+    shared = dict(
+        **common(a, ours, out_dir),
+        per_device_train_batch_size=batch // ours.num_minibatches,
+        steps_per_generation=ours.num_minibatches,
+        num_generations=ours.group_size,
+        num_iterations=ours.update_epochs,
+        max_steps=updates * ours.update_epochs * ours.num_minibatches,
+        beta=ours.beta,
+        epsilon=ours.clip_eps,
+        epsilon_high=ours.clip_eps_high if ours.clip_eps_high is not None else ours.clip_eps,
+        temperature=ours.temperature,
+        top_p=1.0,
+        top_k=0,
+        max_completion_length=max_new_tokens,
+        mask_truncated_completions=ours.mask_truncated,
+        shuffle_dataset=True,
+        log_completions=False,
+    )
+    if ours.baseline == "rloo":
+        from trl import RLOOConfig
+
+        return "RLOOTrainer", RLOOConfig(**shared, normalize_advantages=False)
+    from trl import GRPOConfig
+
+    return "GRPOTrainer", GRPOConfig(
+        **shared,
+        loss_type=LOSS_TYPES[ours.loss_type],
+        scale_rewards="group" if ours.scale_rewards else "none",
+    )
+
+
+def dpo_config(a, ours, out_dir: str = "/tmp/trl-out"):
+    """dpo_lm.py's Args -> ("DPOTrainer", DPOConfig)."""
+    from trl import DPOConfig
+
+    return "DPOTrainer", DPOConfig(
+        **common(a, ours, out_dir),
+        per_device_train_batch_size=ours.batch_size,
+        max_steps=a.total_timesteps // ours.batch_size,
+        beta=ours.beta,
+        loss_type=["sigmoid"],
+        label_smoothing=0.0,
+        max_length=None,
+        precompute_ref_log_probs=False,
+        dataloader_drop_last=True,
+    )
+
+
+def differences(same_as: str, ours) -> list[str]:
+    """The DIFFERENCES that apply to this row's flags."""
+    out = [DIFFERENCES[same_as]]
+    if same_as == "grpo_lm.py" and ours.dynamic_sampling:
+        out.append(DIFFERENCES["dynamic_sampling"])
+    if same_as == "grpo_lm.py" and ours.baseline == "rloo":
+        out.append(DIFFERENCES["rloo"])
+    return out
+
+
+CONFIG_KEYS = (
+    "learning_rate lr_scheduler_type warmup_steps weight_decay optim max_grad_norm seed "
+    "per_device_train_batch_size gradient_accumulation_steps steps_per_generation "
+    "generation_batch_size num_generations num_iterations max_steps beta epsilon epsilon_high "
+    "temperature top_p top_k max_completion_length loss_type scale_rewards "
+    "mask_truncated_completions normalize_advantages label_smoothing max_length "
+    "dataloader_drop_last"
+).split()
+
+
+def config_summary(config) -> dict:
+    """The TRL config's values that the mapping sets (config.json's trl_config)."""
+    return {k: getattr(config, k) for k in CONFIG_KEYS if hasattr(config, k)}
+
+
+# ---- the run ------------------------------------------------------------------------------------
+
+
+class Recorder:
+    """metrics.csv (global_step, wall_time, name, value) and the training clock, which stops
+    during evaluations."""
+
+    def __init__(self, run_dir: Path):
+        self.file = open(run_dir / "metrics.csv", "w", newline="")
+        self.csv = csv.writer(self.file, lineterminator="\n")
+        self.csv.writerow(["global_step", "wall_time", "name", "value"])
+        self.start, self.eval_seconds, self.last_update = None, 0.0, None
+
+    def log(self, step: int, metrics: dict):
+        for name, value in metrics.items():
+            self.csv.writerow([step, f"{time.time():.3f}", name, repr(float(value))])
+        self.file.flush()
+
+    def train_seconds(self) -> float:
+        return 0.0 if self.start is None else time.time() - self.start - self.eval_seconds
+
+    def evaluate(self, step: int, run_eval) -> list[float]:
+        """charts/train_seconds, then one eval/episodic_return row per held-out prompt and
+        eval/accuracy, eval/reward (as our scripts' log_eval)."""
+        import numpy as np
+
+        self.log(step, {"charts/train_seconds": self.train_seconds()})
+        t = time.time()
+        rewards = run_eval()
+        self.eval_seconds += time.time() - t
+        for r in rewards:
+            self.log(step, {"eval/episodic_return": r})
+        if rewards:
+            self.log(
+                step,
+                {
+                    "eval/accuracy": float(np.mean(np.asarray(rewards) == 1.0)),
+                    "eval/reward": float(np.mean(rewards)),
+                },
+            )
+        return rewards
+
+
+def make_callback(
+    rec: Recorder,
+    run_eval,
+    unit: int,
+    steps_per_update: int,
+    total_updates: int,
+    eval_every: int,
+    counters: dict,
+):
+    """A TrainerCallback: the step-0 evaluation and the clock at the start of training, per update
+    the rows above, an evaluation every eval_every steps (prompts or pairs; our scripts' rule) and
+    at the end. unit: prompts (pairs) per update."""
+    from transformers import TrainerCallback
+
+    class OurRun(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            rec.evaluate(0, run_eval)
+            rec.start = rec.last_update = time.time()
+            rec.eval_seconds = 0.0
+            counters["tokens"] = 0
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step % steps_per_update:
+                return
+            update = state.global_step // steps_per_update
+            step = update * unit
+            now = time.time()
+            seconds = max(rec.train_seconds(), 1e-9)
+            metrics = {
+                "charts/tokens_per_s": counters["tokens"] / seconds,
+                "charts/update_seconds": now - rec.last_update,
+            }
+            if counters.get("rewards"):
+                metrics["train/episodic_return"] = sum(counters["rewards"]) / len(
+                    counters["rewards"]
+                )
+                counters["rewards"] = []
+            rec.log(step, metrics)
+            if eval_every and update < total_updates and step % eval_every < unit:
+                rec.evaluate(step, run_eval)
+            rec.last_update = time.time()
+
+    return OurRun()
+
+
+def addition_reward(tokenizer, counters: dict):
+    """Our reward as a TRL reward function: 1.0 where the completion's ids hold the end token and
+    the text before the first one is the answer, 0.0 otherwise (truncated: 0). It also counts the
+    completion tokens sampled (the end token included, as ours) and keeps the rewards of the
+    update for train/episodic_return."""
+    eos = tokenizer.eos_token_id
+
+    def reward(prompts, completions, completion_ids, answer, **kwargs):
+        out = []
+        for ids, target in zip(completion_ids, answer, strict=True):
+            ids = list(ids)
+            text = tokenizer.decode(ids[: ids.index(eos)]) if eos in ids else None
+            out.append(float(text is not None and text == target))
+            counters["tokens"] = counters.get("tokens", 0) + len(ids)
+        counters.setdefault("rewards", []).extend(out)
+        return out
+
+    reward.__name__ = "addition_reward"
+    return reward
+
+
+def main(argv=None) -> int:
+    p, a, ours = parse(argv)
+    if a.env_id != ours.env_id:
+        p.error(f"--env-id {a.env_id}: {a.same_as} trains on {ours.env_id} only")
+    import numpy as np
+    import torch
+
+    torch.set_num_threads(1)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, set_seed
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    import datasets
+
+    datasets.disable_progress_bars()
+    lm = load_script("grpo_lm.py")  # the same greedy evaluation as ours
+    model_dir = lm.find(ours.model)
+    task = lm.load_task(lm.task_path(ours))
+    if task["name"] != ours.env_id:
+        p.error(f"the task of {model_dir} is {task['name']}, not {ours.env_id}")
+    max_new_tokens = ours.max_new_tokens or task["max_new_tokens"]
+    heldout = task["heldout"][: ours.eval_prompts]
+    set_seed(a.seed)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    out_dir = tempfile.mkdtemp(prefix="trl-out-")
+    counters: dict = {}
+    if a.same_as == "grpo_lm.py":
+        trainer_name, config = grpo_config(a, ours, max_new_tokens, out_dir)
+        unit, steps_per_update = ours.num_prompts, ours.update_epochs * ours.num_minibatches
+        data = Dataset.from_dict(
+            {"prompt": [q for q, _ in task["train"]], "answer": [x for _, x in task["train"]]}
+        )
+    else:
+        dpo = load_script("dpo_lm.py")
+        pairs = dpo.load_preferences(dpo.preferences_path(ours))["pairs"]
+        trainer_name, config = dpo_config(a, ours, out_dir)
+        unit, steps_per_update = ours.batch_size, 1
+        # the end token is appended here (TRL would too): chosen/rejected = text + <eos>
+        data = Dataset.from_dict(
+            {
+                "prompt": [q for q, _, _ in pairs],
+                "chosen": [c + tokenizer.eos_token for _, c, _ in pairs],
+                "rejected": [r + tokenizer.eos_token for _, _, r in pairs],
+            }
+        )
+    total_updates = config.max_steps // steps_per_update
+
+    policy = lm.Policy(model, tokenizer.pad_token_id, tokenizer.eos_token_id)
+
+    def run_eval() -> list[float]:
+        was_training = model.training
+        model.eval()
+        rewards = lm.evaluate(policy, tokenizer, heldout, max_new_tokens) if heldout else []
+        model.train(was_training)
+        return rewards
+
+    a.run_dir.mkdir(parents=True)
+    import trl
+
+    (a.run_dir / "config.json").write_text(
+        json.dumps(
+            {
+                "script": f"trl:{a.same_as}",
+                "trl_version": trl.__version__,
+                "trl_trainer": trainer_name,
+                "trl_config": config_summary(config),
+                "difference": "; ".join(differences(a.same_as, ours)),
+                "args": {
+                    **dataclasses.asdict(ours),
+                    "env_id": a.env_id,
+                    "total_timesteps": a.total_timesteps,
+                    "seed": a.seed,
+                    "eval_every": a.eval_every,
+                    "run_dir": str(a.run_dir),
+                },
+            },
+            indent=2,
+            default=str,
+        )
+    )
+    rec = Recorder(a.run_dir)
+    callback = make_callback(
+        rec, run_eval, unit, steps_per_update, total_updates, a.eval_every, counters
+    )
+    if a.same_as == "grpo_lm.py":
+        trainer_cls = getattr(trl, trainer_name)
+        trainer = trainer_cls(
+            model=model,
+            reward_funcs=addition_reward(tokenizer, counters),
+            args=config,
+            train_dataset=data,
+            processing_class=tokenizer,
+            callbacks=[callback],
+        )
+    else:
+        trainer = trl.DPOTrainer(
+            model=model,
+            args=config,
+            train_dataset=data,
+            processing_class=tokenizer,
+            callbacks=[callback],
+        )
+        collate = trainer.data_collator
+
+        def counting_collator(features):  # ours' count: prompt + completion, both sides
+            counters["tokens"] = counters.get("tokens", 0) + sum(
+                2 * len(f["prompt_ids"]) + len(f["chosen_ids"]) + len(f["rejected_ids"])
+                for f in features
+            )
+            return collate(features)
+
+        trainer.data_collator = counting_collator
+    trainer.train()
+    step = total_updates * unit
+    returns = rec.evaluate(step, run_eval)
+    rec.file.close()
+    print(f"train seconds {rec.train_seconds():.1f}, {total_updates} updates")
+    if returns:
+        print(f"eval/accuracy: {np.mean(np.asarray(returns) == 1.0):.3f}")
+    print_baseline_end(returns, a.run_dir, f"TRL {trainer_name} with {a.same_as}'s hyperparameters")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

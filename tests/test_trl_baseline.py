@@ -1,0 +1,109 @@
+"""benchmark/trl_baseline.py: TRL with our LM scripts' hyperparameters (the "trl:" rows of a suite).
+
+The flag mapping (our Args -> TRL's config) without training, then two updates each of GRPO and DPO
+on the committed base, whose run directory must hold what benchmark/run.py scores."""
+
+import json
+
+import pytest
+
+pytest.importorskip("trl")
+
+from benchmark.runs import read_metrics, run_finished, run_script, script_command  # noqa: E402
+from benchmark.trl_baseline import dpo_config, grpo_config, parse  # noqa: E402
+
+
+def test_dispatch():
+    cmd = script_command("trl:grpo_lm.py", ["--seed", "1"], "runs/x")
+    assert cmd[1].endswith("benchmark/trl_baseline.py")
+    assert cmd[2:4] == ["--same-as", "grpo_lm.py"] and cmd[-2:] == ["--run-dir", "runs/x"]
+
+
+def mapped(*flags, same_as="grpo_lm.py", steps=4800):
+    argv = ["--same-as", same_as, "--env-id", "addition-v0", "--total-timesteps", str(steps)]
+    _, a, ours = parse([*argv, *flags, "--run-dir", "/nonexistent/trl-run", "--no-cuda"])
+    if same_as == "dpo_lm.py":
+        return ours, dpo_config(a, ours)
+    return ours, grpo_config(a, ours, max_new_tokens=5)
+
+
+def test_grpo_mapping():
+    ours, (name, c) = mapped()
+    assert name == "GRPOTrainer"
+    assert (c.num_generations, c.generation_batch_size, c.per_device_train_batch_size) == (
+        8,
+        128,
+        128,
+    )
+    assert (c.steps_per_generation, c.gradient_accumulation_steps, c.max_steps) == (1, 1, 300)
+    assert c.learning_rate == 3e-4 and c.lr_scheduler_type == "constant" and c.weight_decay == 0.0
+    assert (c.warmup_steps, c.max_grad_norm, c.beta, c.num_iterations) == (0, 1.0, 0.0, 1)
+    assert (c.epsilon, c.epsilon_high, c.temperature, c.max_completion_length) == (0.2, 0.2, 1.0, 5)
+    assert (c.loss_type, c.scale_rewards, c.mask_truncated_completions) == ("grpo", "group", False)
+    assert not c.bf16 and not c.gradient_checkpointing
+    # Dr. GRPO
+    _, (_, c) = mapped("--no-scale-rewards", "--loss-type", "dr_grpo")
+    assert (c.loss_type, c.scale_rewards) == ("dr_grpo", "none")
+    # DAPO: tyro's boolean flags and an optional float
+    ours, (_, c) = mapped(
+        "--clip-eps-high", "0.28", "--loss-type", "token", "--dynamic-sampling", "--mask-truncated"
+    )
+    assert ours.dynamic_sampling and ours.clip_eps_high == 0.28
+    assert (c.epsilon_high, c.loss_type, c.mask_truncated_completions) == (0.28, "dapo", True)
+    # RLOO
+    _, (name, c) = mapped("--baseline", "rloo", "--no-scale-rewards")
+    assert name == "RLOOTrainer" and c.beta == 0.0 and not c.normalize_advantages
+    # mu 2, two minibatches: an optimizer step per minibatch, 4 per update
+    _, (_, c) = mapped("--update-epochs", "2", "--num-minibatches", "2", steps=160)
+    assert (c.per_device_train_batch_size, c.steps_per_generation) == (64, 2)
+    assert (c.generation_batch_size, c.num_iterations, c.max_steps) == (128, 2, 40)
+
+
+def test_dpo_mapping():
+    _, (name, c) = mapped(same_as="dpo_lm.py", steps=14784)
+    assert name == "DPOTrainer"
+    assert (c.per_device_train_batch_size, c.max_steps, c.beta, c.learning_rate) == (
+        64,
+        231,
+        1.0,
+        3e-4,
+    )
+    assert c.loss_type == ["sigmoid"] and c.max_length is None and c.weight_decay == 0.0
+    assert c.lr_scheduler_type == "constant" and c.max_grad_norm == 1.0
+
+
+def test_no_bos_and_eos_ids():
+    """TRL tokenizes the prompts with special tokens: the base's tokenizer adds none (no BOS), and
+    "<eos>" appended to a completion's text is the end token's id."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained("benchmark/policies/lm-addition-base")
+    assert tok.bos_token_id is None
+    assert tok("321+654=")["input_ids"] == tok("321+654=", add_special_tokens=False)["input_ids"]
+    assert tok("975" + tok.eos_token, add_special_tokens=False)["input_ids"][-1] == tok.eos_token_id
+
+
+@pytest.mark.parametrize(
+    "script, steps, every, unit",
+    [("trl:grpo_lm.py", 32, 16, 16), ("trl:dpo_lm.py", 128, 64, 64)],
+)
+def test_two_updates(tmp_path, script, steps, every, unit):
+    run_dir = tmp_path / "run"
+    flags = ["--env-id", "addition-v0", "--total-timesteps", str(steps), "--seed", "1"]
+    flags += ["--eval-every", str(every), "--eval-prompts", "12", "--no-cuda"]
+    result = run_script(script, flags, run_dir, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["script"] == script and config["args"]["total_timesteps"] == steps
+    assert config["difference"]
+    m = read_metrics(run_dir)
+    evals = m["eval/episodic_return"]
+    assert sorted(set(evals[0].tolist())) == [0, unit, 2 * unit]
+    assert all((evals[0] == s).sum() == 12 for s in (0, unit, 2 * unit))
+    assert set(evals[1].tolist()) <= {0.0, 1.0}
+    assert m["eval/accuracy"][0].tolist() == [0, unit, 2 * unit]
+    assert m["charts/train_seconds"][0].tolist() == [0, unit, 2 * unit]
+    assert m["charts/train_seconds"][1][0] == 0.0 and (m["charts/train_seconds"][1][1:] > 0).all()
+    assert m["charts/tokens_per_s"][0].tolist() == [unit, 2 * unit]
+    assert (m["charts/tokens_per_s"][1] > 0).all() and len(m["charts/update_seconds"][1]) == 2
+    assert run_finished(run_dir)
