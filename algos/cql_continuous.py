@@ -328,6 +328,18 @@ def normalize_observations(data: dict, on: bool):
     return mean, std
 
 
+def offline_eval(policy, args, dataset, device, video_dir=None) -> dict:
+    """Evaluation episodes of the policy (seeded apart from training) and, where the dataset has
+    reference returns, their normalised scores."""
+    seed = args.seed + 100_000
+    returns = evaluate(policy, args.env_id, args.eval_episodes, seed, device, video_dir)
+    scores = normalized_scores(returns, dataset)
+    return {
+        "eval/episodic_return": returns,
+        **({"eval/normalized_score": scores} if scores else {}),
+    }
+
+
 def normalized_scores(returns, dataset) -> list:
     """D4RL's normalised score of each return, 100 * (R - random) / (expert - random), with the
     dataset's reference returns (ref_min_score, ref_max_score); [] for a dataset without them."""
@@ -378,12 +390,10 @@ def evaluate(actor, env_id, episodes, seed, device="cpu", video_dir=None):
 
 
 def main(args: Args):
-    # ---- shared: offline/start ----
     args, ckpt, run_dir = start_run(args, check_args)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     dataset = open_dataset(args.dataset)
     data = dataset_arrays(dataset)
-    # ---- end shared: offline/start ----
     obs_mean, obs_std = normalize_observations(data, args.normalize_obs)
     obs_dim, action_dim = data["obs"].shape[1], data["actions"].shape[1]
     low, high = dataset.action_space.low, dataset.action_space.high
@@ -427,28 +437,14 @@ def main(args: Args):
         "rng": RNGs(rng),
     }
 
-    # ---- shared: offline_continuous/run_eval ----
-    def run_eval(video_dir=None):  # evaluation episodes are seeded apart from training
-        returns = evaluate(
-            actor, args.env_id, args.eval_episodes, args.seed + 100_000, device, video_dir
-        )
-        scores = normalized_scores(returns, dataset)
-        # the progress bar shows it
-        logger.last_return = np.mean(returns) if returns else float("nan")
-        return {
-            "eval/episodic_return": returns,
-            **({"eval/normalized_score": scores} if scores else {}),
-        }
+    def run_eval(video_dir=None):
+        return offline_eval(actor, args, dataset, device, video_dir)
 
-    # ---- end shared: offline_continuous/run_eval ----
-
-    # ---- shared: offline/resume ----
     global_step = 0
     if ckpt is not None:
         load_states(stateful, ckpt, run_dir)
         global_step = ckpt["global_step"]
     logger = RunLogger(args, run_dir, args.total_timesteps, global_step, ckpt=ckpt)
-    # ---- end shared: offline/resume ----
     # global_step: gradient steps taken
     for global_step in range(global_step + 1, args.total_timesteps + 1):
         b_obs, b_next_obs, b_actions, b_rewards, b_terminated = buffer.sample(args.batch_size)
@@ -1080,9 +1076,13 @@ class RunLogger:
         self.log(step, {"charts/train_seconds": self.train_seconds()})
         start, results = time.time(), run_episodes()
         self.eval_seconds += time.time() - start
-        for name, values in (
+        results_by_name = (
             results if isinstance(results, dict) else {"eval/episodic_return": results}
-        ).items():
+        )
+        returns = results_by_name.get("eval/episodic_return", [])
+        if len(returns):  # the progress bar's ret= (all the offline scripts show)
+            self.last_return = float(np.mean(returns))
+        for name, values in results_by_name.items():
             for value in values:
                 self.log(step, {name: value}, to_wandb=False)
             # wandb keeps one value per step: the mean, and a histogram

@@ -999,9 +999,13 @@ class RunLogger:
         self.log(step, {"charts/train_seconds": self.train_seconds()})
         start, results = time.time(), run_episodes()
         self.eval_seconds += time.time() - start
-        for name, values in (
+        results_by_name = (
             results if isinstance(results, dict) else {"eval/episodic_return": results}
-        ).items():
+        )
+        returns = results_by_name.get("eval/episodic_return", [])
+        if len(returns):  # the progress bar's ret= (all the offline scripts show)
+            self.last_return = float(np.mean(returns))
+        for name, values in results_by_name.items():
             for value in values:
                 self.log(step, {name: value}, to_wandb=False)
             # wandb keeps one value per step: the mean, and a histogram
