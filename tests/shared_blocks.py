@@ -1,4 +1,5 @@
-"""The blocks the scripts of algos/ share, kept byte-identical.
+"""The blocks the scripts of algos/ share, kept byte-identical, and the copies of networks and
+losses (COPIES: top-level definitions of the same name, checked without marker lines).
 
 A block starts with a line `# ---- shared: <name> ----` and ends with `# ---- end shared: <name>
 ----` (either may be indented, as inside `class Args`). A block named `<family>/<name>` (e.g.
@@ -11,6 +12,7 @@ other block is held by every script. Each block is the same text in every script
 """
 
 import argparse
+import ast
 import difflib
 import re
 import sys
@@ -93,6 +95,64 @@ FAMILIES = {
     # the scripts that scale rewards by the dataset's spread of episode returns
     "offline_reward": {"iql_continuous.py", "cql_continuous.py"},
 }
+# Copies checked without marker lines: a top-level class or function of this name is the same text
+# in every script of its group (an algorithm's network or loss a reader meets whole, not plumbing).
+# Where the scripts differ on purpose, the script says why next to the definition.
+COPIES = {
+    "layer_init": {
+        "a2c.py",
+        "impala.py",
+        "ppo.py",
+        "ppo_continuous.py",
+        "ppo_atari.py",
+        "ppo_atari_envpool.py",
+        "ppo_atari_multigpu.py",
+        "mappo_smac_lite.py",
+        "ippo_smac_lite.py",
+        "mappo_mpe.py",
+        "ippo_mpe.py",
+    },
+    "linear_schedule": {
+        "dqn.py",
+        "c51.py",
+        "dqn_atari.py",
+        "ddqn_atari.py",
+        "c51_atari.py",
+        "iqn_atari.py",
+        "qmix_smac_lite.py",
+        "vdn_smac_lite.py",
+    },
+    "Agent": [
+        {"a2c.py", "ppo.py"},
+        {"ppo_atari.py", "ppo_atari_envpool.py", "ppo_atari_multigpu.py"},
+    ],
+    "evaluate": [
+        {"a2c.py", "ppo.py"},
+        {"ppo_atari.py", "ppo_atari_multigpu.py"},
+        {"mappo_smac_lite.py", "ippo_smac_lite.py"},
+        {"mappo_mpe.py", "ippo_mpe.py"},
+    ],
+    "make_env": [
+        {"a2c.py", "c51.py", "dqn.py", "ppo.py"},
+        {"ppo_atari.py", "ppo_atari_multigpu.py"},
+    ],
+    "minibatch_loss": {"ppo_atari.py", "ppo_atari_envpool.py", "ppo_atari_multigpu.py"},
+    "Actor": [
+        {"bc_continuous.py", "td3_bc_continuous.py"},
+        {"ddpg_continuous.py", "td3_continuous.py"},
+    ],
+    "QNetwork": [
+        {"iql_continuous.py", "td3_bc_continuous.py"},
+        {"dqn_atari.py", "ddqn_atari.py"},
+    ],
+    "td_target": {"dqn.py", "dqn_atari.py"},
+    "categorical_loss": {"c51.py", "c51_atari.py"},
+    "categorical_projection": {"c51.py", "c51_atari.py"},
+    "greedy_pmfs": {"c51.py", "c51_atari.py"},
+    "ValueNorm": {"mappo_smac_lite.py", "ippo_smac_lite.py", "mappo_mpe.py", "ippo_mpe.py"},
+    "actor_inputs": {"mappo_smac_lite.py", "ippo_smac_lite.py", "mappo_mpe.py", "ippo_mpe.py"},
+    "critic_inputs": {"ippo_smac_lite.py", "ippo_mpe.py"},
+}
 BLOCK = re.compile(
     r"^([ \t]*)# ---- shared: (\S+) ----\n(.*?)^\1# ---- end shared: \2 ----\n", re.M | re.S
 )
@@ -157,6 +217,43 @@ def differences(paths: list[Path]) -> list[str]:
     return problems
 
 
+def definitions(text: str) -> dict[str, str]:
+    """{name: source text} of a script's top-level classes and functions."""
+    tree = ast.parse(text)
+    return {
+        node.name: ast.get_source_segment(text, node)
+        for node in tree.body
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef))
+    }
+
+
+def copy_differences(paths: list[Path]) -> list[str]:
+    """One problem per group of COPIES whose scripts do not hold the same definition (with a
+    unified diff of the first two texts), or where a script lacks it."""
+    texts = {p.name: definitions(p.read_text()) for p in paths}
+    problems = []
+    for name, groups in COPIES.items():
+        for group in groups if isinstance(groups, list) else [groups]:
+            present = sorted(s for s in group if s in texts)
+            lacking = [s for s in present if name not in texts[s]]
+            problems += [f"{s}: lacks {name!r}, a checked copy (COPIES)" for s in lacking]
+            holders = [s for s in present if s not in lacking]
+            versions = sorted(
+                {texts[s][name] for s in holders},
+                key=lambda v: -sum(texts[s][name] == v for s in holders),
+            )  # the most common text first
+            if len(versions) > 1:
+                a, b = (next(s for s in holders if texts[s][name] == v) for v in versions[:2])
+                diff = difflib.unified_diff(
+                    versions[0].splitlines(), versions[1].splitlines(), a, b, lineterm="", n=1
+                )
+                groups_text = " | ".join(
+                    ", ".join(s for s in holders if texts[s][name] == v) for v in versions
+                )
+                problems.append(f"copy {name!r} differs: {groups_text}\n" + "\n".join(diff))
+    return problems
+
+
 def fix(source: Path, paths: list[Path]) -> list[Path]:
     """Copy the blocks of `source` into every other path that has the markers; returns the files
     changed. A block a script lacks altogether is not added (where it goes is the script author's
@@ -202,7 +299,7 @@ def main(argv=None) -> int:
             p.error(f"no script {a.fix}")
         for changed in fix(a.fix, paths):
             print(f"updated {changed}")
-    problems = differences(paths)
+    problems = differences(paths) + copy_differences(paths)
     for line in problems:
         print(line, file=sys.stderr)
     return 1 if problems else 0

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import shared_blocks
-from shared_blocks import ALGOS, blocks, differences, fix, scripts
+from shared_blocks import ALGOS, blocks, copy_differences, differences, fix, scripts
 
 REQUIRED = {"args", "helpers"}
 
@@ -107,3 +107,21 @@ def test_every_script_reads_algorithm_first():
         assert where["net"] < len(lines) / 3, (
             f"{p.name}: the first network is at line {where['net'] + 1} of {len(lines)}"
         )
+
+
+def test_the_copied_networks_and_losses_are_the_same_text():
+    """COPIES: e.g. ppo_atari_multigpu.py's Agent, make_env, evaluate and minibatch_loss are
+    ppo_atari.py's; a drift prints the diff."""
+    assert copy_differences(scripts()) == []
+
+
+def test_a_drifted_copy_is_reported_with_its_diff(tmp_path):
+    for p in scripts():
+        shutil.copy(p, tmp_path / p.name)
+    text = (tmp_path / "ppo_atari_multigpu.py").read_text()
+    start = text.index("def minibatch_loss(")
+    body = text.index("\n    ", start)
+    changed = text[:body] + "\n    # changed in one copy" + text[body:]
+    (tmp_path / "ppo_atari_multigpu.py").write_text(changed)
+    [problem] = copy_differences(scripts(tmp_path))
+    assert problem.startswith("copy 'minibatch_loss' differs") and "+    # changed" in problem
