@@ -24,8 +24,17 @@ import time
 import uuid
 from pathlib import Path
 
-from benchmark.run import ROOT, Outcome, RunSpec, Unreachable, execute, keep_or_clear
-from benchmark.runs import load_script, pack_dir, unpack_dir
+from benchmark.runs import (
+    ROOT,
+    Outcome,
+    RunSpec,
+    Unreachable,
+    execute,
+    keep_or_clear,
+    load_script,
+    pack_dir,
+    unpack_dir,
+)
 
 # what workers do not need: run outputs, environments, history, reports (gitignore syntax, relative
 # to ROOT)

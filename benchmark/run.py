@@ -28,11 +28,7 @@ import argparse
 import dataclasses
 import json
 import os
-import re
-import shutil
-import subprocess
 import sys
-import time
 import tomllib
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
@@ -45,66 +41,16 @@ if str(ROOT) not in sys.path:
 
 from tqdm import tqdm  # noqa: E402
 
-from benchmark.runs import ALGOS, file_stem, run_finished, run_script  # noqa: E402
+from benchmark.runs import (  # noqa: E402
+    ALGOS,
+    Outcome,
+    RunSpec,
+    Unreachable,
+    execute,
+)
 
 SUITES = Path(__file__).resolve().parent / "suites.toml"
 REPORTS = Path(__file__).resolve().parent / "reports"
-
-
-@dataclass(frozen=True)
-class RunSpec:
-    """One run of a suite: a script on an env with a seed, budget and extra flags, and how it is
-    scored."""
-
-    script: str
-    env_id: str
-    seed: int
-    total_timesteps: int
-    score: str
-    flags: tuple[str, ...] = ()
-    # a reference id, or None: the matching one (benchmark.references.find_reference)
-    reference: str | None = None
-    # the reference is made from this entry's runs: reported, not judged
-    self_reference: bool = False
-    # also judged against the runs of these scripts ("sb3:sac_continuous.py")
-    compare_with: tuple[str, ...] = ()
-
-    @property
-    def name(self) -> str:
-        return f"{file_stem(self.script)}__{self.env_id.replace('/', '-')}__{self.seed}"
-
-    def command_flags(self, device: str) -> list[str]:
-        return [
-            "--env-id",
-            self.env_id,
-            "--total-timesteps",
-            str(self.total_timesteps),
-            "--seed",
-            str(self.seed),
-            *self.flags,
-            "--cuda" if device == "cuda" else "--no-cuda",
-        ]
-
-
-class Unreachable(RuntimeError):
-    """The Ray cluster of --ray-address cannot be reached or joined (benchmark/ray_backend.py)."""
-
-
-@dataclass
-class Outcome:
-    spec: RunSpec
-    run_dir: Path
-    # "done" (finished before, kept), "ok" (ran and finished), "failed", "reported" (an earlier
-    # report's)
-    status: str
-    seconds: float = 0.0
-    error: str = ""
-    # status "reported": the score, final eval and eval curve that report gives the seed
-    reported: dict | None = None
-
-    @property
-    def finished(self) -> bool:
-        return self.status in ("done", "ok", "reported")
 
 
 @dataclass
@@ -258,54 +204,6 @@ def seeds_from(
             f"{report_md} scores no seed of these runs that this command does not run itself"
         )
     return added
-
-
-def _error_line(stderr: str, returncode: int) -> str:
-    """The line of a crashed run's output that says why (tracebacks end with it; tyro boxes its
-    message)."""
-    lines = [ln.strip(" │╭╮╰╯─┃━\t") for ln in re.split(r"[\r\n]+", stderr)]
-    lines = [ln for ln in lines if ln and "it/s]" not in ln and "step/s]" not in ln]
-    flagged = [ln for ln in lines if re.search(r"error|exception|unrecognized|invalid", ln, re.I)]
-    return f"exit {returncode}: " + ((flagged or lines or ["(no output)"])[-1])[:300]
-
-
-def keep_or_clear(run_dir: Path) -> bool:
-    """True when run_dir holds its run finished (kept); otherwise deletes what a half-done run left
-    there."""
-    if run_finished(run_dir):
-        return True
-    if run_dir.exists():
-        shutil.rmtree(run_dir)
-    return False
-
-
-def execute(
-    spec: RunSpec, run_dir: Path, device: str = "cpu", timeout: float | None = None
-) -> Outcome:
-    """Run one spec unless run_dir already holds it finished; a half-done run_dir is deleted and
-    redone."""
-    run_dir = Path(run_dir)
-    if keep_or_clear(run_dir):
-        return Outcome(spec, run_dir, "done")
-    start = time.time()
-    try:
-        out = run_script(spec.script, spec.command_flags(device), run_dir, timeout=timeout)
-        stdout, stderr, rc = out.stdout, out.stderr, out.returncode
-    except subprocess.TimeoutExpired as e:
-        stdout, stderr, rc = (
-            str(e.stdout or ""),
-            str(e.stderr or "") + f"\nerror: timed out after {timeout} s",
-            124,
-        )
-    seconds = time.time() - start
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "output.log").write_text(stdout + stderr)
-    if rc == 0 and run_finished(run_dir):
-        return Outcome(spec, run_dir, "ok", seconds)
-    error = (
-        _error_line(stderr, rc) if rc else "exit 0 but no final eval/episodic_return in metrics.csv"
-    )
-    return Outcome(spec, run_dir, "failed", seconds, error)
 
 
 def run_all(

@@ -31,7 +31,7 @@ from benchmark.references import (
 )
 from benchmark.report import cells, judge, write_report
 from benchmark.report_path import new_report_path
-from benchmark.runs import git_head, read_metrics, read_rows, run_finished, run_script
+from benchmark.runs import ROOT, git_head, read_metrics, read_rows, run_finished, run_script
 
 pytestmark = pytest.mark.xdist_group("benchmark")
 
@@ -1256,3 +1256,12 @@ def test_smac_lite_rules_report(tmp_path):
     ]
     assert [r.split(" | ")[0][2:] for r in rows] == list(smac_lite_rules.VARIANTS)
     assert all(len(r.split(" | ")) == 7 for r in rows) and "trained MAPPO" in report.read_text()
+
+
+def test_the_ray_backend_does_not_import_the_runner():
+    """benchmark/run.py uses ray_backend.py; ray_backend.py takes what both need from runs.py."""
+    import ast
+
+    tree = ast.parse((ROOT / "benchmark" / "ray_backend.py").read_text())
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    assert "benchmark.run" not in imported and "benchmark.runs" in imported
