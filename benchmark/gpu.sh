@@ -3,7 +3,7 @@
 #   bash benchmark/gpu.sh              # about 11 minutes on one H100: steps/s per family with and without --compile,
 #                                      # smac_lite at 1024-8192 battles, MAPPO's time to 0.9 on 3m, a short Pong curve,
 #                                      # grpo_lm.py on a random Qwen2-0.5B-shaped model, SB3 beside ppo.py and SAC;
-#                                      # writes benchmark/reports/gpu-check-cuda-<date>-<HHMM>-<commit>.md naming the GPU
+#                                      # writes benchmark/reports/gpu-check/gpu-check-cuda-<date>-...md naming the GPU
 #   STEPS="1 2 3" bash benchmark/gpu.sh  # some of the six steps (two calls of under 10 minutes: "1 2 3", "4 5 6")
 #   bash benchmark/gpu.sh --dry-run    # the same steps on the CPU with tiny budgets (a test runs it); report in runs/
 #   bash benchmark/gpu.sh --suites     # every suite at full budget on CUDA (hours): SUITES="classic" SEEDS=10 JOBS=8

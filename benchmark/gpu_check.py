@@ -27,7 +27,7 @@ H100.
 --steps 1 2 3 picks steps (default: all). On one H100 all six take about 11 minutes: in two calls
 of under 10 minutes, --steps 1 2 3 and --steps 4 5 6.
 
-Writes <report-dir>/gpu-check-<device>-<date>-<HHMM>-<commit>.md naming the device, the torch
+Writes <report-dir>/gpu-check/gpu-check-<device>-<date>-<HHMM>-<commit>.md naming the device, torch
 version and each step's budget; a step that fails or runs out of time says so in the report, and the
 other steps still run. The report is rewritten after every step, so a check stopped from outside
 keeps the steps it finished.

@@ -2,7 +2,7 @@
 run each in a row (CartPole-v1, no evaluation during training):
 
     python benchmark/impala_speed.py                 # 100k steps per run; writes
-    benchmark/reports/impala-speed-...md python benchmark/impala_speed.py --steps 20000 --actors 1 2
+    benchmark/reports/impala-speed/...md python benchmark/impala_speed.py --steps 20000 --actors 1 2
     --report-dir /tmp/r
 
 The runs: impala.py with --num-actors 0 (one actor in the learner's process); with each --actors

@@ -3,7 +3,7 @@ the same dataset and batch size (benchmark/d3rlpy_baseline.py): runs interleaved
 ours, ...), one at a time, one torch thread each, no evaluation. A run's rate is its gradient steps
 over its charts/train_seconds, which starts at its first gradient step on our side (after the
 dataset is loaded) and at d3rlpy's first step on its side (after its scalers and networks are
-built). Writes benchmark/reports/offline-speed-<device>-<date>-<HHMM>-<commit>.md.
+built). Writes benchmark/reports/offline-speed/offline-speed-<device>-<date>-<HHMM>-<commit>.md.
 
     python benchmark/offline_speed.py --steps 3000 --repeats 3
     python benchmark/offline_speed.py --scripts cql_discrete.py --steps 1000 --repeats 1

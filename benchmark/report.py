@@ -1,4 +1,4 @@
-"""The report of a suite run: benchmark/reports/<suite>-<device>-<date>-<HHMM>-<commit>.md
+"""The report of a suite run: benchmark/reports/<suite>/<suite>-<device>-<date>-<HHMM>-<commit>.md
 (benchmark/report_path.py; never overwrites an earlier one), a table of our scores against the
 references (with their sources) and a verdict per cell (benchmark/stats.py), plus PNG learning
 curves and results.json in the folder of the same name. Written by benchmark/run.py after its runs

@@ -1,7 +1,7 @@
 """Run a benchmark suite (benchmark/suites.toml): scripts x envs x seeds as subprocesses, then
 score, aggregate and report (benchmark/report.py writes
-benchmark/reports/<suite>-<device>-<date>-<HHMM>-<commit>.md with learning curves; an earlier report
-is never overwritten).
+benchmark/reports/<suite>/<suite>-<device>-<date>-<HHMM>-<commit>.md with learning curves; an
+earlier report is never overwritten).
 
     python benchmark/run.py --suite classic --seeds 5 --device cpu --jobs 2 python benchmark/run.py
     --suite classic --device cuda --jobs 4 --backend ray      # a local Ray started here python

@@ -1,7 +1,7 @@
 """smac_lite reference battles: win rate, mean return and episode length of the random and the
 scripted focus-fire policies against the scripted enemy, over the first episode of 1000 battles per
-map and policy. Writes benchmark/reports/smac_lite-battles-<device>-<date>-<time>-<commit>.md (never
-overwrites a report).
+map and policy. Writes benchmark/reports/smac_lite-battles/smac_lite-battles-<device>-<date>-
+<time>-<commit>.md (never overwrites a report).
 
     OMP_NUM_THREADS=1 python benchmark/smac_lite_battles.py [--maps 3m 8m] [--battles 1000] [--seed
     0]
@@ -68,15 +68,17 @@ def commit_id():
     return git("rev-parse", "--short", "HEAD") + ("-dirty" if dirty else "")
 
 
-def report_path(kind, device, started):
-    """benchmark/reports/smac_lite-<kind>-<device>-<date>-<time>-<commit>.md: never overwrites an
-    earlier run."""
-    return (
-        ROOT
-        / "benchmark"
-        / "reports"
-        / f"smac_lite-{kind}-{device}-{started:%Y-%m-%d-%H%M}-{commit_id()}.md"
-    )
+def report_path(kind, device, started, root=ROOT / "benchmark" / "reports"):
+    """<root>/smac_lite-<kind>/smac_lite-<kind>-<device>-<date>-<time>-<commit>.md (the folder made,
+    the reports' index rewritten): never overwrites an earlier run."""
+    from benchmark.report_path import write_index
+
+    folder = root / f"smac_lite-{kind}"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"smac_lite-{kind}-{device}-{started:%Y-%m-%d-%H%M}-{commit_id()}.md"
+    path.touch()
+    write_index(root)
+    return path
 
 
 def load_text(before, after):

@@ -17,8 +17,8 @@ smac_lite's rules and then with one rule changed at a time:
   (centre distance
   6), not within SMAC's sight range 9.
 
-Writes benchmark/reports/smac_lite-rules-<device>-<date>-<time>-<commit>.md (never overwrites a
-report).
+Writes benchmark/reports/smac_lite-rules/smac_lite-rules-<device>-<date>-<time>-<commit>.md
+(never overwrites a report).
 
     OMP_NUM_THREADS=1 python benchmark/smac_lite_rules.py --map 5m_vs_6m [--run-dir RUN] [--battles
     1000]
@@ -139,7 +139,7 @@ def main(argv=None):
                 f" return {ret:6.2f}  ({time.perf_counter() - t0:.1f} s)",
                 flush=True,
             )
-    out = args.report_dir / report_path("rules", "cpu", started).name
+    out = report_path("rules", "cpu", started, args.report_dir)
     cmd = (
         "OMP_NUM_THREADS=1 python benchmark/smac_lite_rules.py "
         f"--map {map_name} --battles {args.battles} "

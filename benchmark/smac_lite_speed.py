@@ -1,8 +1,8 @@
 """smac_lite raw speed: random-policy joint steps per second (one joint step = one step of one
 battle, with observations, state, masks, rewards and auto-reset), for several maps and battle
 counts, on one CPU thread (and CUDA if available). Writes
-benchmark/reports/smac_lite-speed-<device>-<date>-<time>-<commit>.md, with the machine's load
-average (the machine may be shared: a high load makes the numbers low).
+benchmark/reports/smac_lite-speed/smac_lite-speed-<device>-<date>-<time>-<commit>.md, with the
+machine's load average (the machine may be shared: a high load makes the numbers low).
 
     OMP_NUM_THREADS=1 python benchmark/smac_lite_speed.py [--maps 3m 2s3z] [--envs 1 64 1024 4096]
     [--repeats 5]

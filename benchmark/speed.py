@@ -1,7 +1,8 @@
 """Speed of our scripts against Stable-Baselines3 on the same machine in the same run.
 
     python benchmark/speed.py                      # every entry; writes
-    benchmark/reports/speed-cpu-<date>-<HHMM>-<commit>.md python benchmark/speed.py --entries ppo
+    benchmark/reports/<name>/<name>-cpu-<date>-<HHMM>-<commit>.md
+    python benchmark/speed.py --entries ppo
     --repeats 3 --seeds 5
 
 Two measures per entry of ENTRIES (a later script adds one entry):

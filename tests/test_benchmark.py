@@ -116,7 +116,7 @@ def test_suite_runs_scores_and_reports(suite_run):
     assert not run_finished(runs / "ppo__Acrobot-v1__1")
     assert not (runs / "not_written_yet__CartPole-v1__1").exists()
 
-    reports = list((tmp / "reports").glob("t-cpu-*.md"))
+    reports = list((tmp / "reports").glob("t/t-cpu-*.md"))
     assert len(reports) == 1
     text = reports[0].read_text()
     rows = {
@@ -140,7 +140,7 @@ def test_suite_runs_scores_and_reports(suite_run):
 
     # the scores are each run's final evaluation, aggregated as stats says
     stem = reports[0].stem
-    results = json.loads((tmp / "reports" / stem / "results.json").read_text())
+    results = json.loads((tmp / "reports" / "t" / stem / "results.json").read_text())
     cell = next(c for c in results["cells"] if c["script"] == "dqn.py")
     for seed in (1, 2):
         evals = [
@@ -157,7 +157,11 @@ def test_suite_runs_scores_and_reports(suite_run):
     ] == pytest.approx(x.std())
     for script in ("ppo", "dqn"):
         png = (
-            tmp / "reports" / stem / f"{script}__CartPole-v1__{512 if script == 'ppo' else 600}.png"
+            tmp
+            / "reports"
+            / "t"
+            / stem
+            / f"{script}__CartPole-v1__{512 if script == 'ppo' else 600}.png"
         )
         assert png.is_file() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert f"({stem}/{png.name})" in text
@@ -246,7 +250,7 @@ def test_ray_backend_on_a_separate_cluster(ray_cluster, suite_run, tmp_path):
         assert score(read_metrics(run_dir), "final_eval") == score(
             read_metrics(local / name), "final_eval"
         )
-    assert len(list((tmp_path / "reports").glob("smoke-cpu-*.md"))) == 1
+    assert len(list((tmp_path / "reports").glob("smoke/smoke-cpu-*.md"))) == 1
     # resuming needs no cluster: every run is finished on the driver's disk
     mtimes = {d: (d / "metrics.csv").stat().st_mtime_ns for d in (tmp_path / "runs").iterdir()}
     assert (
@@ -256,7 +260,7 @@ def test_ray_backend_on_a_separate_cluster(ray_cluster, suite_run, tmp_path):
         == 0
     )
     assert all((d / "metrics.csv").stat().st_mtime_ns == t for d, t in mtimes.items())
-    assert len(list((tmp_path / "reports").glob("smoke-cpu-*.md"))) == 2
+    assert len(list((tmp_path / "reports").glob("smoke/smoke-cpu-*.md"))) == 2
 
 
 def test_ray_address_that_cannot_be_reached(tmp_path, capsys):
@@ -882,7 +886,7 @@ def test_report_path_never_reuses_a_name(tmp_path):
     a = new_report_path(tmp_path, "speed", "cpu", now)
     a.write_text("first")
     b = new_report_path(tmp_path, "speed", "cpu", now)
-    (tmp_path / (a.stem + "-3")).mkdir()  # a curves folder without its report still holds the name
+    (a.parent / (a.stem + "-3")).mkdir()  # a curves folder without its report still holds the name
     c = new_report_path(tmp_path, "speed", "cpu", now)
     assert (b.name, c.name) == (a.stem + "-2.md", a.stem + "-4.md") and a.read_text() == "first"
 
@@ -1250,7 +1254,7 @@ def test_smac_lite_rules_report(tmp_path):
     smac_lite_rules.main(
         ["--battles", "16", "--run-dir", str(run_dir), "--report-dir", str(tmp_path)]
     )
-    (report,) = tmp_path.glob("smac_lite-rules-cpu-*.md")
+    (report,) = tmp_path.glob("smac_lite-rules/smac_lite-rules-cpu-*.md")
     rows = [
         ln for ln in report.read_text().splitlines() if ln.startswith("| ") and "win |" not in ln
     ]
@@ -1265,3 +1269,20 @@ def test_the_ray_backend_does_not_import_the_runner():
     tree = ast.parse((ROOT / "benchmark" / "ray_backend.py").read_text())
     imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     assert "benchmark.run" not in imported and "benchmark.runs" in imported
+
+
+def test_the_reports_are_grouped_and_indexed(tmp_path):
+    """benchmark/reports/<suite or tool>/<report>.md, and README.md there lists them all, newest
+    first (python benchmark/report_path.py rewrites it; every tool does when it writes a report)."""
+    import datetime
+
+    from benchmark.report_path import REPORTS, index_text, new_report_path
+
+    assert [p.name for p in REPORTS.glob("*.md")] == ["README.md"], "a report outside a group"
+    assert (REPORTS / "README.md").read_text() == index_text(), "run benchmark/report_path.py"
+    day = datetime.datetime(2026, 1, 2, 3, 4)
+    first = new_report_path(tmp_path, "s", "cpu", now=day)
+    second = new_report_path(tmp_path, "s", "cpu", now=day + datetime.timedelta(days=1))
+    assert first.parent == second.parent == tmp_path / "s"
+    text = (tmp_path / "README.md").read_text()
+    assert f"(s/{second.name})" in text and text.index(second.stem) < text.index(first.stem)

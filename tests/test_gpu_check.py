@@ -26,7 +26,7 @@ def gpu_sh(*args, **env):
 def test_dry_run_writes_every_section(tmp_path):
     out = gpu_sh("--dry-run", REPORT_DIR=str(tmp_path))
     assert out.returncode == 0, out.stderr[-2000:]
-    [report] = tmp_path.glob("gpu-check-cpu-*.md")
+    [report] = tmp_path.glob("gpu-check/gpu-check-cpu-*.md")
     text = report.read_text()
     assert text.startswith("# GPU check: CPU dry run") and f"torch {torch.__version__}" in text
     assert "A step failed" not in text

@@ -368,7 +368,7 @@ def test_speed_benchmark_measures_every_configuration_into_a_report(tmp_path):
         )
         == 0
     )
-    [report] = tmp_path.glob("impala-speed-cpu-*.md")
+    [report] = tmp_path.glob("impala-speed/impala-speed-cpu-*.md")
     rows = [
         line.split("|")[1:4]
         for line in report.read_text().splitlines()

@@ -583,7 +583,7 @@ def test_offline_speed_writes_both_rates(tmp_path):
         )
         == 0
     )
-    [report] = tmp_path.glob("offline-speed-cpu-*.md")
+    [report] = tmp_path.glob("offline-speed/offline-speed-cpu-*.md")
     row = next(
         line for line in report.read_text().splitlines() if line.startswith("| bc_discrete.py")
     )
