@@ -50,7 +50,9 @@ def register(env_id: str) -> str:
 
 def random_returns(env_id: str, episodes: int = 100, seed: int = 0) -> np.ndarray:
     """Undiscounted returns of `episodes` episodes of uniform random actions (time limits as
-    registered)."""
+    registered); for the language-model task addition-v0, lm_random_returns."""
+    if env_id == "addition-v0":
+        return lm_random_returns(episodes, seed)
     import gymnasium as gym
 
     env = gym.make(register(env_id))
@@ -66,6 +68,27 @@ def random_returns(env_id: str, episodes: int = 100, seed: int = 0) -> np.ndarra
         returns.append(total)
         env.reset()
     env.close()
+    return np.asarray(returns)
+
+
+def lm_random_returns(episodes: int, seed: int) -> np.ndarray:
+    """addition-v0: after each of the first `episodes` held-out prompts (cycled), tokens drawn
+    uniformly from the base's vocabulary up to the task's completion budget; the task's reward (1
+    for exactly the answer followed by the end token, else 0)."""
+    import json
+    import random
+
+    from transformers import AutoTokenizer
+
+    base = ROOT / "benchmark" / "policies" / "lm-addition-base"
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    task = json.loads((base / "task.json").read_text())
+    rng, eos, returns = random.Random(seed), tokenizer.eos_token_id, []
+    for i in range(episodes):
+        _, answer = task["heldout"][i % len(task["heldout"])]
+        tokens = [rng.randrange(len(tokenizer)) for _ in range(task["max_new_tokens"])]
+        text = tokenizer.decode(tokens[: tokens.index(eos)]) if eos in tokens else None
+        returns.append(float(text == answer))
     return np.asarray(returns)
 
 
@@ -88,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     for env_id in a.env_ids:
         x = random_returns(env_id, a.episodes, a.seed)
-        solved = gym.spec(register(env_id)).reward_threshold
+        solved = None if env_id == "addition-v0" else gym.spec(register(env_id)).reward_threshold
         print(
             f'["{env_id}"]\nrandom = {x.mean():.2f}\nstd = '
             f"{x.std():.2f}\nepisodes = {a.episodes}\nseed = {a.seed}"

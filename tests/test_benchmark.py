@@ -603,7 +603,8 @@ def test_random_policy_scores_reproduce():
             pytest.approx(r.random),
             pytest.approx(r.std),
         ), env_id
-        assert r.solved == gym.spec(register(env_id)).reward_threshold
+        if env_id != "addition-v0":  # a language-model task, not a Gymnasium env
+            assert r.solved == gym.spec(register(env_id)).reward_threshold
 
 
 def _fake_run(run_dir, score_name, value, final_eval=None):
