@@ -727,12 +727,12 @@ def unpack_dir(run_dir: Path | str, files: dict[str, bytes]) -> None:
 
 def git_head() -> tuple[str, list[str]]:
     """The short commit of this checkout ("unknown" outside git) and its tracked files with
-    uncommitted changes."""
+    uncommitted changes (the reports do not count: a report's own run rewrites their index)."""
 
     def git(*a):
         return subprocess.run(["git", *a], capture_output=True, text=True, cwd=ROOT).stdout.strip()
 
-    dirty = git("status", "--porcelain", "--untracked-files=no")
+    dirty = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!benchmark/reports")
     return git("rev-parse", "--short", "HEAD") or "unknown", [
         ln.split(maxsplit=1)[1] for ln in dirty.splitlines()
     ]
