@@ -85,4 +85,7 @@ def index_text(root: Path = REPORTS) -> str:
 
 
 if __name__ == "__main__":
+    import argparse
+
+    argparse.ArgumentParser(description=__doc__).parse_args()
     print(write_index())

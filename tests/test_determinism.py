@@ -9,7 +9,13 @@ from conftest import SMOKE, SMOKE_RUN
 from benchmark.runs import read_rows, run_script
 
 # values measured with the clock
-CLOCK = {"charts/sps", "charts/train_seconds", "charts/tokens_per_s"}
+CLOCK = {
+    "charts/sps",
+    "charts/train_seconds",
+    "charts/tokens_per_s",
+    "charts/generation_tokens_per_s",
+    "charts/update_tokens_per_s",
+}
 
 
 def comparable(run_dir):
