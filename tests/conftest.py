@@ -513,3 +513,15 @@ def restore_pythonbreakpoint():
         os.environ.pop("PYTHONBREAKPOINT", None)
     else:
         os.environ["PYTHONBREAKPOINT"] = before
+
+
+def one_error_line(script: str, flags: list[str], run_dir) -> str:
+    """Run script with bad flags: exit status 2, one line on stderr, nothing written to run_dir;
+    returns the line."""
+    from benchmark.runs import run_script
+
+    out = run_script(script, flags, run_dir, fork=True)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 1, out.stderr
+    assert not run_dir.exists(), "a bad-input run must not write anything"
+    return lines[0]
