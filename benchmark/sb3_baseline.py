@@ -18,6 +18,7 @@ eval/episodic_return per episode of a deterministic evaluation on a separate env
 
 import csv
 import functools
+import importlib
 import json
 import operator
 import sys
@@ -130,6 +131,26 @@ def dqn_same(a) -> tuple[int, dict]:
     )
 
 
+def qrdqn_same(a) -> tuple[int, dict]:
+    """qrdqn.py's Args -> (n_envs, sb3-contrib QRDQN kwargs) with the same hyperparameters (its
+    default Adam epsilon is 0.01 / batch size, as ours)."""
+    return a.num_envs, dict(
+        learning_rate={"linear": a.learning_rate} if a.anneal_lr else a.learning_rate,
+        buffer_size=a.buffer_size,
+        learning_starts=a.learning_starts,
+        batch_size=a.batch_size,
+        tau=a.tau,
+        gamma=a.gamma,
+        train_freq=a.train_frequency,
+        gradient_steps=a.gradient_steps,
+        target_update_interval=a.target_network_frequency,
+        exploration_fraction=a.exploration_fraction,
+        exploration_initial_eps=a.start_e,
+        exploration_final_eps=a.end_e,
+        policy_kwargs={"net_arch": [256, 256], "n_quantiles": a.n_quantiles},
+    )
+
+
 def dqn_atari_same(a) -> tuple[int, dict]:
     """dqn_atari.py's Args -> (n_envs, SB3 DQN kwargs): the same schedule on SB3's Atari env with
     its CnnPolicy (the Nature CNN, then one linear layer to the Q-values, as ours)."""
@@ -202,6 +223,7 @@ SAME = {
     "ddpg_continuous.py": ("DDPG", ddpg_same),
     "ppo_atari.py": ("PPO", ppo_atari_same),
     "dqn_atari.py": ("DQN", dqn_atari_same),
+    "qrdqn.py": ("QRDQN", qrdqn_same),
 }
 
 DIFFERENCES = {
@@ -227,6 +249,8 @@ DIFFERENCES = {
     "at 10, ours the squared error unclipped (CleanRL); SB3's replay stores "
     "both stacks of every transition, ours each frame once; SB3's VecFrameStack "
     "pads a new episode's stack with zeros, ours with its first frame",
+    "qrdqn.py": "none of substance (sb3-contrib's QRDQN: the same network, loss, Adam epsilon "
+    "and schedules; it also copies the target network before learning starts, ours from then on)",
     "ppo_atari.py": "SB3 clips the value prediction and takes the squared "
     "error of the clipped one only, ours the larger of the clipped and unclipped "
     "errors (CleanRL); SB3's VecFrameStack pads a new episode's stack with zeros, "
@@ -286,7 +310,11 @@ def make_model(algo: str, env_id: str, n_envs: int, kwargs: dict, seed: int, dev
         env = VecNormalize(env, gamma=kwargs.get("gamma", 0.99))
     action_dim = env.action_space.shape[0] if env.action_space.shape else None
     policy = "CnnPolicy" if kwargs.get("atari") else "MlpPolicy"
-    return getattr(stable_baselines3, algo)(
+    if hasattr(stable_baselines3, algo):
+        algo_class = getattr(stable_baselines3, algo)
+    else:  # QRDQN, RecurrentPPO: sb3-contrib
+        algo_class = getattr(importlib.import_module("sb3_contrib"), algo)
+    return algo_class(
         policy, env, seed=seed, device=device, verbose=0, **sb3_kwargs(kwargs, action_dim)
     )
 

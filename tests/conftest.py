@@ -69,7 +69,7 @@ SMOKE = {
             "--eval-episodes",
             "2",
         ]
-        for script in ("dqn.py", "c51.py")
+        for script in ("dqn.py", "c51.py", "qrdqn.py")
     },
     "ppo_continuous.py": [
         "--env-id",
@@ -321,6 +321,7 @@ DISCRETE = {
     "impala.py",
     "dqn.py",
     "c51.py",
+    "qrdqn.py",
     "dqn_atari.py",
     "ddqn_atari.py",
     "c51_atari.py",
@@ -354,6 +355,7 @@ LONG = {
     "impala.py": 10_000,
     "dqn.py": 10_000,
     "c51.py": 10_000,
+    "qrdqn.py": 10_000,
     "dqn_atari.py": 800,
     "ddqn_atari.py": 800,
     "c51_atari.py": 800,
@@ -390,7 +392,7 @@ LONG = {
 # representative per family (tests/test_cli.py), and every script holds the blocks and calls them
 # (tests/test_shared_blocks.py).
 FAMILY = {
-    **{s: "classic" for s in ("ppo.py", "a2c.py", "impala.py", "dqn.py", "c51.py")},
+    **{s: "classic" for s in ("ppo.py", "a2c.py", "impala.py", "dqn.py", "c51.py", "qrdqn.py")},
     **{
         s: "atari"
         for s in (

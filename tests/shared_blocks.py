@@ -46,7 +46,7 @@ FAMILIES = {
         "ippo_mpe.py",
     },
     "atari": {"dqn_atari.py", "ddqn_atari.py", "c51_atari.py", "iqn_atari.py", "sac_atari.py"},
-    "classic": {"dqn.py", "c51.py"},
+    "classic": {"dqn.py", "c51.py", "qrdqn.py"},
     "continuous": {"ddpg_continuous.py", "sac_continuous.py", "td3_continuous.py"},
     "mpe": {"mappo_mpe.py", "ippo_mpe.py", "maddpg_mpe.py"},
     "smac_lite": {

@@ -77,6 +77,9 @@ RELOAD = {
     "dqn.py": lambda m, s, *a: m.evaluate(
         loaded(m, "QNetwork", s, "q_network", "obs_dim", "n_actions"), *a
     ),
+    "qrdqn.py": lambda m, s, *a: m.evaluate(
+        loaded(m, "QNetwork", s, "q_network", "obs_dim", "n_actions", "n_quantiles"), *a
+    ),
     "c51.py": lambda m, s, *a: m.evaluate(
         loaded(m, "QNetwork", s, "q_network", "obs_dim", "n_actions", "n_atoms", "v_min", "v_max"),
         *a,

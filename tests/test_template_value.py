@@ -12,7 +12,7 @@ import torch
 from benchmark.runs import load_script, run_script
 
 ATARI = ("dqn_atari.py", "ddqn_atari.py", "c51_atari.py", "iqn_atari.py", "sac_atari.py")
-CLASSIC = ("dqn.py", "c51.py")
+CLASSIC = ("dqn.py", "c51.py", "qrdqn.py")
 
 
 def agent_of(m, script: str):

@@ -1,0 +1,1000 @@
+"""QR-DQN on classic control (CartPole-v1 by default).
+
+Dabney et al. 2018, "Distributional Reinforcement Learning with Quantile Regression": the network
+gives n quantiles of the return of each action, fitted to the target's quantiles by the quantile
+Huber loss; the greedy action maximises their mean. Otherwise DQN: replay, a target network copied
+every 10 steps, epsilon-greedy. Defaults are rl-zoo's tuned CartPole-v1 set for 50k steps.
+
+Run:    python algos/qrdqn.py --env-id CartPole-v1 --seed 1
+Quick:  python algos/qrdqn.py --total-timesteps 5000 --train-frequency 64 --gradient-steps 32
+Results: benchmark/references.toml
+"""
+
+import csv
+import difflib
+import hashlib
+import importlib.util
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+import warnings
+from dataclasses import asdict, dataclass
+from importlib.metadata import version
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn as nn
+import tyro
+from torch.utils.tensorboard import SummaryWriter
+from tqdm import tqdm
+
+
+@dataclass
+class Args:
+    learning_rate: float = 2.3e-3
+    """Adam learning rate"""
+    anneal_lr: bool = False
+    """anneal the learning rate linearly to 0"""
+    n_quantiles: int = 10
+    """quantiles of the return per action"""
+    buffer_size: int = 100_000
+    """replay buffer capacity (transitions)"""
+    gamma: float = 0.99
+    """discount factor"""
+    tau: float = 1.0
+    """target network update rate (1.0: a hard copy)"""
+    target_network_frequency: int = 10
+    """env steps between target network updates"""
+    batch_size: int = 64
+    """replay minibatch size"""
+    start_e: float = 1.0
+    """initial exploration epsilon"""
+    end_e: float = 0.04
+    """final exploration epsilon"""
+    exploration_fraction: float = 0.16
+    """fraction of total_timesteps over which epsilon goes from start_e to end_e"""
+    learning_starts: int = 1_000
+    """env steps before learning starts"""
+    train_frequency: int = 256
+    """vector-env steps between training phases"""
+    gradient_steps: int = 128
+    """gradient updates per training phase"""
+    env_id: str = "CartPole-v1"
+    """Gymnasium id of a discrete-action env with a flat observation vector"""
+    total_timesteps: int = 50_000
+    """environment steps over all envs"""
+    num_envs: int = 1
+    """parallel environments (one synchronous vector env)"""
+    # ---- shared: args ----
+    seed: int = 1
+    """seed of torch, numpy, random and the envs"""
+    cuda: bool = False
+    """run on CUDA when available (the CNN scripts gain from it; small MLPs are fastest on a CPU)"""
+    torch_deterministic: bool = True
+    """torch.backends.cudnn.deterministic and one CPU thread"""
+    track: bool = False
+    """log to Weights & Biases (works offline with WANDB_MODE=offline)"""
+    wandb_project_name: str = "canonrl"
+    """wandb project"""
+    wandb_entity: str | None = None
+    """wandb entity (team)"""
+    capture_video: bool = False
+    """record episode 0 of the final evaluation to <run_dir>/videos"""
+    save_model: bool = False
+    """save <run_dir>/model.pt at the end"""
+    eval_episodes: int = 10
+    """evaluation episodes (the policy evaluate() runs) at the end and each --eval-every"""
+    eval_every: int = 0
+    """also evaluate every this many steps (0: only at the end); logs charts/train_seconds too"""
+    run_dir: str | None = None
+    """where the run is written (default runs/<env>__<script>__<seed>__<time>); must be new"""
+    resume: str | None = None
+    """continue the run in this directory (its flags; --total-timesteps may extend it)"""
+    checkpoint_every: int = 50_000
+    """save <run_dir>/checkpoint.pt every this many steps (and at the end and on Ctrl-C)"""
+    # ---- end shared: args ----
+
+
+# ---- shared: classic/make_env ----
+def make_env(env_id, video_dir=None):
+    """env_id; with video_dir, episode 0 is recorded there as eval-episode-0.mp4
+    (--capture-video)."""
+    if video_dir is None:
+        return gym.make(env_id)
+    return gym.wrappers.RecordVideo(
+        gym.make(env_id, render_mode="rgb_array"),
+        str(video_dir),
+        lambda ep: ep == 0,
+        name_prefix="eval",
+        disable_logger=True,
+    )
+
+
+# ---- end shared: classic/make_env ----
+
+
+class QNetwork(nn.Module):
+    """obs -> 256 -> 256 -> n_quantiles values of the return of each action, ReLU (rl-zoo's
+    network); nn.Linear's default init."""
+
+    def __init__(self, obs_dim: int, n_actions: int, n_quantiles: int = 10):
+        super().__init__()
+        self.n_actions = n_actions
+        self.n_quantiles = n_quantiles
+        self.network = nn.Sequential(
+            nn.Linear(obs_dim, 256),
+            nn.ReLU(),
+            nn.Linear(256, 256),
+            nn.ReLU(),
+            nn.Linear(256, n_actions * n_quantiles),
+        )
+
+    def quantiles(self, x):
+        """(batch, n_actions, n_quantiles): the return's quantiles at tau_i = (2i + 1) / 2N."""
+        return self.network(x).view(-1, self.n_actions, self.n_quantiles)
+
+    def forward(self, x):
+        """Q(x, a): the mean of the quantiles."""
+        return self.quantiles(x).mean(dim=-1)
+
+    def get_greedy_action(self, x):
+        """argmax_a Q(x, a): the exploiting action of the rollout and the policy that evaluate()
+        runs."""
+        return self(x).argmax(dim=-1)
+
+
+# ---- shared: classic/ReplayBuffer ----
+class ReplayBuffer:
+    """A ring buffer of preallocated numpy arrays. next_obs is the true next observation (the last
+    one of an episode cut by a time limit), so that only `terminated` stops the bootstrap.
+    Checkpointable through state_dict()."""
+
+    FIELDS = ("obs", "next_obs", "actions", "rewards", "terminated")
+
+    def __init__(self, size: int, obs_dim: int, rng: np.random.Generator):
+        self.obs, self.next_obs = (
+            np.zeros((size, obs_dim), np.float32),
+            np.zeros((size, obs_dim), np.float32),
+        )
+        self.actions, self.rewards, self.terminated = (
+            np.zeros(size, t) for t in (np.int64, np.float32, np.float32)
+        )
+        self.size, self.pos, self.full, self.rng = size, 0, False, rng
+
+    def add(self, obs, next_obs, actions, rewards, terminated):
+        idx = (self.pos + np.arange(len(obs))) % self.size
+        for name, value in zip(self.FIELDS, (obs, next_obs, actions, rewards, terminated)):
+            getattr(self, name)[idx] = value
+        self.full, self.pos = (
+            self.full or self.pos + len(obs) >= self.size,
+            (self.pos + len(obs)) % self.size,
+        )
+
+    def sample(self, batch_size: int, device):
+        """A uniform minibatch (obs, next_obs, actions, rewards, terminated) as tensors on
+        `device`."""
+        idx = self.rng.integers(0, self.size if self.full else self.pos, batch_size)
+        return [torch.as_tensor(getattr(self, name)[idx], device=device) for name in self.FIELDS]
+
+    def state_dict(self):
+        return {name: getattr(self, name) for name in (*self.FIELDS, "pos", "full")}
+
+    def load_state_dict(self, state):  # a checkpoint holds the arrays as tensors
+        for name, value in state.items():
+            setattr(self, name, value.numpy() if torch.is_tensor(value) else value)
+
+
+# ---- end shared: classic/ReplayBuffer ----
+
+
+def linear_schedule(start_e: float, end_e: float, duration: float, t: int):
+    return max(end_e, start_e + (end_e - start_e) * t / duration)
+
+
+def quantile_target(next_quantiles, rewards, terminated, gamma):
+    """The target quantiles r + gamma * theta_j(s', a*) of the action a* with the largest mean
+    (Dabney et al. 2018, Algorithm 1), shape (batch, n_quantiles); only termination stops the
+    bootstrap: a time-limit truncation still has a future."""
+    best = next_quantiles.mean(dim=2).argmax(dim=1)
+    next_best = next_quantiles[torch.arange(len(best)), best]
+    return rewards[:, None] + gamma * next_best * (1.0 - terminated[:, None])
+
+
+def quantile_huber_loss(quantiles, target):
+    """The quantile Huber loss (kappa 1) of `quantiles` (batch, N) at the midpoints
+    tau_i = (2i + 1) / 2N against every target quantile (batch, N'): summed over i, averaged over
+    the targets and the batch (the paper's equation 10, as sb3-contrib does)."""
+    n = quantiles.shape[1]
+    taus = (torch.arange(n, dtype=quantiles.dtype, device=quantiles.device) + 0.5) / n
+    delta = target[:, None, :] - quantiles[:, :, None]  # (batch, i, j)
+    huber = torch.where(delta.abs() <= 1.0, 0.5 * delta**2, delta.abs() - 0.5)
+    weight = (taus[None, :, None] - (delta.detach() < 0).float()).abs()
+    return (weight * huber).sum(dim=1).mean()
+
+
+# ---- shared: classic/evaluate ----
+@torch.no_grad()
+def evaluate(q_network, env_id, episodes, seed, device="cpu", video_dir=None):
+    """Greedy (argmax Q) episodes on a fresh env; returns the list of episodic returns."""
+    env, returns = make_env(env_id, video_dir), []
+    for ep in range(episodes):
+        (obs, _), done, total = env.reset(seed=seed + ep), False, 0.0
+        while not done:
+            action = q_network.get_greedy_action(
+                torch.as_tensor(obs, dtype=torch.float32, device=device)
+            )
+            obs, reward, terminated, truncated, _ = env.step(int(action))
+            total, done = total + float(reward), terminated or truncated
+        returns.append(total)
+    env.close()
+    return returns
+
+
+# ---- end shared: classic/evaluate ----
+
+
+def main(args: Args):
+    args, ckpt, run_dir = start_run(args, check_args)
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    # same-step autoreset: a finished episode's last observation is in infos
+    envs = gym.vector.SyncVectorEnv(
+        [lambda: make_env(args.env_id)] * args.num_envs,
+        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+    )
+    obs_dim, n_actions = envs.single_observation_space.shape[0], int(envs.single_action_space.n)
+    q_network = QNetwork(obs_dim, n_actions, args.n_quantiles).to(device)
+    target_network = QNetwork(obs_dim, n_actions, args.n_quantiles).to(device)
+    target_network.load_state_dict(q_network.state_dict())
+    # Adam's epsilon 0.01 / batch size, as the paper (0.01 / 32) and sb3-contrib
+    optimizer = torch.optim.Adam(
+        q_network.parameters(), lr=args.learning_rate, eps=0.01 / args.batch_size, fused=True
+    )
+    rng = np.random.default_rng(args.seed)  # exploration and replay sampling
+    rb = ReplayBuffer(args.buffer_size, obs_dim, rng)
+    num_iterations = args.total_timesteps // args.num_envs  # one iteration = one step of every env
+    iteration = 0
+
+    def run_eval(video_dir=None):  # evaluation episodes are seeded apart from training
+        return evaluate(
+            q_network, args.env_id, args.eval_episodes, args.seed + 100_000, device, video_dir
+        )
+
+    stateful = {
+        "q_network": q_network,
+        "target_network": target_network,
+        "optimizer": optimizer,
+        "rb": rb,
+        "rng": RNGs(rng),
+    }  # what a checkpoint holds, saved and resumed
+    if ckpt is not None:
+        load_states(stateful, ckpt, run_dir)  # envs are not saved: they are seeded anew on reset
+        iteration = ckpt["iteration"]
+    global_step = iteration * args.num_envs
+    logger = RunLogger(args, run_dir, num_iterations * args.num_envs, global_step, ckpt=ckpt)
+
+    obs, _ = envs.reset(seed=args.seed + global_step)  # a resumed run starts fresh episodes
+    episode_return, episode_length = (
+        np.zeros(args.num_envs),
+        np.zeros(args.num_envs, dtype=np.int64),
+    )
+    for iteration in range(iteration, num_iterations):
+        epsilon = linear_schedule(
+            args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps, global_step
+        )
+        actions = rng.integers(0, n_actions, args.num_envs)
+        # the network is asked only where it acts
+        if (exploit := rng.random(args.num_envs) >= epsilon).any():
+            with torch.no_grad():
+                greedy = q_network.get_greedy_action(
+                    torch.as_tensor(obs, dtype=torch.float32, device=device)
+                )
+            actions = np.where(exploit, greedy.cpu().numpy(), actions)
+        # ---- shared: classic/step ----
+        next_obs, rewards, terminated, truncated, infos = envs.step(actions)
+        # same-step autoreset: store the true last observation, not the reset one
+        real_next_obs = next_obs.copy()
+        for i in np.flatnonzero(infos.get("_final_obs", [])):
+            real_next_obs[i] = infos["final_obs"][i]
+        rb.add(obs, real_next_obs, actions, rewards, terminated)
+        # right after rb.add: on Ctrl-C the steps counted are the steps stored
+        global_step += args.num_envs
+        obs = next_obs
+        episode_return, episode_length = episode_return + rewards, episode_length + 1
+        for i in np.flatnonzero(terminated | truncated):  # every finished episode of every sub-env
+            logger.last_return = episode_return[i]
+            logger.log(
+                global_step,
+                {
+                    "train/episodic_return": episode_return[i],
+                    "train/episodic_length": episode_length[i],
+                },
+            )
+            episode_return[i], episode_length[i] = 0.0, 0
+        # ---- end shared: classic/step ----
+
+        if global_step > args.learning_starts and iteration % args.train_frequency == 0:
+            if args.anneal_lr:
+                optimizer.param_groups[0]["lr"] = args.learning_rate * (
+                    1.0 - iteration / num_iterations
+                )
+            for _ in range(args.gradient_steps):
+                b_obs, b_next_obs, b_actions, b_rewards, b_terminated = rb.sample(
+                    args.batch_size, device
+                )
+                with torch.no_grad():
+                    target = quantile_target(
+                        target_network.quantiles(b_next_obs), b_rewards, b_terminated, args.gamma
+                    )
+                quantiles = q_network.quantiles(b_obs)[torch.arange(args.batch_size), b_actions]
+                loss = quantile_huber_loss(quantiles, target)
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+            # every ~100 updates
+            if (iteration // args.train_frequency) % max(1, 100 // args.gradient_steps) == 0:
+                logger.log(
+                    global_step,
+                    {
+                        "losses/td_loss": loss,
+                        "losses/q_values": quantiles.mean(),
+                        "charts/epsilon": epsilon,
+                        "charts/learning_rate": optimizer.param_groups[0]["lr"],
+                    },
+                )
+                logger.progress(global_step)
+        if (
+            global_step > args.learning_starts
+            and global_step % args.target_network_frequency < args.num_envs
+        ):
+            with torch.no_grad():  # target <- tau * online + (1 - tau) * target (tau = 1: a copy)
+                for target_param, param in zip(target_network.parameters(), q_network.parameters()):
+                    target_param.lerp_(param, args.tau)
+        if (
+            args.eval_every
+            and iteration + 1 < num_iterations
+            and global_step % args.eval_every < args.num_envs
+        ):
+            logger.evaluate(global_step, run_eval)
+        if (iteration + 1) % max(
+            1, args.checkpoint_every // args.num_envs
+        ) == 0 or logger.stop_requested:
+            logger.save_checkpoint(stateful, iteration + 1, global_step)
+        if logger.stop_requested:  # Ctrl-C: the iteration it came in is finished and saved
+            logger.exit_interrupted()
+    envs.close()
+    video_dir = run_dir / "videos" if args.capture_video else None
+    eval_returns = logger.evaluate(global_step, lambda: run_eval(video_dir))
+    logger.save_checkpoint(stateful, num_iterations, global_step, finished=True)
+    if args.save_model:
+        save_model(
+            {
+                "q_network": q_network.state_dict(),
+                "args": asdict(args),
+                "eval_returns": eval_returns,
+                "obs_dim": obs_dim,
+                "n_actions": n_actions,
+                "n_quantiles": args.n_quantiles,
+            },
+            run_dir,
+        )
+    logger.close(eval_returns)
+
+
+def check_args(args: Args):
+    obs_space, act_space = env_spaces(args.env_id)
+    if not isinstance(act_space, gym.spaces.Discrete):
+        fail(
+            f"{SCRIPT} needs discrete actions but {args.env_id} has {act_space}",
+            "sac_continuous.py",
+            "td3_continuous.py",
+        )
+    if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) != 1:
+        fail(
+            f"{SCRIPT} needs flat vector observations but {args.env_id} has {obs_space}",
+            "dqn_atari.py",
+        )
+    check_ranges(
+        args,
+        {
+            "num_envs": "x >= 1",
+            "batch_size": "x >= 1",
+            "train_frequency": "x >= 1",
+            "gradient_steps": "x >= 1",
+            "target_network_frequency": "x >= 1",
+            "learning_rate": "x > 0",
+            "n_quantiles": "x >= 1",
+            "gamma": "0 <= x <= 1",
+            "tau": "0 < x <= 1",
+            "start_e": "0 <= x <= 1",
+            "end_e": "0 <= x <= 1",
+            "exploration_fraction": "0 < x <= 1",
+            "learning_starts": "x >= 0",
+            "buffer_size": "x >= 1",
+        },
+    )
+    if args.end_e > args.start_e:
+        fail(f"--end-e {args.end_e} is above --start-e {args.start_e}: epsilon is annealed down")
+    if args.batch_size > min(args.buffer_size, max(args.learning_starts, 1)):
+        fail(
+            f"--batch-size {args.batch_size} must not exceed --learning-starts "
+            f"({args.learning_starts}) or --buffer-size ({args.buffer_size}): "
+            "the first minibatch is drawn when learning starts"
+        )
+    if args.total_timesteps <= args.learning_starts:
+        fail(
+            f"--total-timesteps {args.total_timesteps} must "
+            f"exceed --learning-starts {args.learning_starts}"
+        )
+
+
+# ---- shared: helpers ----
+SCRIPT, ALGOS = Path(__file__).name, Path(__file__).resolve().parent
+
+
+def fail(msg: str, *scripts: str):
+    """Bad input: one line on stderr, exit status 2. It suggests those of `scripts` that exist
+    beside this one."""
+    found = [s for s in scripts if s != SCRIPT and (ALGOS / s).is_file()]
+    print(f"error: {msg}" + (f"; use {' or '.join(found)}" if found else ""), file=sys.stderr)
+    sys.exit(2)
+
+
+def other_family(env_id: str) -> tuple[str, ...]:
+    """The scripts that take env_id, an id of another family of envs (Atari, MinAtar, mpe2,
+    smac_lite)."""
+    if env_id.startswith("ALE/") or env_id.endswith("NoFrameskip-v4"):
+        return "ppo_atari.py", "dqn_atari.py"
+    if env_id.startswith("MinAtar/"):
+        return "dqn_atari.py", "ddqn_atari.py"
+    if re.fullmatch(r"(simple\w*|collect_treasure)_v\d+", env_id):
+        return "mappo_mpe.py", "maddpg_mpe.py"
+    if (
+        importlib.util.find_spec("smac_lite")
+        and env_id in importlib.import_module("smac_lite.maps").MAPS
+    ):
+        return "mappo_smac_lite.py", "qmix_smac_lite.py"
+    return ()
+
+
+def env_spaces(env_id: str):
+    """(observation space, action space) of env_id, or a one-line error. The env is made with the
+    start-up messages of ALE (its banner) and MuJoCo (compiler warnings, which it also writes to
+    MUJOCO_LOG.TXT) turned off through their own settings: nothing may precede an error."""
+    if env_id not in gym.registry:
+        if scripts := other_family(env_id):
+            fail(f"{env_id} is not an env of {SCRIPT}", *scripts)
+        close = difflib.get_close_matches(env_id, list(gym.registry), n=1)
+        fail(f"unknown env id '{env_id}'" + (f"; did you mean '{close[0]}'?" if close else ""))
+    entry_point = str(gym.spec(env_id).entry_point)
+    if entry_point.startswith("ale_py"):
+        import ale_py
+
+        ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)
+    mujoco = importlib.import_module("mujoco") if "mujoco" in entry_point else None
+    if mujoco:
+        mujoco.set_mju_user_warning(lambda message: None)
+    try:
+        with warnings.catch_warnings(action="ignore"), gym.make(env_id) as env:
+            return env.observation_space, env.action_space
+    except Exception as e:
+        reason = (str(e).strip() or " ").splitlines()[0]
+        fail(f"cannot make env '{env_id}': {type(e).__name__}: {reason}")
+    finally:
+        if mujoco:
+            mujoco.set_mju_user_warning(None)  # MuJoCo's default: print and log
+
+
+# The ranges a flag may be given, by the name its error message shows (plain code, no eval).
+RANGES = {
+    "x >= 0": lambda x: x >= 0,
+    "x >= 1": lambda x: x >= 1,
+    "x >= 2": lambda x: x >= 2,
+    "x > 0": lambda x: x > 0,
+    "0 <= x <= 1": lambda x: 0 <= x <= 1,
+    "0 < x <= 1": lambda x: 0 < x <= 1,
+    "0 < x < 1": lambda x: 0 < x < 1,
+}
+
+
+def check_ranges(args, rules: dict):
+    """Fail on a flag that is not a finite number or lies outside its range: rules maps a flag to
+    one of RANGES (e.g. "0 <= x <= 1")."""
+    rules = {
+        "total_timesteps": "x >= 1",
+        "eval_episodes": "x >= 0",
+        "eval_every": "x >= 0",
+        "checkpoint_every": "x >= 1",
+        **rules,
+    }
+    for name, x in asdict(args).items():
+        if isinstance(x, float) and not np.isfinite(x):
+            fail(f"--{name.replace('_', '-')} {x} is not a finite number")
+    for name, rule in rules.items():
+        x = getattr(args, name)
+        if x is not None and not RANGES[rule](x):
+            fail(f"--{name.replace('_', '-')} {x} is out of range: it must satisfy {rule}")
+
+
+def sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def start_run(args, check_args):
+    """Resume (--resume DIR: the run's saved flags; --total-timesteps may extend it), check the
+    flags, choose the run directory (a new run never writes into one that holds files), seed
+    everything. Returns (args, checkpoint, dir). A checkpoint is data: its SHA-256 must match
+    checkpoint.sha256, and it is read with weights_only=True."""
+    ckpt = None
+    if args.resume:
+        path = Path(args.resume) / "checkpoint.pt"
+        if not path.is_file():
+            fail(f"no checkpoint at {path}; pass the run directory of an earlier {SCRIPT} run")
+        try:
+            if sha256(path) != (path.parent / "checkpoint.sha256").read_text().strip():
+                raise ValueError("its SHA-256 differs from checkpoint.sha256")
+            ckpt = torch.load(path, weights_only=True)
+            saved = Args(**ckpt["args"])
+        except Exception as e:
+            fail(
+                f"{path} is corrupt or not a {SCRIPT} checkpoint "
+                f"({type(e).__name__}); delete it or start anew"
+            )
+        given = [
+            k for k, v in asdict(args).items() if k in given_flags() or v != getattr(Args(), k)
+        ]
+        given = [
+            k
+            for k in given
+            if k not in ("resume", "run_dir") and getattr(args, k) != getattr(saved, k)
+        ]
+        if "total_timesteps" in given:
+            if args.total_timesteps < ckpt["global_step"]:
+                fail(
+                    f"--total-timesteps {args.total_timesteps} is below "
+                    f"the {ckpt['global_step']} steps already done"
+                )
+            print(
+                f"resume: --total-timesteps {args.total_timesteps} (was {saved.total_timesteps})",
+                file=sys.stderr,
+            )
+            saved.total_timesteps = args.total_timesteps
+        elif ckpt["finished"]:
+            print(
+                f"the run in {path.parent} is finished; give "
+                "a larger --total-timesteps to extend it"
+            )
+            sys.exit(0)
+        if ignored := [f"--{k.replace('_', '-')}" for k in given if k != "total_timesteps"]:
+            print(
+                f"resume: the run's saved flags are kept; ignored: {' '.join(ignored)}",
+                file=sys.stderr,
+            )
+        args = saved
+        args.resume = args.run_dir = str(path.parent)
+        check_metrics(path.parent / "metrics.csv")
+    check_args(args)
+    if args.track:
+        check_wandb()
+    # SDL warns on every render without it
+    if args.capture_video and not os.environ.get("XDG_RUNTIME_DIR"):
+        os.environ["XDG_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="canonrl-xdg-")
+    name = f"{args.env_id.replace('/', '-')}__{SCRIPT[:-3]}__{args.seed}__{time.time():.0f}"
+    run_dir = Path(args.run_dir or f"runs/{name}")
+    if run_dir.exists() and not run_dir.is_dir():
+        fail(f"--run-dir {run_dir} is a file; pass a directory")
+    if ckpt is None and run_dir.is_dir() and any(run_dir.iterdir()):
+        if (run_dir / "metrics.csv").is_file():
+            fail(
+                f"--run-dir {run_dir} holds a run; continue it "
+                f"with --resume {run_dir} or choose a new --run-dir"
+            )
+        fail(f"--run-dir {run_dir} is not empty and holds no run; choose a new --run-dir")
+    check_writable(run_dir)
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    # 1: fastest for small nets
+    torch.set_num_threads(1 if args.torch_deterministic else torch.get_num_threads())
+    return args, ckpt, run_dir
+
+
+def given_flags() -> set[str]:
+    """The Args fields named on the command line (--name, --name=value, --no-name): on --resume, a
+    flag given there counts even when its value is the default."""
+    names = set()
+    for token in sys.argv[1:]:
+        if token.startswith("--"):
+            name = token[2:].split("=")[0].replace("-", "_")
+            names.add(name)
+            names.add(name.removeprefix("no_"))
+    return names
+
+
+def check_metrics(path: Path):
+    """Fail on a line of metrics.csv that is not global_step,wall_time,name,value (before --resume
+    rewrites it)."""
+    lines = path.read_text().splitlines()[1:] if path.is_file() else []
+    for number, line in enumerate(lines, start=2):
+        fields = line.split(",")
+        if len(fields) != 4 or not fields[0].isdigit():
+            fail(
+                f"{path} line {number} is not 'global_step,wall_time,name,value'; "
+                "delete that line and resume again"
+            )
+
+
+def check_wandb():
+    """--track needs a wandb login, or WANDB_MODE=offline: checked before anything is written."""
+    from wandb.sdk import wandb_setup
+    from wandb.sdk.lib import wbauth
+
+    try:
+        settings = wandb_setup.singleton().settings
+    except Exception as e:
+        fail(f"--track: wandb cannot start ({type(e).__name__}: {str(e).strip().splitlines()[0]})")
+    if settings.mode in ("offline", "dryrun", "disabled"):
+        return
+    if not (
+        os.getenv("WANDB_API_KEY")
+        or wbauth.read_netrc_auth(host=settings.base_url)
+        or settings.api_key
+    ):
+        fail(
+            "--track needs a wandb login: run `wandb login`, "
+            "or set WANDB_MODE=offline to log to files only"
+        )
+
+
+def check_writable(run_dir: Path):
+    """Fail unless files can be written in run_dir; the folders made to find out are removed
+    again."""
+    made = [p for p in [run_dir, *run_dir.parents] if not p.exists()]
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=run_dir):
+            pass
+    except OSError as e:
+        fail(
+            f"--run-dir {run_dir} cannot be written "
+            f"({e.strerror or type(e).__name__}); choose another --run-dir"
+        )
+    finally:
+        for p in made:
+            if p.is_dir() and not any(p.iterdir()):
+                p.rmdir()
+
+
+def finite(state) -> bool:
+    """True when every floating-point tensor of a (nested) state_dict is finite."""
+    if isinstance(state, dict):
+        return all(finite(v) for v in state.values())
+    if isinstance(state, (list, tuple)):
+        return all(finite(v) for v in state)
+    if torch.is_tensor(state) and state.is_floating_point():
+        return bool(torch.isfinite(state).all())
+    return True
+
+
+def load_states(stateful: dict, ckpt: dict, run_dir: Path):
+    """Resume every object of `stateful` ({name: object with load_state_dict}) from the
+    checkpoint."""
+    for name, obj in stateful.items():
+        # a buffer may hold unwritten slots
+        weights = isinstance(obj, (torch.nn.Module, torch.optim.Optimizer))
+        if weights and not finite(ckpt.get(name)):
+            fail(f"{run_dir / 'checkpoint.pt'} holds non-finite values in {name}; start anew")
+        try:
+            obj.load_state_dict(ckpt[name])
+        except Exception as e:
+            fail(
+                f"{run_dir / 'checkpoint.pt'} does not fit this "
+                f"run's {name} ({type(e).__name__}); start anew"
+            )
+
+
+def save_with_digest(state: dict, path: Path):
+    """torch.save(state) to path, written then renamed (a crash never leaves half a file), and its
+    SHA-256 beside it (checkpoint.pt: checkpoint.sha256, model.pt: model.sha256): a file is checked
+    against it before it is read."""
+    torch.save(state, path.with_suffix(".tmp"))
+    digest = sha256(path.with_suffix(".tmp"))
+    os.replace(path.with_suffix(".tmp"), path)
+    path.with_suffix(".sha256").write_text(digest + "\n")
+
+
+def save_model(state: dict, run_dir: Path):
+    """model.pt: the weights and what evaluation needs, with its SHA-256 in model.sha256."""
+    save_with_digest(state, run_dir / "model.pt")
+
+
+def plain(obj):
+    """obj with numpy arrays as tensors and numpy scalars as numbers: what
+    torch.load(weights_only=True) reads."""
+    if isinstance(obj, dict):
+        return {k: plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(plain(v) for v in obj)
+    return (
+        torch.from_numpy(obj)
+        if isinstance(obj, np.ndarray)
+        else obj.item()
+        if isinstance(obj, np.generic)
+        else obj
+    )
+
+
+class RNGs:
+    """torch's global generator and the given numpy Generators, checkpointed as one object."""
+
+    def __init__(self, *np_rngs: np.random.Generator):
+        self.np_rngs = np_rngs
+
+    def state_dict(self):
+        return {
+            "torch": torch.get_rng_state(),
+            "numpy": [rng.bit_generator.state for rng in self.np_rngs],
+        }
+
+    def load_state_dict(self, state):
+        torch.set_rng_state(state["torch"])
+        for rng, rng_state in zip(self.np_rngs, state["numpy"], strict=True):
+            rng.bit_generator.state = rng_state
+
+
+class RunLogger:
+    """What a run shows and leaves behind: config.json, metrics.csv (global_step, wall_time, name,
+    value; append-only), TensorBoard events, a wandb run with --track, the progress bar,
+    checkpoint.pt. Resuming drops the rows logged after the checkpoint (those steps are redone): no
+    step is logged twice. The training clock stops during evaluations. Ctrl-C sets stop_requested:
+    the script finishes its iteration, saves it and calls exit_interrupted()."""
+
+    def __init__(self, args, run_dir: Path, total: int, step: int, ckpt: dict | None):
+        run_dir.mkdir(parents=True, exist_ok=True)
+        metrics, header = run_dir / "metrics.csv", "global_step,wall_time,name,value\n"
+        if ckpt is not None:
+            lines = metrics.read_text().splitlines(keepends=True)[1:] if metrics.is_file() else []
+            (run_dir / "metrics.tmp").write_text(
+                header + "".join(ln for ln in lines if int(ln.split(",")[0]) <= step)
+            )
+            os.replace(run_dir / "metrics.tmp", metrics)
+        else:
+            git = subprocess.run(
+                ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ALGOS
+            )
+            config = {
+                "script": SCRIPT,
+                "args": asdict(args),
+                "git_commit": git.stdout.strip() or None,
+                "versions": {p: version(p) for p in ("torch", "gymnasium", "numpy")},
+            }
+            (run_dir / "config.json").write_text(json.dumps(config, indent=2))
+            metrics.write_text(header)
+        if total != args.total_timesteps:
+            print(
+                f"{total:,} steps will run: whole iterations up "
+                f"to --total-timesteps {args.total_timesteps:,}"
+            )
+        self.args, self.run_dir, self.wandb = args, run_dir, None
+        if args.track:  # every row of metrics.csv is one wandb row, plotted against global_step
+            import wandb
+
+            self.wandb = wandb.init(
+                project=args.wandb_project_name,
+                entity=args.wandb_entity,
+                config=asdict(args),
+                name=run_dir.name,
+                dir=str(run_dir),
+                id=run_dir.name,
+                resume="allow",
+            )
+            self.wandb.define_metric("global_step")
+            self.wandb.define_metric("*", step_metric="global_step")
+        self.file = open(metrics, "a", newline="")
+        self.csv, self.tb = csv.writer(self.file, lineterminator="\n"), SummaryWriter(str(run_dir))
+        self.bar = tqdm(total=total, initial=step, unit="step", mininterval=1.0)
+        self.first_step, self.start, self.eval_seconds, self.last_return = (
+            step,
+            time.time(),
+            0.0,
+            float("nan"),
+        )
+        # of the run resumed
+        self.seconds_before = ckpt.get("train_seconds", 0.0) if ckpt is not None else 0.0
+        self.stop_requested, self.duration_said = False, False
+        signal.signal(signal.SIGINT, self.request_stop)
+
+    def request_stop(self, *_):
+        self.stop_requested = True
+        # a second Ctrl-C stops at once, unsaved
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        print(
+            "\nCtrl-C: stopping after this iteration (again: at once, without saving it)",
+            file=sys.stderr,
+        )
+
+    def log(self, step: int, metrics: dict, to_wandb: bool = True):
+        """One row per metric in metrics.csv and TensorBoard; one wandb row for them all. A
+        non-finite loss stops the run (the weights have diverged) before it is written; the last
+        checkpoint is kept."""
+        values = {}
+        for name, value in metrics.items():
+            # a loss may require grad
+            values[name] = float(value.detach() if torch.is_tensor(value) else value)
+            if (
+                name.startswith("losses/")
+                and name != "losses/explained_variance"
+                and not np.isfinite(values[name])
+            ):
+                self.close_files()
+                fail(
+                    f"{name} is {values[name]} at step {step}: training diverged; "
+                    f"{self.run_dir} keeps its last checkpoint (try a lower --learning-rate)"
+                )
+        for name, value in values.items():
+            self.csv.writerow([step, f"{time.time():.3f}", name, repr(value)])
+            self.tb.add_scalar(name, value, step)
+        self.file.flush()
+        if self.wandb is not None and to_wandb:
+            self.wandb.log({"global_step": step, **values})
+
+    def train_seconds(self) -> float:
+        """Seconds of training (evaluations excluded), those of the run resumed included."""
+        return self.seconds_before + time.time() - self.start - self.eval_seconds
+
+    def progress(self, step: int):
+        """Log charts/sps (environment steps per training second) and update the progress bar."""
+        sps = int(
+            (step - self.first_step) / max(time.time() - self.start - self.eval_seconds, 1e-9)
+        )
+        self.log(step, {"charts/sps": sps})
+        self.bar.update(step - self.bar.n)
+        self.bar.set_postfix(sps=sps, ret=f"{self.last_return:.1f}", refresh=False)
+        if not self.duration_said and time.time() - self.start - self.eval_seconds > 20:
+            self.duration_said = True
+            hours = (self.bar.total - step) / max(sps, 1) / 3600
+            if hours > 1:
+                self.bar.write(
+                    f"at {sps:,} steps/s the rest of this run takes about "
+                    f"{hours:.1f} hours here; --total-timesteps sets the budget"
+                )
+
+    def evaluate(self, step: int, run_episodes):
+        """Log charts/train_seconds, then one row per episode of run_episodes(): a list of episodic
+        returns (logged as eval/episodic_return) or a dict {metric name: one value per episode}
+        (multi-agent: team return, win)."""
+        self.log(step, {"charts/train_seconds": self.train_seconds()})
+        start, results = time.time(), run_episodes()
+        self.eval_seconds += time.time() - start
+        results_by_name = (
+            results if isinstance(results, dict) else {"eval/episodic_return": results}
+        )
+        returns = results_by_name.get("eval/episodic_return", [])
+        if len(returns):  # the progress bar's ret= (all the offline scripts show)
+            self.last_return = float(np.mean(returns))
+        for name, values in results_by_name.items():
+            for value in values:
+                self.log(step, {name: value}, to_wandb=False)
+            # wandb keeps one value per step: the mean, and a histogram
+            if self.wandb is not None and len(values):
+                import wandb
+
+                self.wandb.log(
+                    {
+                        "global_step": step,
+                        name: float(np.mean(values)),
+                        f"{name}_histogram": wandb.Histogram(np.asarray(values, dtype=np.float64)),
+                    }
+                )
+        return results
+
+    def save_checkpoint(
+        self, stateful: dict, iteration: int, global_step: int, finished: bool = False
+    ):
+        """checkpoint.pt: the flags, the counters and the state_dict() of every object of
+        `stateful`, written then renamed (a crash never leaves half a checkpoint), and its SHA-256
+        in checkpoint.sha256."""
+        state = {
+            "args": asdict(self.args),
+            "iteration": iteration,
+            "global_step": global_step,
+            "finished": finished,
+            "train_seconds": self.train_seconds(),
+            **{name: obj.state_dict() for name, obj in stateful.items()},
+        }
+        save_with_digest(plain(state), self.run_dir / "checkpoint.pt")
+
+    def close_files(self):
+        self.bar.close()
+        self.file.close()
+        self.tb.close()
+        if self.wandb is not None:
+            self.wandb.finish()
+
+    def exit_interrupted(self):
+        self.close_files()
+        print(f"interrupted: metrics kept, resume with --resume {self.run_dir}", file=sys.stderr)
+        sys.exit(130)
+
+    def close(self, results):
+        """Close the files; the last lines say the evaluation, where the run is and the script's
+        reference."""
+        self.bar.update(self.bar.total - self.bar.n)
+        self.close_files()
+        for name, values in (
+            results if isinstance(results, dict) else {"eval/episodic_return": results}
+        ).items():
+            if len(values):
+                print(
+                    f"{name}: {np.mean(values):.2f} +- "
+                    f"{np.std(values):.2f} over {len(values)} episodes"
+                )
+        print(
+            f"run saved in {self.run_dir}"
+            + (" (model.pt, checkpoint.pt)" if self.args.save_model else " (checkpoint.pt)")
+        )
+        # our multi-seed runs of each script, if present
+        path = ALGOS.parent / "benchmark" / "references.toml"
+        refs = [
+            r
+            for r in (tomllib.loads(path.read_text())["reference"] if path.is_file() else [])
+            if "values" in r
+            and r["score"] in ("final_eval", "final_win_rate")
+            and self.same_setting(r)
+        ]
+        for r in sorted(refs, key=lambda r: abs(r["total_timesteps"] - self.args.total_timesteps))[
+            :1
+        ]:
+            values = r["values"]
+            print(
+                f"reference {r['id']} ({r['total_timesteps']:,} steps, {r['score']}, "
+                f"{len(values)} seeds): {np.mean(values):.2f} +- {np.std(values):.2f}, "
+                f"seeds from {min(values):.2f} to {max(values):.2f}"
+            )
+            results = results if isinstance(results, dict) else {"eval/episodic_return": results}
+            wanted = "win" if r["score"] == "final_win_rate" else "episodic_return"
+            name = next((n for n in results if wanted in n), None)
+            if name is None or not len(results[name]):
+                continue
+            mean = float(np.mean(results[name]))
+            if r["total_timesteps"] != self.args.total_timesteps:
+                print(
+                    f"this run: {mean:.2f} after {self.args.total_timesteps:,} "
+                    "steps: another budget, not compared"
+                )
+            elif min(values) <= mean <= max(values):
+                print(f"this run: {mean:.2f}, within the reference's seeds")
+            else:
+                side = "below" if mean < min(values) else "above"
+                print(f"this run: {mean:.2f}, {side} every seed of the reference")
+        if not refs:
+            print(f"no reference for {SCRIPT} on {self.args.env_id} to compare with")
+
+    def same_setting(self, reference: dict) -> bool:
+        """True for a reference of this script and env (and, for an offline script, of this
+        dataset)."""
+        if (reference["script"], reference["env_id"]) != (SCRIPT, self.args.env_id):
+            return False
+        flags = reference.get("flags", [])
+        if not hasattr(self.args, "dataset") or "--dataset" not in flags:
+            return True
+        ours = Path(self.args.dataset)  # a directory, or an id such as canonrl/cartpole/medium-v0
+        theirs = Path(flags[flags.index("--dataset") + 1]).name  # runs/datasets/cartpole-medium-v0
+        return theirs in (ours.name, "-".join(ours.parts[-2:]))
+
+
+# ---- end shared: helpers ----
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Args))
