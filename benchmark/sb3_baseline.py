@@ -35,8 +35,8 @@ from benchmark.runs import load_script, parse_baseline_args, print_baseline_end 
 # kwargs are JSON: {"linear": x} is a schedule from x to 0 over training (rl-zoo's lin_x);
 # "activation_fn" inside policy_kwargs names a torch.nn class; "action_noise": sigma is Gaussian
 # exploration noise of that std (in SB3's [-1, 1] action space, as ours scales it by the action
-# bounds); "normalize": true wraps the env in VecNormalize; "atari": true makes SB3's Atari env
-# (make_atari_env: AtariWrapper, then VecFrameStack 4) and a CnnPolicy.
+# bounds); "normalize": true wraps the env in VecNormalize ("obs": observations only); "atari":
+# true makes SB3's Atari env (make_atari_env: AtariWrapper, then VecFrameStack 4) and a CnnPolicy.
 
 
 def ppo_same(a) -> tuple[int, dict]:
@@ -57,6 +57,22 @@ def ppo_same(a) -> tuple[int, dict]:
         normalize_advantage=getattr(a, "norm_adv", True),
         policy_kwargs={"net_arch": {"pi": [64, 64], "vf": [64, 64]}, "activation_fn": "Tanh"},
     )
+
+
+def ppo_lstm_same(a) -> tuple[int, dict]:
+    """ppo_lstm.py's Args -> (n_envs, sb3-contrib RecurrentPPO kwargs): ppo.py's mapping, one LSTM
+    of the same size shared by actor and critic, the heads right on its output, observations
+    normalised (not rewards), as ours."""
+    n_envs, kwargs = ppo_same(a)
+    kwargs["normalize"] = "obs"
+    kwargs["policy_kwargs"] = {
+        "net_arch": [],
+        "activation_fn": "Tanh",
+        "lstm_hidden_size": a.lstm_size,
+        "shared_lstm": True,
+        "enable_critic_lstm": False,
+    }
+    return n_envs, kwargs
 
 
 def a2c_same(a) -> tuple[int, dict]:
@@ -224,6 +240,7 @@ SAME = {
     "ppo_atari.py": ("PPO", ppo_atari_same),
     "dqn_atari.py": ("DQN", dqn_atari_same),
     "qrdqn.py": ("QRDQN", qrdqn_same),
+    "ppo_lstm.py": ("RecurrentPPO", ppo_lstm_same),
 }
 
 DIFFERENCES = {
@@ -249,6 +266,10 @@ DIFFERENCES = {
     "at 10, ours the squared error unclipped (CleanRL); SB3's replay stores "
     "both stacks of every transition, ours each frame once; SB3's VecFrameStack "
     "pads a new episode's stack with zeros, ours with its first frame",
+    "ppo_lstm.py": "SB3's MlpLstmPolicy feeds the observation to the LSTM directly, ours through "
+    "a tanh layer first; with a shared LSTM SB3 trains it by the policy loss only (the critic "
+    "reads it detached), ours by both losses; SB3 pads each minibatch's sequences, ours "
+    "takes whole env rollouts",
     "qrdqn.py": "none of substance (sb3-contrib's QRDQN: the same network, loss, Adam epsilon "
     "and schedules; it also copies the target network before learning starts, ours from then on)",
     "ppo_atari.py": "SB3 clips the value prediction and takes the squared "
@@ -307,9 +328,12 @@ def make_model(algo: str, env_id: str, n_envs: int, kwargs: dict, seed: int, dev
     else:
         env = make_vec_env(env_id, n_envs=n_envs, seed=seed)
     if kwargs.get("normalize"):
-        env = VecNormalize(env, gamma=kwargs.get("gamma", 0.99))
+        norm_reward = kwargs["normalize"] != "obs"
+        env = VecNormalize(env, gamma=kwargs.get("gamma", 0.99), norm_reward=norm_reward)
     action_dim = env.action_space.shape[0] if env.action_space.shape else None
     policy = "CnnPolicy" if kwargs.get("atari") else "MlpPolicy"
+    if algo == "RecurrentPPO":
+        policy = "MlpLstmPolicy"
     if hasattr(stable_baselines3, algo):
         algo_class = getattr(stable_baselines3, algo)
     else:  # QRDQN, RecurrentPPO: sb3-contrib
@@ -327,6 +351,7 @@ def evaluate(model, env_id: str, episodes: int, seed: int) -> list[float]:
     frozen). Atari (image observations): whole games (all lives) preprocessed as ppo_atari.py's,
     unclipped scores."""
     import gymnasium as gym
+    import numpy as np
     from stable_baselines3.common.vec_env import VecNormalize
 
     if len(model.observation_space.shape) == 3:
@@ -335,11 +360,15 @@ def evaluate(model, env_id: str, episodes: int, seed: int) -> list[float]:
     norm = model.get_vec_normalize_env()
     for ep in range(episodes):
         (obs, _), done, total = env.reset(seed=seed + ep), False, 0.0
+        state, start = None, np.ones(1, dtype=bool)  # a recurrent policy's state (RecurrentPPO)
         while not done:
-            action, _ = model.predict(
+            action, state = model.predict(
                 norm.normalize_obs(obs) if isinstance(norm, VecNormalize) else obs,
+                state=state,
+                episode_start=start,
                 deterministic=True,
             )
+            start = np.zeros(1, dtype=bool)
             obs, reward, terminated, truncated, _ = env.step(action)
             total, done = total + float(reward), terminated or truncated
         returns.append(total)

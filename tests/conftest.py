@@ -43,6 +43,20 @@ SMOKE = {
         "2",
     ],
     "a2c.py": ["--env-id", "CartPole-v1", "--total-timesteps", "600", "--eval-episodes", "2"],
+    "ppo_lstm.py": [
+        "--env-id",
+        "CartPoleNoVel-v1",
+        "--total-timesteps",
+        "512",
+        "--num-envs",
+        "4",
+        "--num-steps",
+        "32",
+        "--update-epochs",
+        "2",
+        "--eval-episodes",
+        "2",
+    ],
     # one actor in this process (no Ray: deterministic); tests/test_impala.py runs the Ray actors
     "impala.py": [
         "--env-id",
@@ -317,6 +331,7 @@ ENV_TYPO = {
 # An env of the action space the script does not handle, and a word its error line must contain.
 DISCRETE = {
     "ppo.py",
+    "ppo_lstm.py",
     "a2c.py",
     "impala.py",
     "dqn.py",
@@ -351,6 +366,7 @@ WRONG_ENV = {
 # its first update), short enough that the resumed run finishes in seconds.
 LONG = {
     "ppo.py": 30_000,
+    "ppo_lstm.py": 10_000,
     "a2c.py": 10_000,
     "impala.py": 10_000,
     "dqn.py": 10_000,
@@ -392,7 +408,10 @@ LONG = {
 # representative per family (tests/test_cli.py), and every script holds the blocks and calls them
 # (tests/test_shared_blocks.py).
 FAMILY = {
-    **{s: "classic" for s in ("ppo.py", "a2c.py", "impala.py", "dqn.py", "c51.py", "qrdqn.py")},
+    **{
+        s: "classic"
+        for s in ("ppo.py", "ppo_lstm.py", "a2c.py", "impala.py", "dqn.py", "c51.py", "qrdqn.py")
+    },
     **{
         s: "atari"
         for s in (

@@ -24,6 +24,7 @@ ALGOS = Path(__file__).resolve().parents[1] / "algos"
 FAMILIES = {
     "ppo": {
         "ppo.py",
+        "ppo_lstm.py",
         "ppo_continuous.py",
         "ppo_atari.py",
         "ppo_atari_envpool.py",
@@ -36,6 +37,7 @@ FAMILIES = {
     "gae": {
         "a2c.py",
         "ppo.py",
+        "ppo_lstm.py",
         "ppo_continuous.py",
         "ppo_atari.py",
         "ppo_atari_envpool.py",
@@ -81,6 +83,8 @@ FAMILIES = {
         "ppo_atari_multigpu.py",
         "ppo_continuous.py",
     },
+    # the scripts that register the memory envs (<Env>NoVel ids, RepeatFirst-v0)
+    "memory": {"ppo.py", "ppo_lstm.py"},
     # the scripts that take MinAtar/<Game>-v1 ids
     "minatar": {
         "dqn_atari.py",
@@ -103,6 +107,7 @@ COPIES = {
         "a2c.py",
         "impala.py",
         "ppo.py",
+        "ppo_lstm.py",
         "ppo_continuous.py",
         "ppo_atari.py",
         "ppo_atari_envpool.py",
@@ -115,6 +120,7 @@ COPIES = {
     "linear_schedule": {
         "dqn.py",
         "c51.py",
+        "qrdqn.py",
         "dqn_atari.py",
         "ddqn_atari.py",
         "c51_atari.py",
@@ -133,7 +139,7 @@ COPIES = {
         {"mappo_mpe.py", "ippo_mpe.py"},
     ],
     "make_env": [
-        {"a2c.py", "c51.py", "dqn.py", "ppo.py"},
+        {"a2c.py", "c51.py", "dqn.py", "ppo.py", "ppo_lstm.py", "qrdqn.py"},
         {"ppo_atari.py", "ppo_atari_multigpu.py"},
     ],
     "minibatch_loss": {"ppo_atari.py", "ppo_atari_envpool.py", "ppo_atari_multigpu.py"},

@@ -86,3 +86,26 @@ def test_greedy_action_is_the_argmax_of_the_quantile_mean():
     expected = net.quantiles(obs).mean(dim=2).argmax(dim=1)
     assert torch.equal(net.get_greedy_action(obs), expected)
     assert int(net.get_greedy_action(obs[0])) == int(expected[0])
+
+
+def test_sb3_contrib_gets_the_same_network_and_hyperparameters():
+    pytest.importorskip("sb3_contrib")
+    from benchmark import sb3_baseline
+
+    a = qrdqn.Args()
+    algo, same = sb3_baseline.SAME["qrdqn.py"]
+    n_envs, kwargs = same(a)
+    model = sb3_baseline.make_model(algo, "CartPole-v1", n_envs, kwargs, seed=0)
+    theirs = [m for m in model.quantile_net.modules() if isinstance(m, torch.nn.Linear)]
+    ours = [
+        m for m in qrdqn.QNetwork(4, 2, a.n_quantiles).modules() if isinstance(m, torch.nn.Linear)
+    ]
+    assert [m.weight.shape for m in theirs] == [m.weight.shape for m in ours]
+    assert model.n_quantiles == a.n_quantiles
+    assert model.policy.optimizer.defaults["eps"] == pytest.approx(0.01 / a.batch_size)
+    assert (model.batch_size, model.gradient_steps, model.target_update_interval, model.tau) == (
+        a.batch_size,
+        a.gradient_steps,
+        a.target_network_frequency,
+        a.tau,
+    )

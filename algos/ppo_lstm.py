@@ -1,0 +1,1159 @@
+"""PPO with an LSTM (recurrent PPO) for discrete actions on partially observed classic control.
+
+Schulman et al. 2017 with CleanRL's ppo_atari_lstm design: obs -> 64 (tanh) -> LSTM(64) -> actor
+and critic heads. The LSTM state is reset where an episode ends; each rollout keeps its initial
+state, and a minibatch holds whole sequences of some envs, so the update recomputes the states in
+order. Observations are normalised by running statistics saved with the model (SB3's VecNormalize).
+Envs that need memory: CartPoleNoVel-v1 (velocities zeroed, rl-zoo's) and RepeatFirst-v0.
+
+Run:    python algos/ppo_lstm.py --env-id CartPoleNoVel-v1 --seed 1
+Quick:  python algos/ppo_lstm.py --env-id RepeatFirst-v0 --total-timesteps 8192
+Results: benchmark/references.toml
+"""
+
+import csv
+import difflib
+import hashlib
+import importlib.util
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+import warnings
+from dataclasses import asdict, dataclass
+from importlib.metadata import version
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn as nn
+import tyro
+from torch.utils.tensorboard import SummaryWriter
+from tqdm import tqdm
+
+
+@dataclass
+class Args:
+    learning_rate: float = 1e-3
+    """Adam learning rate (rl-zoo's for RecurrentPPO on CartPoleNoVel-v1)"""
+    anneal_lr: bool = True
+    """anneal the learning rate linearly to 0"""
+    anneal_clip: bool = True
+    """anneal the clip coefficient linearly to 0"""
+    lstm_size: int = 64
+    """units of the LSTM (and of the layer before it)"""
+    num_steps: int = 32
+    """steps per env per rollout (the length of the sequences the update runs the LSTM over)"""
+    gamma: float = 0.98
+    """discount factor"""
+    gae_lambda: float = 0.8
+    """lambda of GAE"""
+    norm_adv: bool = True
+    """normalise the advantages of each minibatch"""
+    num_minibatches: int = 1
+    """minibatches per epoch, each of num_envs / num_minibatches whole env sequences"""
+    update_epochs: int = 20
+    """epochs over each rollout"""
+    clip_coef: float = 0.2
+    """surrogate clipping coefficient"""
+    ent_coef: float = 0.0
+    """entropy bonus coefficient"""
+    vf_coef: float = 0.5
+    """value loss coefficient"""
+    max_grad_norm: float = 0.5
+    """global gradient norm clip"""
+    target_kl: float | None = None
+    """stop the epochs of an update early when the approximate KL exceeds this"""
+    env_id: str = "CartPoleNoVel-v1"
+    """Gymnasium id of a discrete-action env with a flat observation vector"""
+    total_timesteps: int = 100_000
+    """environment steps over all envs"""
+    num_envs: int = 8
+    """parallel environments (one synchronous vector env)"""
+    # ---- shared: args ----
+    seed: int = 1
+    """seed of torch, numpy, random and the envs"""
+    cuda: bool = False
+    """run on CUDA when available (the CNN scripts gain from it; small MLPs are fastest on a CPU)"""
+    torch_deterministic: bool = True
+    """torch.backends.cudnn.deterministic and one CPU thread"""
+    track: bool = False
+    """log to Weights & Biases (works offline with WANDB_MODE=offline)"""
+    wandb_project_name: str = "canonrl"
+    """wandb project"""
+    wandb_entity: str | None = None
+    """wandb entity (team)"""
+    capture_video: bool = False
+    """record episode 0 of the final evaluation to <run_dir>/videos"""
+    save_model: bool = False
+    """save <run_dir>/model.pt at the end"""
+    eval_episodes: int = 10
+    """evaluation episodes (the policy evaluate() runs) at the end and each --eval-every"""
+    eval_every: int = 0
+    """also evaluate every this many steps (0: only at the end); logs charts/train_seconds too"""
+    run_dir: str | None = None
+    """where the run is written (default runs/<env>__<script>__<seed>__<time>); must be new"""
+    resume: str | None = None
+    """continue the run in this directory (its flags; --total-timesteps may extend it)"""
+    checkpoint_every: int = 50_000
+    """save <run_dir>/checkpoint.pt every this many steps (and at the end and on Ctrl-C)"""
+    # ---- end shared: args ----
+
+
+# ---- shared: memory/register_envs ----
+# The velocity entries of each observation, zeroed in <Env>NoVel ids (rl-zoo's MaskVelocityWrapper)
+VELOCITIES = {"CartPole-v1": [1, 3], "Pendulum-v1": [2], "MountainCar-v0": [1]}
+
+
+class MaskVelocity(gym.ObservationWrapper):
+    """env_id with its velocities set to 0 in every observation: a policy must infer them from
+    the positions it has seen."""
+
+    def __init__(self, env_id: str, **kwargs):
+        super().__init__(gym.make(env_id, **kwargs))
+        self.mask = np.ones(self.observation_space.shape, np.float32)
+        self.mask[VELOCITIES[env_id]] = 0.0
+
+    def observation(self, observation):
+        return observation * self.mask
+
+
+class RepeatFirst(gym.Env):
+    """POPGym's RepeatFirst (Morad et al. 2023) with 16 cards: each observation is a card's suit
+    (one-hot, 4 suits) and a flag set on the first card only. At every step the agent names a suit:
+    +1/16 if it is the first card's suit, -1/16 if not; the episode ends after 16 steps. Without
+    memory the suit is known at step 0 only: at best 1/16 - 15/32 = -0.41; with memory, 1."""
+
+    observation_space = gym.spaces.Box(0.0, 1.0, (5,), np.float32)
+    action_space = gym.spaces.Discrete(4)
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 4}
+    length = 16
+
+    def __init__(self, render_mode=None):
+        self.render_mode = render_mode
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        self.first_suit = int(self.np_random.integers(4))
+        self.obs = self.card(self.first_suit, first=True)
+        return self.obs, {}
+
+    def step(self, action):
+        reward = (1.0 if int(action) == self.first_suit else -1.0) / self.length
+        self.t += 1
+        self.obs = self.card(int(self.np_random.integers(4)), first=False)
+        return self.obs, reward, self.t == self.length, False, {}
+
+    def card(self, suit: int, first: bool):
+        obs = np.zeros(5, np.float32)
+        obs[suit] = 1.0
+        obs[4] = float(first)
+        return obs
+
+    def render(self):
+        """The card in view, 64x64: a colour per suit, framed in white if it is the first."""
+        frame = np.full((64, 64, 3), 255 if self.obs[4] else 0, np.uint8)
+        frame[8:-8, 8:-8] = [(200, 0, 0), (0, 160, 0), (0, 0, 200), (200, 160, 0)][
+            int(self.obs[:4].argmax())
+        ]
+        return frame
+
+
+def register_memory_envs():
+    """Register CartPoleNoVel-v1, PendulumNoVel-v1, MountainCarNoVel-v0 and RepeatFirst-v0."""
+    for env_id in VELOCITIES:
+        masked_id = env_id.replace("-v", "NoVel-v")
+        if masked_id not in gym.registry:
+            gym.register(masked_id, lambda env_id=env_id, **kwargs: MaskVelocity(env_id, **kwargs))
+    if "RepeatFirst-v0" not in gym.registry:
+        gym.register("RepeatFirst-v0", RepeatFirst)
+
+
+register_memory_envs()
+# ---- end shared: memory/register_envs ----
+
+
+class RunningMeanStd(gym.wrappers.utils.RunningMeanStd):
+    """gymnasium's running mean and variance (of the observations, or of the discounted return),
+    checkpointable."""
+
+    def state_dict(self):
+        return {"mean": self.mean, "var": self.var, "count": self.count}
+
+    def load_state_dict(self, state):  # a checkpoint holds the numpy arrays as tensors
+        self.mean, self.var, self.count = (
+            v.numpy() if torch.is_tensor(v) else v for v in state.values()
+        )
+
+
+def normalize_observation(env, obs_rms: RunningMeanStd, update: bool):
+    """Observations minus the running mean, over the running std of obs_rms, clipped to [-10, 10]
+    (CleanRL, SB3's VecNormalize). update=False freezes the statistics (evaluation). One obs_rms
+    serves every env that uses it."""
+    env = gym.wrappers.NormalizeObservation(env)
+    env.obs_rms, env.update_running_mean = obs_rms, update
+    return gym.wrappers.TransformObservation(
+        env, lambda obs: np.clip(obs, -10, 10), env.observation_space
+    )
+
+
+def make_env(env_id, video_dir=None):
+    """env_id; with video_dir, episode 0 is recorded there as eval-episode-0.mp4
+    (--capture-video)."""
+    if video_dir is None:
+        return gym.make(env_id)
+    return gym.wrappers.RecordVideo(
+        gym.make(env_id, render_mode="rgb_array"),
+        str(video_dir),
+        lambda ep: ep == 0,
+        name_prefix="eval",
+        disable_logger=True,
+    )
+
+
+def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
+    nn.init.orthogonal_(layer.weight, std)
+    nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+class Agent(nn.Module):
+    """obs -> lstm_size (tanh) -> LSTM(lstm_size) -> logits / value; orthogonal init, the LSTM's
+    biases 0 (CleanRL's ppo_atari_lstm). Inputs are in time-major order: x of shape (T * N, obs)
+    holds T steps of N envs, `starts` (T * N) is 1 where an observation begins an episode (the
+    state of that env is zeroed before it)."""
+
+    def __init__(self, obs_dim: int, n_actions: int, lstm_size: int = 64):
+        super().__init__()
+        self.encoder = nn.Sequential(layer_init(nn.Linear(obs_dim, lstm_size)), nn.Tanh())
+        self.lstm = nn.LSTM(lstm_size, lstm_size)
+        for name, param in self.lstm.named_parameters():
+            if "bias" in name:
+                nn.init.constant_(param, 0.0)
+            else:
+                nn.init.orthogonal_(param, 1.0)
+        self.actor = layer_init(nn.Linear(lstm_size, n_actions), std=0.01)
+        self.critic = layer_init(nn.Linear(lstm_size, 1), std=1.0)
+
+    def initial_state(self, num_envs: int, device="cpu"):
+        """The zero (h, c) state of num_envs envs, each of shape (1, num_envs, lstm_size)."""
+        zeros = torch.zeros(1, num_envs, self.lstm.hidden_size, device=device)
+        return zeros, zeros.clone()
+
+    def get_states(self, x, lstm_state, starts):
+        """The LSTM's output at every step (T * N, lstm_size), one step at a time so that each
+        env's state is zeroed where its episode starts, and the state after the last step."""
+        num_envs = lstm_state[0].shape[1]
+        features = self.encoder(x).view(-1, num_envs, self.lstm.input_size)
+        outputs = []
+        for feature, start in zip(features, starts.view(-1, num_envs)):
+            keep = (1.0 - start).view(1, -1, 1)
+            output, lstm_state = self.lstm(
+                feature[None], (keep * lstm_state[0], keep * lstm_state[1])
+            )
+            outputs.append(output[0])
+        return torch.cat(outputs), lstm_state
+
+    def get_value(self, x, lstm_state, starts):
+        hidden, _ = self.get_states(x, lstm_state, starts)
+        return self.critic(hidden).squeeze(-1)
+
+    def get_greedy_action(self, x, lstm_state, starts):
+        """The most probable action and the next LSTM state: the policy that evaluate() runs."""
+        hidden, lstm_state = self.get_states(x, lstm_state, starts)
+        return self.actor(hidden).argmax(dim=-1), lstm_state
+
+    def get_action_and_value(self, x, lstm_state, starts, action=None):
+        """Sample an action (or take the given one); return it with its log-probability, the
+        entropy, V(x) and the next LSTM state."""
+        hidden, lstm_state = self.get_states(x, lstm_state, starts)
+        dist = torch.distributions.Categorical(logits=self.actor(hidden), validate_args=False)
+        if action is None:
+            action = dist.sample()
+        value = self.critic(hidden).squeeze(-1)
+        return action, dist.log_prob(action), dist.entropy(), value, lstm_state
+
+
+# ---- shared: gae/compute_gae ----
+def compute_gae(rewards, values, dones, next_value, gamma, gae_lambda):
+    """GAE (Schulman et al. 2016, eq. 16) on tensors of shape (T, N). dones[t]: the episode ended at
+    step t (terminated or truncated; a truncation was already bootstrapped into rewards[t]). Returns
+    (advantages, returns)."""
+    advantages, last = torch.zeros_like(rewards), torch.zeros_like(next_value)
+    for t in reversed(range(len(rewards))):
+        next_values, nonterminal = (
+            next_value if t == len(rewards) - 1 else values[t + 1],
+            1.0 - dones[t],
+        )
+        delta = rewards[t] + gamma * next_values * nonterminal - values[t]
+        advantages[t] = last = delta + gamma * gae_lambda * nonterminal * last
+    return advantages, advantages + values
+
+
+# ---- end shared: gae/compute_gae ----
+
+
+def bootstrap_time_limits(reward, terminated, truncated, infos, value_fn, gamma):
+    """A time limit is not part of the task (Pardo et al. 2018): where an episode was truncated, add
+    gamma * V(s_final) to its last reward. Unlike ppo.py's, value_fn(final_obs, envs) also gets the
+    envs' indices: V of a final observation needs its env's LSTM state."""
+    idx = np.flatnonzero(truncated & ~terminated)
+    if len(idx) == 0:
+        return reward
+    final_obs = np.stack(infos["final_obs"][idx])
+    return reward + np.bincount(idx, gamma * value_fn(final_obs, idx), len(reward))
+
+
+# ---- shared: ppo/ppo_loss ----
+def ppo_loss(
+    logprob,
+    entropy,
+    value,
+    old_logprobs,
+    old_values,
+    advantages,
+    returns,
+    clip_coef,
+    ent_coef,
+    vf_coef,
+    clip_vloss: float | None = None,
+    mask=None,
+):
+    """Clipped surrogate objective (PPO paper, eq. 7) + value MSE - entropy bonus, from a
+    minibatch's new log-probabilities, entropies and values; returns (loss, statistics). clip_vloss:
+    the value error is the larger of V's and that of V kept within clip_vloss of old_values
+    (baselines' ppo2, CleanRL); None: not clipped. mask: each term averaged over the entries where
+    it is 1 only (multi-agent: living agents); None: over all."""
+    mean = (
+        (lambda x: x.mean())
+        if mask is None
+        else (lambda x: (x * mask).sum() / mask.sum().clamp(min=1))
+    )
+    logratio = logprob - old_logprobs
+    ratio = logratio.exp()
+    pg_loss = -mean(
+        torch.min(advantages * ratio, advantages * ratio.clamp(1 - clip_coef, 1 + clip_coef))
+    )
+    v_error = (value - returns) ** 2
+    if clip_vloss is not None:
+        v_error = torch.max(
+            v_error,
+            (old_values + (value - old_values).clamp(-clip_vloss, clip_vloss) - returns) ** 2,
+        )
+    v_loss, entropy = 0.5 * mean(v_error), mean(entropy)
+    loss = pg_loss + vf_coef * v_loss - ent_coef * entropy
+    # approx_kl: the k3 estimator of Schulman's note "Approximating KL divergence"
+    with torch.no_grad():
+        stats = {
+            "policy_loss": pg_loss,
+            "value_loss": v_loss,
+            "entropy": entropy,
+            "approx_kl": mean((ratio - 1) - logratio),
+            "clipfrac": mean(((ratio - 1).abs() > clip_coef).float()),
+        }
+    return loss, {k: v.detach() for k, v in stats.items()}
+
+
+# ---- end shared: ppo/ppo_loss ----
+
+
+@torch.no_grad()
+def evaluate(agent, obs_rms, env_id, episodes, seed, device="cpu", video_dir=None):
+    """Greedy (argmax) episodes on a fresh env whose observations are normalised by obs_rms,
+    frozen, the LSTM state carried from step to step (zero at the start of each episode); returns
+    the list of episodic returns."""
+    env = normalize_observation(make_env(env_id, video_dir), obs_rms, update=False)
+    returns = []
+    no_start = torch.zeros(1, device=device)  # the state is zeroed below, at each reset
+    for ep in range(episodes):
+        (obs, _), done, total = env.reset(seed=seed + ep), False, 0.0
+        lstm_state = agent.initial_state(1, device)
+        while not done:
+            action, lstm_state = agent.get_greedy_action(
+                torch.as_tensor(obs, dtype=torch.float32, device=device), lstm_state, no_start
+            )
+            obs, reward, terminated, truncated, _ = env.step(int(action))
+            total, done = total + float(reward), terminated or truncated
+        returns.append(total)
+    env.close()
+    return returns
+
+
+def main(args: Args):
+    args, ckpt, run_dir = start_run(args, check_args)
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    # one set of normalisation statistics for all envs: the set that is saved and used at evaluation
+    obs_rms = RunningMeanStd(shape=env_spaces(args.env_id)[0].shape)
+    # same-step autoreset: a finished episode's last observation is in infos
+    envs = gym.vector.SyncVectorEnv(
+        [lambda: normalize_observation(make_env(args.env_id), obs_rms, update=True)]
+        * args.num_envs,
+        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+    )
+    obs_dim, n_actions = envs.single_observation_space.shape[0], int(envs.single_action_space.n)
+    agent = Agent(obs_dim, n_actions, args.lstm_size).to(device)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
+    batch_size = args.num_envs * args.num_steps
+    envs_per_minibatch = args.num_envs // args.num_minibatches
+    num_iterations = args.total_timesteps // batch_size
+    iteration = 0
+
+    def run_eval(video_dir=None):  # evaluation episodes are seeded apart from training
+        return evaluate(
+            agent, obs_rms, args.env_id, args.eval_episodes, args.seed + 100_000, device, video_dir
+        )
+
+    # what a checkpoint holds, saved and resumed
+    stateful = {"agent": agent, "optimizer": optimizer, "obs_rms": obs_rms, "rng": RNGs()}
+    if ckpt is not None:
+        load_states(stateful, ckpt, run_dir)  # envs are not saved: they are seeded anew on reset
+        iteration = ckpt["iteration"]
+    global_step = iteration * batch_size
+    logger = RunLogger(args, run_dir, num_iterations * batch_size, global_step, ckpt=ckpt)
+
+    @torch.no_grad()
+    def value_fn(final_obs, idx):  # V(final obs) of envs idx, each with its env's LSTM state now
+        state = (lstm_state[0][:, idx], lstm_state[1][:, idx])
+        final_obs = torch.as_tensor(final_obs, dtype=torch.float32, device=device)
+        return agent.get_value(final_obs, state, torch.zeros(len(idx), device=device)).cpu().numpy()
+
+    obs = torch.zeros((args.num_steps, args.num_envs, obs_dim), device=device)
+    actions = torch.zeros((args.num_steps, args.num_envs), dtype=torch.long, device=device)
+    logprobs = torch.zeros((args.num_steps, args.num_envs), device=device)
+    rewards = torch.zeros((args.num_steps, args.num_envs), device=device)
+    dones = torch.zeros((args.num_steps, args.num_envs), device=device)  # the episode ended at t
+    starts = torch.zeros((args.num_steps, args.num_envs), device=device)  # obs[t] begins one
+    values = torch.zeros((args.num_steps, args.num_envs), device=device)
+    next_obs, _ = envs.reset(seed=args.seed + global_step)  # a resumed run starts fresh episodes
+    next_start = torch.ones(args.num_envs, device=device)
+    lstm_state = agent.initial_state(args.num_envs, device)
+    # step t * num_envs + i of the flattened rollout is env i's step t
+    flat_index = torch.arange(batch_size, device=device).view(args.num_steps, args.num_envs)
+    episode_return = np.zeros(args.num_envs)
+    episode_length = np.zeros(args.num_envs, dtype=np.int64)
+    for iteration in range(iteration + 1, num_iterations + 1):
+        frac = 1.0 - (iteration - 1.0) / num_iterations
+        optimizer.param_groups[0]["lr"] = (
+            frac * args.learning_rate if args.anneal_lr else args.learning_rate
+        )
+        clip_coef = frac * args.clip_coef if args.anneal_clip else args.clip_coef
+        initial_state = (lstm_state[0].clone(), lstm_state[1].clone())  # the update starts here
+        for step in range(args.num_steps):
+            obs[step] = torch.as_tensor(next_obs, device=device)
+            starts[step] = next_start
+            with torch.no_grad():
+                actions[step], logprobs[step], _, values[step], lstm_state = (
+                    agent.get_action_and_value(obs[step], lstm_state, starts[step])
+                )
+            next_obs, reward, terminated, truncated, infos = envs.step(actions[step].cpu().numpy())
+            episode_return, episode_length = episode_return + reward, episode_length + 1
+            global_step += args.num_envs
+            reward = bootstrap_time_limits(
+                reward, terminated, truncated, infos, value_fn, args.gamma
+            )
+            rewards[step] = torch.as_tensor(reward)
+            dones[step] = torch.as_tensor(terminated | truncated)
+            next_start = dones[step]  # same-step autoreset: next_obs begins the next episode
+            # every finished episode of every sub-env
+            for i in np.flatnonzero(terminated | truncated):
+                logger.last_return = episode_return[i]
+                logger.log(
+                    global_step,
+                    {
+                        "train/episodic_return": episode_return[i],
+                        "train/episodic_length": episode_length[i],
+                    },
+                )
+                episode_return[i], episode_length[i] = 0.0, 0
+        with torch.no_grad():
+            next_value = agent.get_value(
+                torch.as_tensor(next_obs, device=device), lstm_state, next_start
+            )
+        advantages, returns = compute_gae(
+            rewards, values, dones, next_value, args.gamma, args.gae_lambda
+        )
+        b_obs = obs.flatten(0, 1)
+        b_actions = actions.flatten(0, 1)
+        b_logprobs = logprobs.flatten(0, 1)
+        b_starts = starts.flatten(0, 1)
+        b_advantages = advantages.flatten(0, 1)
+        b_returns = returns.flatten(0, 1)
+        b_values = values.flatten(0, 1)
+        for epoch in range(args.update_epochs):
+            env_perm = torch.randperm(args.num_envs, device=device)
+            for start in range(0, args.num_envs, envs_per_minibatch):
+                mb_envs = env_perm[start : start + envs_per_minibatch]
+                mb = flat_index[:, mb_envs].flatten()  # whole sequences, in time-major order
+                mb_advantages = b_advantages[mb]
+                if args.norm_adv:
+                    mb_advantages = (mb_advantages - mb_advantages.mean()) / (
+                        mb_advantages.std() + 1e-8
+                    )
+                mb_state = (initial_state[0][:, mb_envs], initial_state[1][:, mb_envs])
+                _, logprob, entropy, value, _ = agent.get_action_and_value(
+                    b_obs[mb], mb_state, b_starts[mb], b_actions[mb]
+                )
+                loss, stats = ppo_loss(
+                    logprob,
+                    entropy,
+                    value,
+                    b_logprobs[mb],
+                    b_values[mb],
+                    mb_advantages,
+                    b_returns[mb],
+                    clip_coef,
+                    args.ent_coef,
+                    args.vf_coef,
+                )
+                optimizer.zero_grad()
+                loss.backward()
+                nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+                optimizer.step()
+            if args.target_kl is not None and stats["approx_kl"] > args.target_kl:
+                break
+        # nan: constant returns
+        stats["explained_variance"] = 1 - (b_returns - b_values).var() / b_returns.var()
+        logger.log(
+            global_step,
+            {
+                "charts/learning_rate": optimizer.param_groups[0]["lr"],
+                **{f"losses/{k}": v for k, v in stats.items()},
+            },
+        )
+        logger.progress(global_step)
+        if (
+            args.eval_every
+            and iteration < num_iterations
+            and global_step % args.eval_every < batch_size
+        ):
+            logger.evaluate(global_step, run_eval)
+        if iteration % max(1, args.checkpoint_every // batch_size) == 0 or logger.stop_requested:
+            logger.save_checkpoint(stateful, iteration, global_step)
+        if logger.stop_requested:  # Ctrl-C: the iteration it came in is finished and saved
+            logger.exit_interrupted()
+    envs.close()
+    video_dir = run_dir / "videos" if args.capture_video else None
+    eval_returns = logger.evaluate(global_step, lambda: run_eval(video_dir))
+    logger.save_checkpoint(stateful, num_iterations, global_step, finished=True)
+    if args.save_model:
+        save_model(
+            {
+                "agent": agent.state_dict(),
+                "obs_rms": obs_rms.state_dict(),
+                "args": asdict(args),
+                "eval_returns": eval_returns,
+                "obs_dim": obs_dim,
+                "n_actions": n_actions,
+                "lstm_size": args.lstm_size,
+            },
+            run_dir,
+        )
+    logger.close(eval_returns)
+
+
+def check_args(args: Args):
+    obs_space, act_space = env_spaces(args.env_id)
+    if not isinstance(act_space, gym.spaces.Discrete):
+        fail(f"{SCRIPT} needs discrete actions but {args.env_id} has {act_space}")
+    if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) != 1:
+        fail(f"{SCRIPT} needs flat vector observations but {args.env_id} has {obs_space}")
+    check_ranges(
+        args,
+        {
+            "lstm_size": "x >= 1",
+            "num_envs": "x >= 1",
+            "num_steps": "x >= 1",
+            "num_minibatches": "x >= 1",
+            "update_epochs": "x >= 1",
+            "learning_rate": "x > 0",
+            "gamma": "0 <= x <= 1",
+            "gae_lambda": "0 <= x <= 1",
+            "clip_coef": "x > 0",
+            "ent_coef": "x >= 0",
+            "vf_coef": "x >= 0",
+            "max_grad_norm": "x > 0",
+            "target_kl": "x > 0",
+        },
+    )
+    if args.num_envs % args.num_minibatches:
+        fail(
+            f"--num-minibatches {args.num_minibatches} does not divide --num-envs "
+            f"{args.num_envs}: a minibatch holds whole env sequences"
+        )
+    if args.total_timesteps < args.num_envs * args.num_steps:
+        fail(
+            f"--total-timesteps {args.total_timesteps} is less "
+            f"than one rollout (num_envs*num_steps = {args.num_envs * args.num_steps})"
+        )
+
+
+# ---- shared: helpers ----
+SCRIPT, ALGOS = Path(__file__).name, Path(__file__).resolve().parent
+
+
+def fail(msg: str, *scripts: str):
+    """Bad input: one line on stderr, exit status 2. It suggests those of `scripts` that exist
+    beside this one."""
+    found = [s for s in scripts if s != SCRIPT and (ALGOS / s).is_file()]
+    print(f"error: {msg}" + (f"; use {' or '.join(found)}" if found else ""), file=sys.stderr)
+    sys.exit(2)
+
+
+def other_family(env_id: str) -> tuple[str, ...]:
+    """The scripts that take env_id, an id of another family of envs (Atari, MinAtar, mpe2,
+    smac_lite)."""
+    if env_id.startswith("ALE/") or env_id.endswith("NoFrameskip-v4"):
+        return "ppo_atari.py", "dqn_atari.py"
+    if env_id.startswith("MinAtar/"):
+        return "dqn_atari.py", "ddqn_atari.py"
+    if re.fullmatch(r"(simple\w*|collect_treasure)_v\d+", env_id):
+        return "mappo_mpe.py", "maddpg_mpe.py"
+    if (
+        importlib.util.find_spec("smac_lite")
+        and env_id in importlib.import_module("smac_lite.maps").MAPS
+    ):
+        return "mappo_smac_lite.py", "qmix_smac_lite.py"
+    return ()
+
+
+def env_spaces(env_id: str):
+    """(observation space, action space) of env_id, or a one-line error. The env is made with the
+    start-up messages of ALE (its banner) and MuJoCo (compiler warnings, which it also writes to
+    MUJOCO_LOG.TXT) turned off through their own settings: nothing may precede an error."""
+    if env_id not in gym.registry:
+        if scripts := other_family(env_id):
+            fail(f"{env_id} is not an env of {SCRIPT}", *scripts)
+        close = difflib.get_close_matches(env_id, list(gym.registry), n=1)
+        fail(f"unknown env id '{env_id}'" + (f"; did you mean '{close[0]}'?" if close else ""))
+    entry_point = str(gym.spec(env_id).entry_point)
+    if entry_point.startswith("ale_py"):
+        import ale_py
+
+        ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)
+    mujoco = importlib.import_module("mujoco") if "mujoco" in entry_point else None
+    if mujoco:
+        mujoco.set_mju_user_warning(lambda message: None)
+    try:
+        with warnings.catch_warnings(action="ignore"), gym.make(env_id) as env:
+            return env.observation_space, env.action_space
+    except Exception as e:
+        reason = (str(e).strip() or " ").splitlines()[0]
+        fail(f"cannot make env '{env_id}': {type(e).__name__}: {reason}")
+    finally:
+        if mujoco:
+            mujoco.set_mju_user_warning(None)  # MuJoCo's default: print and log
+
+
+# The ranges a flag may be given, by the name its error message shows (plain code, no eval).
+RANGES = {
+    "x >= 0": lambda x: x >= 0,
+    "x >= 1": lambda x: x >= 1,
+    "x >= 2": lambda x: x >= 2,
+    "x > 0": lambda x: x > 0,
+    "0 <= x <= 1": lambda x: 0 <= x <= 1,
+    "0 < x <= 1": lambda x: 0 < x <= 1,
+    "0 < x < 1": lambda x: 0 < x < 1,
+}
+
+
+def check_ranges(args, rules: dict):
+    """Fail on a flag that is not a finite number or lies outside its range: rules maps a flag to
+    one of RANGES (e.g. "0 <= x <= 1")."""
+    rules = {
+        "total_timesteps": "x >= 1",
+        "eval_episodes": "x >= 0",
+        "eval_every": "x >= 0",
+        "checkpoint_every": "x >= 1",
+        **rules,
+    }
+    for name, x in asdict(args).items():
+        if isinstance(x, float) and not np.isfinite(x):
+            fail(f"--{name.replace('_', '-')} {x} is not a finite number")
+    for name, rule in rules.items():
+        x = getattr(args, name)
+        if x is not None and not RANGES[rule](x):
+            fail(f"--{name.replace('_', '-')} {x} is out of range: it must satisfy {rule}")
+
+
+def sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def start_run(args, check_args):
+    """Resume (--resume DIR: the run's saved flags; --total-timesteps may extend it), check the
+    flags, choose the run directory (a new run never writes into one that holds files), seed
+    everything. Returns (args, checkpoint, dir). A checkpoint is data: its SHA-256 must match
+    checkpoint.sha256, and it is read with weights_only=True."""
+    ckpt = None
+    if args.resume:
+        path = Path(args.resume) / "checkpoint.pt"
+        if not path.is_file():
+            fail(f"no checkpoint at {path}; pass the run directory of an earlier {SCRIPT} run")
+        try:
+            if sha256(path) != (path.parent / "checkpoint.sha256").read_text().strip():
+                raise ValueError("its SHA-256 differs from checkpoint.sha256")
+            ckpt = torch.load(path, weights_only=True)
+            saved = Args(**ckpt["args"])
+        except Exception as e:
+            fail(
+                f"{path} is corrupt or not a {SCRIPT} checkpoint "
+                f"({type(e).__name__}); delete it or start anew"
+            )
+        given = [
+            k for k, v in asdict(args).items() if k in given_flags() or v != getattr(Args(), k)
+        ]
+        given = [
+            k
+            for k in given
+            if k not in ("resume", "run_dir") and getattr(args, k) != getattr(saved, k)
+        ]
+        if "total_timesteps" in given:
+            if args.total_timesteps < ckpt["global_step"]:
+                fail(
+                    f"--total-timesteps {args.total_timesteps} is below "
+                    f"the {ckpt['global_step']} steps already done"
+                )
+            print(
+                f"resume: --total-timesteps {args.total_timesteps} (was {saved.total_timesteps})",
+                file=sys.stderr,
+            )
+            saved.total_timesteps = args.total_timesteps
+        elif ckpt["finished"]:
+            print(
+                f"the run in {path.parent} is finished; give "
+                "a larger --total-timesteps to extend it"
+            )
+            sys.exit(0)
+        if ignored := [f"--{k.replace('_', '-')}" for k in given if k != "total_timesteps"]:
+            print(
+                f"resume: the run's saved flags are kept; ignored: {' '.join(ignored)}",
+                file=sys.stderr,
+            )
+        args = saved
+        args.resume = args.run_dir = str(path.parent)
+        check_metrics(path.parent / "metrics.csv")
+    check_args(args)
+    if args.track:
+        check_wandb()
+    # SDL warns on every render without it
+    if args.capture_video and not os.environ.get("XDG_RUNTIME_DIR"):
+        os.environ["XDG_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="canonrl-xdg-")
+    name = f"{args.env_id.replace('/', '-')}__{SCRIPT[:-3]}__{args.seed}__{time.time():.0f}"
+    run_dir = Path(args.run_dir or f"runs/{name}")
+    if run_dir.exists() and not run_dir.is_dir():
+        fail(f"--run-dir {run_dir} is a file; pass a directory")
+    if ckpt is None and run_dir.is_dir() and any(run_dir.iterdir()):
+        if (run_dir / "metrics.csv").is_file():
+            fail(
+                f"--run-dir {run_dir} holds a run; continue it "
+                f"with --resume {run_dir} or choose a new --run-dir"
+            )
+        fail(f"--run-dir {run_dir} is not empty and holds no run; choose a new --run-dir")
+    check_writable(run_dir)
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    # 1: fastest for small nets
+    torch.set_num_threads(1 if args.torch_deterministic else torch.get_num_threads())
+    return args, ckpt, run_dir
+
+
+def given_flags() -> set[str]:
+    """The Args fields named on the command line (--name, --name=value, --no-name): on --resume, a
+    flag given there counts even when its value is the default."""
+    names = set()
+    for token in sys.argv[1:]:
+        if token.startswith("--"):
+            name = token[2:].split("=")[0].replace("-", "_")
+            names.add(name)
+            names.add(name.removeprefix("no_"))
+    return names
+
+
+def check_metrics(path: Path):
+    """Fail on a line of metrics.csv that is not global_step,wall_time,name,value (before --resume
+    rewrites it)."""
+    lines = path.read_text().splitlines()[1:] if path.is_file() else []
+    for number, line in enumerate(lines, start=2):
+        fields = line.split(",")
+        if len(fields) != 4 or not fields[0].isdigit():
+            fail(
+                f"{path} line {number} is not 'global_step,wall_time,name,value'; "
+                "delete that line and resume again"
+            )
+
+
+def check_wandb():
+    """--track needs a wandb login, or WANDB_MODE=offline: checked before anything is written."""
+    from wandb.sdk import wandb_setup
+    from wandb.sdk.lib import wbauth
+
+    try:
+        settings = wandb_setup.singleton().settings
+    except Exception as e:
+        fail(f"--track: wandb cannot start ({type(e).__name__}: {str(e).strip().splitlines()[0]})")
+    if settings.mode in ("offline", "dryrun", "disabled"):
+        return
+    if not (
+        os.getenv("WANDB_API_KEY")
+        or wbauth.read_netrc_auth(host=settings.base_url)
+        or settings.api_key
+    ):
+        fail(
+            "--track needs a wandb login: run `wandb login`, "
+            "or set WANDB_MODE=offline to log to files only"
+        )
+
+
+def check_writable(run_dir: Path):
+    """Fail unless files can be written in run_dir; the folders made to find out are removed
+    again."""
+    made = [p for p in [run_dir, *run_dir.parents] if not p.exists()]
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=run_dir):
+            pass
+    except OSError as e:
+        fail(
+            f"--run-dir {run_dir} cannot be written "
+            f"({e.strerror or type(e).__name__}); choose another --run-dir"
+        )
+    finally:
+        for p in made:
+            if p.is_dir() and not any(p.iterdir()):
+                p.rmdir()
+
+
+def finite(state) -> bool:
+    """True when every floating-point tensor of a (nested) state_dict is finite."""
+    if isinstance(state, dict):
+        return all(finite(v) for v in state.values())
+    if isinstance(state, (list, tuple)):
+        return all(finite(v) for v in state)
+    if torch.is_tensor(state) and state.is_floating_point():
+        return bool(torch.isfinite(state).all())
+    return True
+
+
+def load_states(stateful: dict, ckpt: dict, run_dir: Path):
+    """Resume every object of `stateful` ({name: object with load_state_dict}) from the
+    checkpoint."""
+    for name, obj in stateful.items():
+        # a buffer may hold unwritten slots
+        weights = isinstance(obj, (torch.nn.Module, torch.optim.Optimizer))
+        if weights and not finite(ckpt.get(name)):
+            fail(f"{run_dir / 'checkpoint.pt'} holds non-finite values in {name}; start anew")
+        try:
+            obj.load_state_dict(ckpt[name])
+        except Exception as e:
+            fail(
+                f"{run_dir / 'checkpoint.pt'} does not fit this "
+                f"run's {name} ({type(e).__name__}); start anew"
+            )
+
+
+def save_with_digest(state: dict, path: Path):
+    """torch.save(state) to path, written then renamed (a crash never leaves half a file), and its
+    SHA-256 beside it (checkpoint.pt: checkpoint.sha256, model.pt: model.sha256): a file is checked
+    against it before it is read."""
+    torch.save(state, path.with_suffix(".tmp"))
+    digest = sha256(path.with_suffix(".tmp"))
+    os.replace(path.with_suffix(".tmp"), path)
+    path.with_suffix(".sha256").write_text(digest + "\n")
+
+
+def save_model(state: dict, run_dir: Path):
+    """model.pt: the weights and what evaluation needs, with its SHA-256 in model.sha256."""
+    save_with_digest(state, run_dir / "model.pt")
+
+
+def plain(obj):
+    """obj with numpy arrays as tensors and numpy scalars as numbers: what
+    torch.load(weights_only=True) reads."""
+    if isinstance(obj, dict):
+        return {k: plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(plain(v) for v in obj)
+    return (
+        torch.from_numpy(obj)
+        if isinstance(obj, np.ndarray)
+        else obj.item()
+        if isinstance(obj, np.generic)
+        else obj
+    )
+
+
+class RNGs:
+    """torch's global generator and the given numpy Generators, checkpointed as one object."""
+
+    def __init__(self, *np_rngs: np.random.Generator):
+        self.np_rngs = np_rngs
+
+    def state_dict(self):
+        return {
+            "torch": torch.get_rng_state(),
+            "numpy": [rng.bit_generator.state for rng in self.np_rngs],
+        }
+
+    def load_state_dict(self, state):
+        torch.set_rng_state(state["torch"])
+        for rng, rng_state in zip(self.np_rngs, state["numpy"], strict=True):
+            rng.bit_generator.state = rng_state
+
+
+class RunLogger:
+    """What a run shows and leaves behind: config.json, metrics.csv (global_step, wall_time, name,
+    value; append-only), TensorBoard events, a wandb run with --track, the progress bar,
+    checkpoint.pt. Resuming drops the rows logged after the checkpoint (those steps are redone): no
+    step is logged twice. The training clock stops during evaluations. Ctrl-C sets stop_requested:
+    the script finishes its iteration, saves it and calls exit_interrupted()."""
+
+    def __init__(self, args, run_dir: Path, total: int, step: int, ckpt: dict | None):
+        run_dir.mkdir(parents=True, exist_ok=True)
+        metrics, header = run_dir / "metrics.csv", "global_step,wall_time,name,value\n"
+        if ckpt is not None:
+            lines = metrics.read_text().splitlines(keepends=True)[1:] if metrics.is_file() else []
+            (run_dir / "metrics.tmp").write_text(
+                header + "".join(ln for ln in lines if int(ln.split(",")[0]) <= step)
+            )
+            os.replace(run_dir / "metrics.tmp", metrics)
+        else:
+            git = subprocess.run(
+                ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ALGOS
+            )
+            config = {
+                "script": SCRIPT,
+                "args": asdict(args),
+                "git_commit": git.stdout.strip() or None,
+                "versions": {p: version(p) for p in ("torch", "gymnasium", "numpy")},
+            }
+            (run_dir / "config.json").write_text(json.dumps(config, indent=2))
+            metrics.write_text(header)
+        if total != args.total_timesteps:
+            print(
+                f"{total:,} steps will run: whole iterations up "
+                f"to --total-timesteps {args.total_timesteps:,}"
+            )
+        self.args, self.run_dir, self.wandb = args, run_dir, None
+        if args.track:  # every row of metrics.csv is one wandb row, plotted against global_step
+            import wandb
+
+            self.wandb = wandb.init(
+                project=args.wandb_project_name,
+                entity=args.wandb_entity,
+                config=asdict(args),
+                name=run_dir.name,
+                dir=str(run_dir),
+                id=run_dir.name,
+                resume="allow",
+            )
+            self.wandb.define_metric("global_step")
+            self.wandb.define_metric("*", step_metric="global_step")
+        self.file = open(metrics, "a", newline="")
+        self.csv, self.tb = csv.writer(self.file, lineterminator="\n"), SummaryWriter(str(run_dir))
+        self.bar = tqdm(total=total, initial=step, unit="step", mininterval=1.0)
+        self.first_step, self.start, self.eval_seconds, self.last_return = (
+            step,
+            time.time(),
+            0.0,
+            float("nan"),
+        )
+        # of the run resumed
+        self.seconds_before = ckpt.get("train_seconds", 0.0) if ckpt is not None else 0.0
+        self.stop_requested, self.duration_said = False, False
+        signal.signal(signal.SIGINT, self.request_stop)
+
+    def request_stop(self, *_):
+        self.stop_requested = True
+        # a second Ctrl-C stops at once, unsaved
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        print(
+            "\nCtrl-C: stopping after this iteration (again: at once, without saving it)",
+            file=sys.stderr,
+        )
+
+    def log(self, step: int, metrics: dict, to_wandb: bool = True):
+        """One row per metric in metrics.csv and TensorBoard; one wandb row for them all. A
+        non-finite loss stops the run (the weights have diverged) before it is written; the last
+        checkpoint is kept."""
+        values = {}
+        for name, value in metrics.items():
+            # a loss may require grad
+            values[name] = float(value.detach() if torch.is_tensor(value) else value)
+            if (
+                name.startswith("losses/")
+                and name != "losses/explained_variance"
+                and not np.isfinite(values[name])
+            ):
+                self.close_files()
+                fail(
+                    f"{name} is {values[name]} at step {step}: training diverged; "
+                    f"{self.run_dir} keeps its last checkpoint (try a lower --learning-rate)"
+                )
+        for name, value in values.items():
+            self.csv.writerow([step, f"{time.time():.3f}", name, repr(value)])
+            self.tb.add_scalar(name, value, step)
+        self.file.flush()
+        if self.wandb is not None and to_wandb:
+            self.wandb.log({"global_step": step, **values})
+
+    def train_seconds(self) -> float:
+        """Seconds of training (evaluations excluded), those of the run resumed included."""
+        return self.seconds_before + time.time() - self.start - self.eval_seconds
+
+    def progress(self, step: int):
+        """Log charts/sps (environment steps per training second) and update the progress bar."""
+        sps = int(
+            (step - self.first_step) / max(time.time() - self.start - self.eval_seconds, 1e-9)
+        )
+        self.log(step, {"charts/sps": sps})
+        self.bar.update(step - self.bar.n)
+        self.bar.set_postfix(sps=sps, ret=f"{self.last_return:.1f}", refresh=False)
+        if not self.duration_said and time.time() - self.start - self.eval_seconds > 20:
+            self.duration_said = True
+            hours = (self.bar.total - step) / max(sps, 1) / 3600
+            if hours > 1:
+                self.bar.write(
+                    f"at {sps:,} steps/s the rest of this run takes about "
+                    f"{hours:.1f} hours here; --total-timesteps sets the budget"
+                )
+
+    def evaluate(self, step: int, run_episodes):
+        """Log charts/train_seconds, then one row per episode of run_episodes(): a list of episodic
+        returns (logged as eval/episodic_return) or a dict {metric name: one value per episode}
+        (multi-agent: team return, win)."""
+        self.log(step, {"charts/train_seconds": self.train_seconds()})
+        start, results = time.time(), run_episodes()
+        self.eval_seconds += time.time() - start
+        results_by_name = (
+            results if isinstance(results, dict) else {"eval/episodic_return": results}
+        )
+        returns = results_by_name.get("eval/episodic_return", [])
+        if len(returns):  # the progress bar's ret= (all the offline scripts show)
+            self.last_return = float(np.mean(returns))
+        for name, values in results_by_name.items():
+            for value in values:
+                self.log(step, {name: value}, to_wandb=False)
+            # wandb keeps one value per step: the mean, and a histogram
+            if self.wandb is not None and len(values):
+                import wandb
+
+                self.wandb.log(
+                    {
+                        "global_step": step,
+                        name: float(np.mean(values)),
+                        f"{name}_histogram": wandb.Histogram(np.asarray(values, dtype=np.float64)),
+                    }
+                )
+        return results
+
+    def save_checkpoint(
+        self, stateful: dict, iteration: int, global_step: int, finished: bool = False
+    ):
+        """checkpoint.pt: the flags, the counters and the state_dict() of every object of
+        `stateful`, written then renamed (a crash never leaves half a checkpoint), and its SHA-256
+        in checkpoint.sha256."""
+        state = {
+            "args": asdict(self.args),
+            "iteration": iteration,
+            "global_step": global_step,
+            "finished": finished,
+            "train_seconds": self.train_seconds(),
+            **{name: obj.state_dict() for name, obj in stateful.items()},
+        }
+        save_with_digest(plain(state), self.run_dir / "checkpoint.pt")
+
+    def close_files(self):
+        self.bar.close()
+        self.file.close()
+        self.tb.close()
+        if self.wandb is not None:
+            self.wandb.finish()
+
+    def exit_interrupted(self):
+        self.close_files()
+        print(f"interrupted: metrics kept, resume with --resume {self.run_dir}", file=sys.stderr)
+        sys.exit(130)
+
+    def close(self, results):
+        """Close the files; the last lines say the evaluation, where the run is and the script's
+        reference."""
+        self.bar.update(self.bar.total - self.bar.n)
+        self.close_files()
+        for name, values in (
+            results if isinstance(results, dict) else {"eval/episodic_return": results}
+        ).items():
+            if len(values):
+                print(
+                    f"{name}: {np.mean(values):.2f} +- "
+                    f"{np.std(values):.2f} over {len(values)} episodes"
+                )
+        print(
+            f"run saved in {self.run_dir}"
+            + (" (model.pt, checkpoint.pt)" if self.args.save_model else " (checkpoint.pt)")
+        )
+        # our multi-seed runs of each script, if present
+        path = ALGOS.parent / "benchmark" / "references.toml"
+        refs = [
+            r
+            for r in (tomllib.loads(path.read_text())["reference"] if path.is_file() else [])
+            if "values" in r
+            and r["score"] in ("final_eval", "final_win_rate")
+            and self.same_setting(r)
+        ]
+        for r in sorted(refs, key=lambda r: abs(r["total_timesteps"] - self.args.total_timesteps))[
+            :1
+        ]:
+            values = r["values"]
+            print(
+                f"reference {r['id']} ({r['total_timesteps']:,} steps, {r['score']}, "
+                f"{len(values)} seeds): {np.mean(values):.2f} +- {np.std(values):.2f}, "
+                f"seeds from {min(values):.2f} to {max(values):.2f}"
+            )
+            results = results if isinstance(results, dict) else {"eval/episodic_return": results}
+            wanted = "win" if r["score"] == "final_win_rate" else "episodic_return"
+            name = next((n for n in results if wanted in n), None)
+            if name is None or not len(results[name]):
+                continue
+            mean = float(np.mean(results[name]))
+            if r["total_timesteps"] != self.args.total_timesteps:
+                print(
+                    f"this run: {mean:.2f} after {self.args.total_timesteps:,} "
+                    "steps: another budget, not compared"
+                )
+            elif min(values) <= mean <= max(values):
+                print(f"this run: {mean:.2f}, within the reference's seeds")
+            else:
+                side = "below" if mean < min(values) else "above"
+                print(f"this run: {mean:.2f}, {side} every seed of the reference")
+        if not refs:
+            print(f"no reference for {SCRIPT} on {self.args.env_id} to compare with")
+
+    def same_setting(self, reference: dict) -> bool:
+        """True for a reference of this script and env (and, for an offline script, of this
+        dataset)."""
+        if (reference["script"], reference["env_id"]) != (SCRIPT, self.args.env_id):
+            return False
+        flags = reference.get("flags", [])
+        if not hasattr(self.args, "dataset") or "--dataset" not in flags:
+            return True
+        ours = Path(self.args.dataset)  # a directory, or an id such as canonrl/cartpole/medium-v0
+        theirs = Path(flags[flags.index("--dataset") + 1]).name  # runs/datasets/cartpole-medium-v0
+        return theirs in (ours.name, "-".join(ours.parts[-2:]))
+
+
+# ---- end shared: helpers ----
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Args))

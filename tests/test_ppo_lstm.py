@@ -1,0 +1,138 @@
+"""ppo_lstm.py: the update recomputes exactly the LSTM states the rollout had (the log-probabilities
+of the first minibatch equal the rollout's before any gradient step), a state is zeroed where an
+episode starts, and the memory envs (CartPoleNoVel-v1, RepeatFirst-v0) follow their rules."""
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from benchmark.runs import load_script
+
+lstm = load_script("ppo_lstm.py")
+
+
+@pytest.mark.parametrize("num_minibatches", [1, 2])
+def test_update_starts_from_the_rollouts_states(num_minibatches, tmp_path, monkeypatch):
+    """RepeatFirst-v0 ends an episode every 16 steps, so each 24-step rollout holds resets inside
+    it and starts mid-episode after the first: the first minibatch's new log-probabilities (whole
+    sequences of some envs, from the stored initial states) must equal the rollout's."""
+    calls = []
+    ppo_loss = lstm.ppo_loss
+
+    def recording_loss(logprob, entropy, value, old_logprobs, *rest, **kwargs):
+        calls.append((logprob.detach().clone(), old_logprobs.clone()))
+        return ppo_loss(logprob, entropy, value, old_logprobs, *rest, **kwargs)
+
+    monkeypatch.setattr(lstm, "ppo_loss", recording_loss)
+    args = lstm.Args(
+        env_id="RepeatFirst-v0",
+        total_timesteps=4 * 24 * 3,
+        num_envs=4,
+        num_steps=24,
+        num_minibatches=num_minibatches,
+        update_epochs=2,
+        eval_episodes=1,
+        run_dir=str(tmp_path / "run"),
+    )
+    lstm.main(args)
+    per_update = 2 * num_minibatches
+    firsts = calls[::per_update]
+    assert len(firsts) == 3
+    for new, old in firsts:
+        assert new.shape == (4 * 24 // num_minibatches,)
+        assert torch.allclose(new, old, atol=1e-5)
+    # later minibatches follow gradient steps: they differ
+    assert not torch.allclose(*calls[per_update - 1], atol=1e-5)
+
+
+def test_a_start_zeroes_the_state():
+    torch.manual_seed(0)
+    agent = lstm.Agent(obs_dim=3, n_actions=2, lstm_size=8)
+    x = torch.randn(10, 2, 3)  # 10 steps of 2 envs
+    starts = torch.zeros(10, 2)
+    starts[6, 0] = 1.0  # env 0 begins an episode at step 6
+    state = (torch.randn(1, 2, 8), torch.randn(1, 2, 8))
+    hidden, _ = agent.get_states(x.flatten(0, 1), state, starts.flatten())
+    hidden = hidden.view(10, 2, 8)
+    # env 0 from step 6 on: as a fresh sequence from the zero state
+    fresh, _ = agent.get_states(x[6:, :1].flatten(0, 1), agent.initial_state(1), torch.zeros(4))
+    assert torch.allclose(hidden[6:, 0], fresh, atol=1e-6)
+    # env 1 never restarts: its outputs depend on the initial state all along
+    other = (state[0].clone(), state[1].clone())
+    other[0][:, 1] += 1.0
+    changed, _ = agent.get_states(x.flatten(0, 1), other, starts.flatten())
+    assert not torch.allclose(changed.view(10, 2, 8)[9, 1], hidden[9, 1], atol=1e-4)
+    # without the start, env 0's step 6 still sees its past
+    unreset, _ = agent.get_states(x.flatten(0, 1), state, torch.zeros(20))
+    assert not torch.allclose(unreset.view(10, 2, 8)[6, 0], hidden[6, 0], atol=1e-4)
+
+
+def test_greedy_action_carries_the_state():
+    """evaluate()'s policy: the action at a step depends on the observations before it."""
+    torch.manual_seed(1)
+    agent = lstm.Agent(obs_dim=5, n_actions=4, lstm_size=8)
+    obs = torch.randn(5)
+    start = torch.zeros(1)
+    _, state = agent.get_greedy_action(torch.randn(5), agent.initial_state(1), start)
+    after_history, _ = agent.get_states(obs, state, start)
+    from_zero, _ = agent.get_states(obs, agent.initial_state(1), start)
+    assert not torch.allclose(after_history, from_zero)
+
+
+def test_repeat_first_rule():
+    env = gym.make("RepeatFirst-v0")
+    obs, _ = env.reset(seed=3)
+    first_suit = int(obs[:4].argmax())
+    assert obs[4] == 1.0 and obs[:4].sum() == 1.0
+    total, steps, done = 0.0, 0, False
+    while not done:
+        obs, reward, terminated, truncated, _ = env.step(first_suit)
+        assert obs[4] == 0.0 and obs[:4].sum() == 1.0
+        total, steps, done = total + reward, steps + 1, terminated or truncated
+    assert steps == 16 and total == pytest.approx(1.0)
+    # naming the suit in view (no memory) scores about 1/16 + 15 * (1/4 - 3/4) / 16 on average
+    returns = []
+    for seed in range(200):
+        obs, _ = env.reset(seed=seed)
+        total, done = 0.0, False
+        while not done:
+            obs, reward, terminated, truncated, _ = env.step(int(obs[:4].argmax()))
+            total, done = total + reward, terminated or truncated
+        returns.append(total)
+    assert np.mean(returns) == pytest.approx(1 / 16 - 15 / 32, abs=0.05)
+
+
+def test_cartpole_novel_zeroes_the_velocities():
+    masked, plain = gym.make("CartPoleNoVel-v1"), gym.make("CartPole-v1")
+    a, _ = masked.reset(seed=4)
+    b, _ = plain.reset(seed=4)
+    for _ in range(5):
+        assert a[1] == 0.0 and a[3] == 0.0 and b[1] != 0.0
+        assert a[0] == b[0] and a[2] == b[2]
+        a, *_ = masked.step(1)
+        b, *_ = plain.step(1)
+    assert "TimeLimit" in str(masked)  # CartPole-v1's time limit (500 steps) is kept
+
+
+def test_sb3_contrib_gets_the_same_lstm_and_normalisation():
+    pytest.importorskip("sb3_contrib")
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    from benchmark import sb3_baseline
+
+    a = lstm.Args()
+    algo, same = sb3_baseline.SAME["ppo_lstm.py"]
+    n_envs, kwargs = same(a)
+    model = sb3_baseline.make_model(algo, "CartPoleNoVel-v1", n_envs, kwargs, seed=0)
+    assert algo == "RecurrentPPO" and n_envs == a.num_envs
+    assert model.policy.lstm_actor.hidden_size == a.lstm_size
+    assert model.policy.lstm_critic is None  # one LSTM for actor and critic, as ours
+    env = model.get_env()
+    assert isinstance(env, VecNormalize) and env.norm_obs and not env.norm_reward
+    assert (model.n_steps, model.n_epochs, model.gamma, model.gae_lambda) == (
+        a.num_steps,
+        a.update_epochs,
+        a.gamma,
+        a.gae_lambda,
+    )
