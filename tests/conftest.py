@@ -43,6 +43,22 @@ SMOKE = {
         "2",
     ],
     "a2c.py": ["--env-id", "CartPole-v1", "--total-timesteps", "600", "--eval-episodes", "2"],
+    "pqn.py": [
+        "--env-id",
+        "CartPole-v1",
+        "--total-timesteps",
+        "512",
+        "--num-envs",
+        "4",
+        "--num-steps",
+        "32",
+        "--num-minibatches",
+        "2",
+        "--update-epochs",
+        "2",
+        "--eval-episodes",
+        "2",
+    ],
     "ppo_lstm.py": [
         "--env-id",
         "CartPoleNoVel-v1",
@@ -331,6 +347,7 @@ ENV_TYPO = {
 # An env of the action space the script does not handle, and a word its error line must contain.
 DISCRETE = {
     "ppo.py",
+    "pqn.py",
     "ppo_lstm.py",
     "a2c.py",
     "impala.py",
@@ -370,6 +387,7 @@ LONG = {
     "a2c.py": 10_000,
     "impala.py": 10_000,
     "dqn.py": 10_000,
+    "pqn.py": 20_000,
     "c51.py": 10_000,
     "qrdqn.py": 10_000,
     "dqn_atari.py": 800,
@@ -410,7 +428,16 @@ LONG = {
 FAMILY = {
     **{
         s: "classic"
-        for s in ("ppo.py", "ppo_lstm.py", "a2c.py", "impala.py", "dqn.py", "c51.py", "qrdqn.py")
+        for s in (
+            "ppo.py",
+            "ppo_lstm.py",
+            "a2c.py",
+            "impala.py",
+            "dqn.py",
+            "c51.py",
+            "qrdqn.py",
+            "pqn.py",
+        )
     },
     **{
         s: "atari"

@@ -77,6 +77,7 @@ FAMILIES = {
     # the on-policy scripts on gymnasium vector envs (ppo_atari_envpool.py's envpool differs)
     "bootstrap": {
         "a2c.py",
+        "pqn.py",
         "impala.py",
         "ppo.py",
         "ppo_atari.py",
@@ -93,6 +94,7 @@ FAMILIES = {
         "iqn_atari.py",
         "sac_atari.py",
         "impala.py",
+        "pqn.py",
         "bc_discrete.py",
         "cql_discrete.py",
     },
@@ -105,6 +107,7 @@ FAMILIES = {
 COPIES = {
     "layer_init": {
         "a2c.py",
+        "pqn.py",
         "impala.py",
         "ppo.py",
         "ppo_lstm.py",
@@ -119,6 +122,7 @@ COPIES = {
     },
     "linear_schedule": {
         "dqn.py",
+        "pqn.py",
         "c51.py",
         "qrdqn.py",
         "dqn_atari.py",
@@ -137,10 +141,12 @@ COPIES = {
         {"ppo_atari.py", "ppo_atari_multigpu.py"},
         {"mappo_smac_lite.py", "ippo_smac_lite.py"},
         {"mappo_mpe.py", "ippo_mpe.py"},
+        {"c51.py", "dqn.py", "pqn.py"},
     ],
     "make_env": [
         {"a2c.py", "c51.py", "dqn.py", "ppo.py", "ppo_lstm.py", "qrdqn.py"},
         {"ppo_atari.py", "ppo_atari_multigpu.py"},
+        {"impala.py", "pqn.py"},
     ],
     "minibatch_loss": {"ppo_atari.py", "ppo_atari_envpool.py", "ppo_atari_multigpu.py"},
     "Actor": [

@@ -80,6 +80,9 @@ RELOAD = {
     "dqn.py": lambda m, s, *a: m.evaluate(
         loaded(m, "QNetwork", s, "q_network", "obs_dim", "n_actions"), *a
     ),
+    "pqn.py": lambda m, s, *a: m.evaluate(
+        loaded(m, "QNetwork", s, "q_network", "obs_shape", "n_actions"), *a
+    ),
     "qrdqn.py": lambda m, s, *a: m.evaluate(
         loaded(m, "QNetwork", s, "q_network", "obs_dim", "n_actions", "n_quantiles"), *a
     ),
