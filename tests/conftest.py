@@ -133,7 +133,13 @@ SMOKE = {
             "--eval-episodes",
             "1",
         ]
-        for script in ("dqn_atari.py", "ddqn_atari.py", "c51_atari.py", "sac_atari.py")
+        for script in (
+            "dqn_atari.py",
+            "ddqn_atari.py",
+            "c51_atari.py",
+            "sac_atari.py",
+            "rainbow_atari.py",
+        )
     },
     "iqn_atari.py": [
         "--env-id",
@@ -358,6 +364,7 @@ DISCRETE = {
     "ddqn_atari.py",
     "c51_atari.py",
     "iqn_atari.py",
+    "rainbow_atari.py",
     "ppo_atari.py",
     "ppo_atari_envpool.py",
     "ppo_atari_multigpu.py",
@@ -393,6 +400,7 @@ LONG = {
     "dqn_atari.py": 800,
     "ddqn_atari.py": 800,
     "c51_atari.py": 800,
+    "rainbow_atari.py": 800,
     "iqn_atari.py": 800,
     "ppo_atari.py": 1536,
     "ppo_atari_envpool.py": 1536,
@@ -447,6 +455,7 @@ FAMILY = {
             "c51_atari.py",
             "iqn_atari.py",
             "sac_atari.py",
+            "rainbow_atari.py",
             "ppo_atari.py",
             "ppo_atari_envpool.py",
             "ppo_atari_multigpu.py",

@@ -47,7 +47,14 @@ FAMILIES = {
         "mappo_mpe.py",
         "ippo_mpe.py",
     },
-    "atari": {"dqn_atari.py", "ddqn_atari.py", "c51_atari.py", "iqn_atari.py", "sac_atari.py"},
+    "atari": {
+        "dqn_atari.py",
+        "ddqn_atari.py",
+        "c51_atari.py",
+        "iqn_atari.py",
+        "sac_atari.py",
+        "rainbow_atari.py",
+    },
     "classic": {"dqn.py", "c51.py", "qrdqn.py"},
     "continuous": {"ddpg_continuous.py", "sac_continuous.py", "td3_continuous.py"},
     "mpe": {"mappo_mpe.py", "ippo_mpe.py", "maddpg_mpe.py"},
@@ -89,6 +96,7 @@ FAMILIES = {
     # the scripts that take MinAtar/<Game>-v1 ids
     "minatar": {
         "dqn_atari.py",
+        "rainbow_atari.py",
         "ddqn_atari.py",
         "c51_atari.py",
         "iqn_atari.py",
@@ -159,7 +167,7 @@ COPIES = {
     ],
     "td_target": {"dqn.py", "dqn_atari.py"},
     "categorical_loss": {"c51.py", "c51_atari.py"},
-    "categorical_projection": {"c51.py", "c51_atari.py"},
+    "categorical_projection": {"c51.py", "c51_atari.py", "rainbow_atari.py"},
     "greedy_pmfs": {"c51.py", "c51_atari.py"},
     "ValueNorm": {"mappo_smac_lite.py", "ippo_smac_lite.py", "mappo_mpe.py", "ippo_mpe.py"},
     "actor_inputs": {"mappo_smac_lite.py", "ippo_smac_lite.py", "mappo_mpe.py", "ippo_mpe.py"},

@@ -98,6 +98,9 @@ RELOAD = {
     "iqn_atari.py": lambda m, s, *a: m.evaluate(
         loaded(m, "QNetwork", s, "q_network", "n_actions", "n_cos", "n_policy_quantiles"), *a
     ),
+    "rainbow_atari.py": lambda m, s, *a: m.evaluate(
+        loaded(m, "QNetwork", s, "q_network", "n_actions", "n_atoms", "v_min", "v_max"), *a
+    ),
     "c51_atari.py": lambda m, s, *a: m.evaluate(
         loaded(m, "QNetwork", s, "q_network", "n_actions", "n_atoms", "v_min", "v_max"), *a
     ),

@@ -1,0 +1,1421 @@
+"""Rainbow (Hessel et al. 2018) on Atari (ALE/Breakout-v5 by default) and MinAtar.
+
+c51_atari.py plus, as CleanRL's rainbow_atari.py joins them: factorised noisy nets (Fortunato et al.
+2018, sigma0 0.5) that explore instead of epsilon; a dueling head (Wang et al. 2016) over the atoms;
+3-step returns; Double Q (the online network picks the next action, the target network's
+distribution is projected); proportional prioritised replay (Schaul et al. 2016: alpha 0.5, beta
+0.4 -> 1, priority = the cross-entropy). Adam 6.25e-5 eps 1.5e-4, a target copy every 8k steps.
+
+Run:    python algos/rainbow_atari.py --env-id ALE/Breakout-v5 --seed 1 --cuda
+Quick:  python algos/rainbow_atari.py --env-id MinAtar/Breakout-v1 --total-timesteps 2000 \
+            --learning-starts 1000 --buffer-size 2000
+Results: benchmark/references.toml
+"""
+
+import csv
+import difflib
+import hashlib
+import importlib.util
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+import warnings
+from dataclasses import asdict, dataclass
+from importlib.metadata import version
+from pathlib import Path
+
+import ale_py
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import tyro
+from stable_baselines3.common.atari_wrappers import AtariWrapper
+from torch.utils.tensorboard import SummaryWriter
+from tqdm import tqdm
+
+
+@dataclass
+class Args:
+    learning_rate: float = 6.25e-5
+    """Adam learning rate (Rainbow's)"""
+    adam_eps: float = 1.5e-4 * 32
+    """Adam epsilon times batch_size (Rainbow's eps = 1.5e-4 for batch 32)"""
+    anneal_lr: bool = False
+    """anneal the learning rate linearly to 0"""
+    buffer_size: int = 1_000_000
+    """replay capacity in 84x84 uint8 frames (a step each, an episode 1 more); 1M: 6.6 GiB"""
+    gamma: float = 0.99
+    """discount factor"""
+    tau: float = 1.0
+    """target network update rate (1.0: a hard copy)"""
+    target_network_frequency: int = 8_000
+    """env steps between target network updates"""
+    batch_size: int = 32
+    """replay minibatch size"""
+    learning_starts: int = 80_000
+    """env steps before learning starts"""
+    train_frequency: int = 4
+    """vector-env steps between training phases"""
+    gradient_steps: int = 1
+    """gradient updates per training phase (each with new noise)"""
+    eval_epsilon: float = 0.05
+    """epsilon of the evaluation games (Nature DQN's; 0: greedy on the mean weights)"""
+    n_atoms: int = 51
+    """atoms of the categorical return distribution"""
+    v_min: float = -10.0
+    """lowest return of the support (rewards are clipped to [-1, 1] for learning)"""
+    v_max: float = 10.0
+    """highest return of the support"""
+    n_step: int = 3
+    """steps of the multi-step return (fewer where an episode ends first)"""
+    prioritized_replay_alpha: float = 0.5
+    """priority exponent: transitions are drawn with probability p^alpha / sum p^alpha"""
+    prioritized_replay_beta: float = 0.4
+    """initial importance-sampling exponent, annealed linearly to 1 at --total-timesteps"""
+    prioritized_replay_eps: float = 1e-6
+    """added to each priority (no transition's probability falls to 0)"""
+    noisy_sigma0: float = 0.5
+    """initial noise scale of the noisy layers: sigma = sigma0 / sqrt(inputs)"""
+    compile: bool = False
+    """torch.compile the loss and its backward (q_loss; float rounding differs from eager)"""
+    env_id: str = "ALE/Breakout-v5"
+    """an Atari game: ALE/<Game>-v5 (sticky actions) or <Game>NoFrameskip-v4"""
+    total_timesteps: int = 10_000_000
+    """environment steps over all envs (agent steps: 4 frames each)"""
+    num_envs: int = 1
+    """parallel environments (one synchronous vector env)"""
+    # ---- shared: args ----
+    seed: int = 1
+    """seed of torch, numpy, random and the envs"""
+    cuda: bool = False
+    """run on CUDA when available (the CNN scripts gain from it; small MLPs are fastest on a CPU)"""
+    torch_deterministic: bool = True
+    """torch.backends.cudnn.deterministic and one CPU thread"""
+    track: bool = False
+    """log to Weights & Biases (works offline with WANDB_MODE=offline)"""
+    wandb_project_name: str = "canonrl"
+    """wandb project"""
+    wandb_entity: str | None = None
+    """wandb entity (team)"""
+    capture_video: bool = False
+    """record episode 0 of the final evaluation to <run_dir>/videos"""
+    save_model: bool = False
+    """save <run_dir>/model.pt at the end"""
+    eval_episodes: int = 10
+    """evaluation episodes (the policy evaluate() runs) at the end and each --eval-every"""
+    eval_every: int = 0
+    """also evaluate every this many steps (0: only at the end); logs charts/train_seconds too"""
+    run_dir: str | None = None
+    """where the run is written (default runs/<env>__<script>__<seed>__<time>); must be new"""
+    resume: str | None = None
+    """continue the run in this directory (its flags; --total-timesteps may extend it)"""
+    checkpoint_every: int = 50_000
+    """save <run_dir>/checkpoint.pt every this many steps (and at the end and on Ctrl-C)"""
+    # ---- end shared: args ----
+
+
+# ---- shared: minatar/register_minatar ----
+MINATAR = {
+    f"MinAtar/{game.title().replace('_', '')}-v1": game
+    for game in ("asterix", "breakout", "freeway", "seaquest", "space_invaders")
+}
+
+
+def register_minatar():
+    """Register the MinAtar/<Game>-v1 ids (pip install minatar) here: importing minatar takes 1 s.
+    Called at import, and by each of impala.py's actors: a Ray actor's process does not run this
+    file's top level."""
+    for env_id, game in MINATAR.items():
+        if env_id not in gym.registry:
+            gym.register(
+                env_id,
+                "minatar.gym:BaseEnv",
+                max_episode_steps=10_000,
+                kwargs=dict(game=game, use_minimal_action_set=True),
+            )
+
+
+register_minatar()
+# ---- end shared: minatar/register_minatar ----
+
+
+# ---- shared: atari/make_env ----
+gym.register_envs(ale_py)  # the ALE/<Game>-v5 and <Game>NoFrameskip-v4 ids
+
+
+def minatar_frame(obs):
+    """A MinAtar observation (10, 10, channels) of booleans drawn as an 84x84 gray frame: channel c
+    at gray level (c + 1) * 255 // channels (the highest wins where objects overlap), each cell 8x8
+    pixels, a 2-pixel black border."""
+    levels = np.arange(1, obs.shape[-1] + 1, dtype=np.uint8) * (255 // obs.shape[-1])
+    return np.pad(np.kron((obs * levels).max(-1), np.ones((8, 8), np.uint8)), 2)
+
+
+def make_env(env_id, video_dir=None):
+    """An Atari game as Stable-Baselines3's AtariWrapper preprocesses it (up to 30 no-ops at reset,
+    each action repeated for 4 frames with a max over the last two, a lost life ends the episode
+    (not the game), FIRE at reset, 84x84 grayscale, rewards clipped to their sign), or a MinAtar
+    game drawn as 84x84 frames; then stacks of the last 4 frames. ALE/<Game>-v5 ids are made with
+    frameskip=1 (the wrapper skips) and keep v5's sticky actions (repeat_action_probability 0.25,
+    Machado et al. 2018); <Game>NoFrameskip-v4 ids have none (CleanRL's setting). info["episode"]
+    (RecordEpisodeStatistics beneath the wrapper) holds the unclipped score of a whole game (all
+    lives). With video_dir, game 0 is recorded there as eval-episode-0.mp4 (--capture-video)."""
+    # 10x10 games as frames for the same CNN and frame stack (no Atari wrapper)
+    if env_id.startswith("MinAtar/"):
+        env = gym.wrappers.RecordEpisodeStatistics(gym.make(env_id))
+        env = gym.wrappers.TransformObservation(
+            env, minatar_frame, gym.spaces.Box(0, 255, (84, 84), np.uint8)
+        )
+        return gym.wrappers.FrameStackObservation(env, 4)
+    if video_dir is None:
+        env = gym.make(env_id, frameskip=1)  # the wrapper skips frames (v5's sticky actions stay)
+    else:  # the raw game, before the preprocessing: the video shows what a player sees
+        env = gym.wrappers.RecordVideo(
+            gym.make(env_id, frameskip=1, render_mode="rgb_array"),
+            str(video_dir),
+            lambda ep: ep == 0,
+            name_prefix="eval",
+            disable_logger=True,
+        )
+    # beneath the wrapper: the unclipped score of a whole game
+    env = gym.wrappers.RecordEpisodeStatistics(env)
+    env = AtariWrapper(env)
+    env = gym.wrappers.ReshapeObservation(env, (84, 84))
+    # at reset, padded with the first frame repeated
+    return gym.wrappers.FrameStackObservation(env, 4)
+
+
+# ---- end shared: atari/make_env ----
+
+
+class NoisyLinear(nn.Module):
+    """A linear layer with learned factorised Gaussian noise (Fortunato et al. 2018, eqs. 10-11):
+    w = mu_w + sigma_w * f(eps_out) f(eps_in)^T and b = mu_b + sigma_b * f(eps_out), f(x) = sgn(x)
+    sqrt(|x|), eps ~ N(0, 1) drawn again by reset_noise(); mu ~ U[-1/sqrt(p), 1/sqrt(p)] and sigma
+    = sigma0 / sqrt(p) for p inputs (section 3.2). noise=False: the mean weights (evaluation)."""
+
+    def __init__(self, in_features: int, out_features: int, sigma0: float = 0.5):
+        super().__init__()
+        bound = in_features**-0.5
+        self.weight_mu = nn.Parameter(
+            torch.empty(out_features, in_features).uniform_(-bound, bound)
+        )
+        self.weight_sigma = nn.Parameter(torch.full((out_features, in_features), sigma0 * bound))
+        self.bias_mu = nn.Parameter(torch.empty(out_features).uniform_(-bound, bound))
+        self.bias_sigma = nn.Parameter(torch.full((out_features,), sigma0 * bound))
+        # f(eps_in), f(eps_out): buffers, so a checkpoint resumes with the same noise
+        self.register_buffer("eps_in", torch.zeros(in_features))
+        self.register_buffer("eps_out", torch.zeros(out_features))
+        self.reset_noise()
+
+    def reset_noise(self):
+        for eps in (self.eps_in, self.eps_out):
+            eps.normal_()
+            eps.copy_(eps.sign() * eps.abs().sqrt())
+
+    def forward(self, x, noise: bool = True):
+        mean = F.linear(x, self.weight_mu, self.bias_mu)
+        if not noise:
+            return mean
+        # (sigma_w * f(eps_out) f(eps_in)^T) x = f(eps_out) * (sigma_w (f(eps_in) * x)): the noise
+        # matrix of eq. 10 is never formed (acting on one observation costs 10x less)
+        return mean + self.eps_out * F.linear(x * self.eps_in, self.weight_sigma, self.bias_sigma)
+
+
+class QNetwork(nn.Module):
+    """Nature DQN's CNN torso (uint8 stacks (N, 4, 84, 84) scaled to [0, 1] -> 32 8x8 filters stride
+    4 -> 64 4x4 stride 2 -> 64 3x3 stride 1, ReLU), then a dueling head of noisy layers: a value
+    stream 3136 -> 512 -> n_atoms and an advantage stream 3136 -> 512 -> n_actions * n_atoms, joined
+    per atom as V + A - mean_a A (Wang et al. 2016, eq. 9, on the logits as in Rainbow) before the
+    softmax over atoms. forward() gives Q(s, a) = sum_i p_i(s, a) z_i; noise=False (the default,
+    what evaluate() runs) acts on the mean weights, the rollout and the loss pass noise=True."""
+
+    def __init__(
+        self,
+        n_actions: int,
+        n_atoms: int = 51,
+        v_min: float = -10.0,
+        v_max: float = 10.0,
+        sigma0: float = 0.5,
+    ):
+        super().__init__()
+        self.n_actions, self.n_atoms = n_actions, n_atoms
+        self.register_buffer("atoms", torch.linspace(v_min, v_max, n_atoms))
+        self.network = nn.Sequential(
+            nn.Conv2d(4, 32, 8, stride=4),
+            nn.ReLU(),
+            nn.Conv2d(32, 64, 4, stride=2),
+            nn.ReLU(),
+            nn.Conv2d(64, 64, 3, stride=1),
+            nn.ReLU(),
+            nn.Flatten(),
+        )
+        self.value = nn.ModuleList(
+            [NoisyLinear(64 * 7 * 7, 512, sigma0), NoisyLinear(512, n_atoms, sigma0)]
+        )
+        self.advantage = nn.ModuleList(
+            [NoisyLinear(64 * 7 * 7, 512, sigma0), NoisyLinear(512, n_actions * n_atoms, sigma0)]
+        )
+
+    def logits(self, x, noise: bool):
+        """(batch, n_actions, n_atoms) logits of the return distribution of each action."""
+        h = self.network(x / 255.0)
+        value = self.value[1](F.relu(self.value[0](h, noise)), noise)
+        advantage = self.advantage[1](F.relu(self.advantage[0](h, noise)), noise)
+        value = value.view(-1, 1, self.n_atoms)
+        advantage = advantage.view(-1, self.n_actions, self.n_atoms)
+        return value + advantage - advantage.mean(dim=1, keepdim=True)
+
+    def forward(self, x, noise: bool = False):
+        return (self.logits(x, noise).softmax(dim=-1) * self.atoms).sum(dim=-1)
+
+    def get_greedy_action(self, x, noise: bool = False):
+        """argmax_a Q(x, a): with noise=True the rollout's action (noisy nets explore), without it
+        the policy that evaluate() runs (the mean weights)."""
+        return self(x, noise).argmax(dim=-1)
+
+    def reset_noise(self):
+        for layer in (*self.value, *self.advantage):
+            layer.reset_noise()
+
+
+def double_q_pmfs(next_q_online, next_logits_target):
+    """Double Q-learning's next distribution (van Hasselt et al. 2016, as Rainbow uses it): the
+    online network's greedy action a* = argmax_a Q_online(s', a) picks the target network's p(s',
+    a*). (batch, actions) Q-values and (batch, actions, atoms) logits in, (batch, atoms) out."""
+    next_actions = next_q_online.argmax(dim=1)
+    return next_logits_target[torch.arange(len(next_actions)), next_actions].softmax(dim=-1)
+
+
+def categorical_projection(next_pmfs, rewards, terminated, gamma, atoms):
+    """The paper's projection (eq. 7, Algorithm 1) of the target distribution: atom z_j of next_pmfs
+    moves to Tz_j = r + gamma * z_j (r alone where terminated: a time-limit truncation still has a
+    future), clipped to [v_min, v_max], and its mass is split between the two atoms around Tz_j in
+    proportion to closeness (all of it to one atom when Tz_j lands on it: floor == ceil). (batch,
+    atoms) pmfs in, (batch, atoms) pmfs out."""
+    v_min, v_max, n_atoms = atoms[0], atoms[-1], len(atoms)
+    tz = (rewards[:, None] + gamma * (1.0 - terminated[:, None]) * atoms).clamp(v_min, v_max)
+    # index of Tz_j (clamp: rounding)
+    b = ((tz - v_min) / ((v_max - v_min) / (n_atoms - 1))).clamp(0, n_atoms - 1)
+    lower, upper = b.floor().long(), b.ceil().long()
+    target = torch.zeros_like(next_pmfs)
+    # lower == upper: all to that atom
+    target.scatter_add_(1, lower, next_pmfs * (upper - b + (lower == upper)))
+    target.scatter_add_(1, upper, next_pmfs * (b - lower))
+    return target
+
+
+def categorical_losses(logits, target_pmfs):
+    """Per sample: the cross-entropy -sum_i m_i log p_i between the projected target m and the
+    predicted distribution p (its logits) of the action taken; c51_atari.py's categorical_loss
+    without the mean over the batch, since each sample has its importance weight and these values
+    are its new priority (as CleanRL; the paper prioritises by the KL divergence, which is lower by
+    the target's entropy)."""
+    return -(target_pmfs * F.log_softmax(logits, dim=-1)).sum(dim=-1)
+
+
+def q_loss(
+    q_network,
+    target_network,
+    b_obs,
+    b_next_obs,
+    b_actions,
+    b_returns,
+    b_terminated,
+    b_discounts,
+    b_weights,
+):
+    """The importance-weighted mean cross-entropy of the projected n-step target with the predicted
+    distribution of the actions taken, both networks with the noise drawn for this update; returns
+    (loss, the per-sample cross-entropies (the new priorities), the Q-values of those actions)."""
+    with torch.no_grad():
+        next_pmfs = double_q_pmfs(
+            q_network(b_next_obs, noise=True), target_network.logits(b_next_obs, noise=True)
+        )
+        # R + gamma^k z: k = n_step unless the episode ended sooner (b_discounts: gamma^k)
+        target = categorical_projection(
+            next_pmfs, b_returns, b_terminated, b_discounts[:, None], target_network.atoms
+        )
+    logits = q_network.logits(b_obs, noise=True)[torch.arange(len(b_actions)), b_actions]
+    losses = categorical_losses(logits, target)
+    q_pred = (logits.detach().softmax(dim=-1) * q_network.atoms).sum(dim=-1)
+    return (b_weights * losses).mean(), losses.detach(), q_pred
+
+
+class SumTree:
+    """Proportional sampling in O(log n) (Schaul et al. 2016, appendix B.2.1): a binary tree (node 1
+    the root, node k's children 2k and 2k + 1) whose leaves hold the priorities^alpha and whose
+    other nodes hold the sum of their two children. find(u) walks down from the root to the leaf
+    where the running sum of the leaves passes u: for u uniform in [0, total), leaf i is found with
+    probability leaves[i] / total. numpy, vectorised over the batch."""
+
+    def __init__(self, capacity: int):
+        self.n = 1 << (capacity - 1).bit_length()  # leaves: capacity rounded up to a power of 2
+        self.nodes = np.zeros(2 * self.n)
+        self.leaves = self.nodes[self.n : self.n + capacity]  # a view
+
+    def total(self) -> float:
+        return self.nodes[1]
+
+    def update(self, idx, values):
+        """leaves[idx] = values, then the sums above them, one level at a time."""
+        node = np.asarray(idx, np.int64) + self.n
+        self.nodes[node] = values
+        while len(node) and node[0] > 1:  # a parent met twice gets the same sum twice
+            node = node // 2
+            self.nodes[node] = self.nodes[2 * node] + self.nodes[2 * node + 1]
+
+    def find(self, u):
+        """The leaf of each u in [0, total): the first i with leaves[0] + ... + leaves[i] > u."""
+        node = np.ones(len(u), np.int64)
+        while node[0] < self.n:
+            left = self.nodes[2 * node]
+            right = u >= left
+            u = np.where(right, u - left, u)
+            node = 2 * node + right
+        return node - self.n
+
+
+# ---- shared: atari/ReplayBuffer ----
+class ReplayBuffer:
+    """A replay buffer of frame stacks that stores each frame once: a ring of slots per env, each
+    slot holding a frame (the newest of an observation), how many steps into its episode it came,
+    and the step taken from it (action, reward, terminated). An episode's first frame gets a slot of
+    its own (add's `first`), and its last slot holds the true final observation's frame (cut by a
+    time limit or not) with no step taken from it: next_obs is always the stack ending one slot
+    later. A stack never reaches back past its episode's first frame, which pads it as
+    FrameStackObservation pads at reset. Only `terminated` stops the bootstrap. Checkpointable
+    through state_dict()."""
+
+    FIELDS = ("frames", "steps", "actions", "rewards", "terminated", "valid")
+
+    def __init__(self, size: int, num_envs: int, obs_shape: tuple, rng: np.random.Generator):
+        self.size, self.n_stack = size // num_envs, obs_shape[0]  # slots per env, frames per stack
+        self.frames = np.zeros((num_envs, self.size, *obs_shape[1:]), np.uint8)
+        self.steps, self.actions = (np.zeros((num_envs, self.size), np.int64) for _ in range(2))
+        self.rewards, self.terminated = (
+            np.zeros((num_envs, self.size), np.float32) for _ in range(2)
+        )
+        # a step was taken from the slot and all its frames are kept
+        self.valid = np.zeros((num_envs, self.size), bool)
+        self.pos, self.full, self.rng = np.zeros(num_envs, np.int64), np.zeros(num_envs, bool), rng
+
+    def write(self, env: int, frame, step: int):
+        """Store a frame at env's cursor; the stacks of the oldest steps that reached back to the
+        frame it held go."""
+        p, k = self.pos[env], np.arange(1, self.n_stack)
+        # the stacks of the steps k slots on reach back to p if their episode was k old
+        ahead = (p + k) % self.size
+        self.valid[env, p] = False  # no step taken from p yet
+        self.valid[env, ahead] &= self.steps[env, ahead] < k
+        self.frames[env, p], self.steps[env, p] = frame, step
+        self.pos[env], self.full[env] = (p + 1) % self.size, self.full[env] or p + 1 == self.size
+
+    def add(self, obs, next_obs, actions, rewards, terminated, first):
+        """One step of every env. obs[i]'s newest frame is stored already (as the last next_obs)
+        unless first[i]: obs[i] starts an episode."""
+        for i in range(len(obs)):
+            if first[i]:
+                self.write(i, obs[i, -1], 0)
+            t = (self.pos[i] - 1) % self.size  # the slot of obs[i]
+            self.actions[i, t], self.rewards[i, t], self.terminated[i, t] = (
+                actions[i],
+                rewards[i],
+                terminated[i],
+            )
+            self.write(i, next_obs[i, -1], self.steps[i, t] + 1)
+            self.valid[i, t] = True
+
+    def stacks(self, env, slot):
+        """The stacks ending at slot[k] of env[k]'s ring; the frames before an episode's first are
+        that first one."""
+        # (batch, n_stack)
+        back = np.minimum(np.arange(self.n_stack - 1, -1, -1), self.steps[env, slot][:, None])
+        return self.frames[env[:, None], (slot[:, None] - back) % self.size]
+
+    def sample(self, batch_size: int, device):
+        """A uniform minibatch (obs, next_obs, actions, rewards, terminated) as tensors on
+        `device`."""
+        env = self.rng.integers(0, len(self.pos), batch_size)
+        filled = np.where(self.full, self.size, self.pos)[env]
+        slot = self.rng.integers(0, filled)
+        # draw again where no step starts (episodes' last slots)
+        while not (ok := self.valid[env, slot]).all():
+            slot[~ok] = self.rng.integers(0, filled[~ok])
+        batch = (
+            self.stacks(env, slot),
+            self.stacks(env, (slot + 1) % self.size),
+            self.actions[env, slot],
+            self.rewards[env, slot],
+            self.terminated[env, slot],
+        )
+        return [torch.as_tensor(x, device=device) for x in batch]
+
+    # tensors: torch.save pickles numpy arrays, and its pickle protocol stops at 4 GiB
+    def state_dict(self):
+        return {
+            name: torch.from_numpy(getattr(self, name)) for name in (*self.FIELDS, "pos", "full")
+        }
+
+    def load_state_dict(self, state):
+        for name, value in state.items():
+            setattr(self, name, value.numpy())
+
+
+# ---- end shared: atari/ReplayBuffer ----
+
+
+class PrioritizedReplayBuffer(ReplayBuffer):
+    """ReplayBuffer's ring of frames (each frame stored once) with two differences. Each slot from
+    which a step was taken starts an n-step transition: its return R = r_t + gamma r_(t+1) + ... +
+    gamma^(k-1) r_(t+k-1) and its next observation is the stack ending k slots later, k = n_step, or
+    fewer where the episode ended: a termination stops the sum and the bootstrap (`done`), a time
+    limit stops the sum at the true final observation, which is bootstrapped with gamma^k. And
+    transitions are drawn in proportion to priority^alpha (a SumTree over every slot of every env);
+    a transition is drawn only once its window is complete, first at the highest priority so far,
+    then at its last loss + eps (update_priorities)."""
+
+    FIELDS = (*ReplayBuffer.FIELDS, "returns", "horizon", "done")
+
+    def __init__(
+        self,
+        size: int,
+        num_envs: int,
+        obs_shape: tuple,
+        rng: np.random.Generator,
+        n_step: int,
+        gamma: float,
+        alpha: float,
+        eps: float,
+    ):
+        super().__init__(size, num_envs, obs_shape, rng)
+        self.n_step, self.gamma, self.alpha, self.eps = n_step, gamma, alpha, eps
+        # per slot: the n-step return, its steps k and whether a termination ended it
+        self.returns = np.zeros((num_envs, self.size), np.float32)
+        self.horizon = np.zeros((num_envs, self.size), np.int64)
+        self.done = np.zeros((num_envs, self.size), np.float32)
+        # leaf env * size + slot: a slot's priority^alpha, 0 where no transition may be drawn
+        self.tree, self.max_priority = SumTree(num_envs * self.size), 1.0
+
+    def write(self, env: int, frame, step: int):
+        """ReplayBuffer.write; the slot overwritten and the transitions whose stacks reached back to
+        its frame can no longer be drawn."""
+        super().write(env, frame, step)
+        slots = (self.pos[env] - 1 + np.arange(self.n_stack)) % self.size
+        leaves = env * self.size + slots[~self.valid[env, slots]]
+        if self.tree.leaves[leaves].any():  # all 0 until the ring wraps: no update
+            self.tree.update(leaves, 0.0)
+
+    def add(self, obs, next_obs, actions, rewards, terminated, first):
+        """ReplayBuffer.add, then the n-step windows: each env's step starts one and extends those
+        of the (at most n - 1) steps before it in its episode. A window is complete after n steps,
+        at a termination, or when the next episode starts (a time limit cut it)."""
+        for i in np.flatnonzero(first):
+            last = (self.pos[i] - 1) % self.size  # the final observation of the episode before
+            # not a termination (its windows are complete): a time limit, or a resumed run's reset
+            if (self.pos[i] or self.full[i]) and not self.terminated[i, (last - 1) % self.size]:
+                self.complete(i, last - np.arange(1, min(self.n_step, self.steps[i, last] + 1)))
+        super().add(obs, next_obs, actions, rewards, terminated, first)
+        for i in range(len(obs)):
+            t = (self.pos[i] - 2) % self.size  # the slot of this step
+            k = np.arange(min(self.n_step, self.steps[i, t] + 1))  # it is step k of the windows
+            window = (t - k) % self.size
+            self.returns[i, t], self.horizon[i, t] = 0.0, 0
+            self.returns[i, window] += self.gamma**k * rewards[i]
+            self.horizon[i, window] += 1
+            self.done[i, window] = terminated[i]
+            self.complete(i, window if terminated[i] else window[k == self.n_step - 1])
+
+    def complete(self, env: int, slots):
+        """The windows of `slots` are complete: they may be drawn, at the highest priority so far
+        (a new transition is replayed soon at least once, Schaul et al. 2016)."""
+        slots = slots % self.size
+        slots = slots[self.valid[env, slots]]
+        self.tree.update(env * self.size + slots, self.max_priority**self.alpha)
+
+    def sample(self, batch_size: int, beta: float, device):
+        """A minibatch drawn in proportion to priority^alpha, one draw in each of batch_size equal
+        parts of the total (stratified, as CleanRL): (obs, next_obs, actions, n-step returns,
+        terminated, discounts gamma^k, importance weights) as tensors on `device`, and the leaves
+        drawn (for update_priorities)."""
+        total = self.tree.total()
+        leaves = self.tree.find(
+            (np.arange(batch_size) + self.rng.random(batch_size)) / batch_size * total
+        )
+        # draw again where float rounding at the end of a part found an empty leaf
+        while not (ok := self.tree.nodes[self.tree.n + leaves] > 0).all():
+            leaves[~ok] = self.tree.find(self.rng.random((~ok).sum()) * total)
+        env, slot = np.divmod(leaves, self.size)
+        probs = self.tree.leaves[leaves] / total
+        # (N P(i))^-beta / max_j (N P(j))^-beta: N (the transitions stored) cancels
+        weights = (probs / probs.min()) ** -beta
+        batch = (
+            self.stacks(env, slot),
+            self.stacks(env, (slot + self.horizon[env, slot]) % self.size),
+            self.actions[env, slot],
+            self.returns[env, slot],
+            self.done[env, slot],
+            (self.gamma ** self.horizon[env, slot]).astype(np.float32),
+            weights.astype(np.float32),
+        )
+        return [torch.as_tensor(x, device=device) for x in batch], leaves
+
+    def update_priorities(self, leaves, losses):
+        """The priority of the transitions drawn: their loss + eps (Schaul et al. 2016's
+        proportional variant, with Rainbow's distributional loss in place of |TD error|)."""
+        priorities = np.abs(losses) + self.eps
+        self.max_priority = max(self.max_priority, float(priorities.max()))
+        self.tree.update(leaves, priorities**self.alpha)
+
+    def state_dict(self):
+        return {
+            **super().state_dict(),
+            "priorities": torch.from_numpy(self.tree.leaves.copy()),
+            "max_priority": self.max_priority,
+        }
+
+    def load_state_dict(self, state):
+        state = dict(state)
+        self.max_priority = float(state.pop("max_priority"))
+        priorities = state.pop("priorities").numpy()
+        self.tree.update(np.arange(len(self.tree.leaves)), priorities)
+        super().load_state_dict(state)
+
+
+# ---- shared: atari/evaluate ----
+@torch.no_grad()
+def evaluate(
+    agent, env_id, episodes, seed, device="cpu", epsilon=Args.eval_epsilon, video_dir=None
+):
+    """Whole games (all lives) on a fresh env preprocessed as in training: a random action with
+    probability epsilon (--eval-epsilon: 0.05, Nature DQN's evaluation, in the Q-learning scripts; 0
+    in sac_atari.py), else agent.get_greedy_action; returns the list of unclipped game scores. With
+    video_dir, game 0 is recorded there."""
+    env, rng, returns = make_env(env_id, video_dir), np.random.default_rng(seed), []
+    for ep in range(episodes):
+        obs, info = env.reset(seed=seed + ep)
+        while "episode" not in info:  # RecordEpisodeStatistics's record of the game, when it ends
+            if rng.random() < epsilon:
+                action = int(rng.integers(env.action_space.n))
+            else:
+                action = int(agent.get_greedy_action(torch.as_tensor(obs, device=device)[None]))
+            obs, _, terminated, truncated, info = env.step(action)
+            if (terminated or truncated) and "episode" not in info:  # a life lost: the game goes on
+                obs, _ = env.reset()
+        returns.append(float(info["episode"]["r"]))
+    env.close()
+    return returns
+
+
+# ---- end shared: atari/evaluate ----
+
+
+def main(args: Args):
+    args, ckpt, run_dir = start_run(args, check_args)
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    # same-step autoreset: a finished episode's last observation is in infos
+    envs = gym.vector.SyncVectorEnv(
+        [lambda: make_env(args.env_id)] * args.num_envs,
+        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+    )
+    obs_shape, n_actions = envs.single_observation_space.shape, int(envs.single_action_space.n)
+    support = (args.n_atoms, args.v_min, args.v_max, args.noisy_sigma0)
+    q_network = QNetwork(n_actions, *support).to(device)
+    target_network = QNetwork(n_actions, *support).to(device)
+    target_network.load_state_dict(q_network.state_dict())
+    optimizer = torch.optim.Adam(
+        q_network.parameters(),
+        lr=args.learning_rate,
+        eps=args.adam_eps / args.batch_size,
+        fused=True,
+    )  # fused: 4x faster step
+    loss_fn = torch.compile(q_loss) if args.compile else q_loss
+    rng = np.random.default_rng(args.seed)  # replay sampling
+    rb = PrioritizedReplayBuffer(
+        args.buffer_size,
+        args.num_envs,
+        obs_shape,
+        rng,
+        args.n_step,
+        args.gamma,
+        args.prioritized_replay_alpha,
+        args.prioritized_replay_eps,
+    )
+    num_iterations = args.total_timesteps // args.num_envs  # one iteration = one step of every env
+    iteration = 0
+
+    def run_eval(video_dir=None):  # evaluation games are seeded apart from training
+        return evaluate(
+            q_network,
+            args.env_id,
+            args.eval_episodes,
+            args.seed + 100_000,
+            device,
+            args.eval_epsilon,
+            video_dir,
+        )
+
+    stateful = {
+        "q_network": q_network,
+        "target_network": target_network,
+        "optimizer": optimizer,
+        "rb": rb,
+        "rng": RNGs(rng),
+    }  # what a checkpoint holds, saved and resumed
+    if ckpt is not None:
+        load_states(stateful, ckpt, run_dir)  # envs are not saved: they are seeded anew on reset
+        iteration = ckpt["iteration"]
+    global_step = iteration * args.num_envs
+    logger = RunLogger(args, run_dir, num_iterations * args.num_envs, global_step, ckpt=ckpt)
+
+    obs, _ = envs.reset(seed=args.seed + global_step)  # a resumed run starts fresh episodes
+    # obs starts an episode (the buffer then stores its newest frame)
+    first = np.ones(args.num_envs, dtype=bool)
+    # steps of the game (all its lives) each env is playing
+    game_length = np.zeros(args.num_envs, dtype=np.int64)
+    for iteration in range(iteration, num_iterations):
+        # no epsilon: the noisy network explores, with the noise drawn for the last update (CleanRL)
+        with torch.no_grad():
+            actions = q_network.get_greedy_action(torch.as_tensor(obs, device=device), noise=True)
+        actions = actions.cpu().numpy()
+        # ---- shared: atari/step ----
+        next_obs, rewards, terminated, truncated, infos = envs.step(actions)
+        # same-step autoreset: store the true last observation, not the reset one
+        real_next_obs = next_obs.copy()
+        for i in np.flatnonzero(infos.get("_final_obs", [])):
+            real_next_obs[i] = infos["final_obs"][i]
+        rb.add(obs, real_next_obs, actions, rewards, terminated, first)
+        # right after rb.add: on Ctrl-C the steps counted are the steps stored
+        global_step += args.num_envs
+        # an episode ends with a life; a game with the last one
+        obs, first = next_obs, terminated | truncated
+        game_length += 1
+        # RecordEpisodeStatistics's unclipped score of each game that ended
+        games = infos.get("final_info", {})
+        for i in np.flatnonzero(games.get("_episode", [])):  # every finished game of every sub-env
+            logger.last_return = games["episode"]["r"][i]
+            logger.log(
+                global_step,
+                {
+                    "train/episodic_return": games["episode"]["r"][i],
+                    "train/episodic_length": game_length[i],
+                },
+            )
+            game_length[i] = 0
+        # the bar moves before learning too
+        if global_step <= args.learning_starts and iteration % 1000 == 0:
+            logger.progress(global_step)
+        # ---- end shared: atari/step ----
+
+        if global_step > args.learning_starts and iteration % args.train_frequency == 0:
+            if args.anneal_lr:
+                optimizer.param_groups[0]["lr"] = args.learning_rate * (
+                    1.0 - iteration / num_iterations
+                )
+            # importance sampling corrects fully (beta = 1) by the end of training
+            beta = min(
+                1.0,
+                args.prioritized_replay_beta
+                + (1.0 - args.prioritized_replay_beta) * global_step / args.total_timesteps,
+            )
+            for _ in range(args.gradient_steps):
+                # new noise for each update, in both networks (the rollout acts on the online one's)
+                q_network.reset_noise()
+                target_network.reset_noise()
+                batch, leaves = rb.sample(args.batch_size, beta, device)
+                loss, priorities, q_pred = loss_fn(q_network, target_network, *batch)
+                rb.update_priorities(leaves, priorities.cpu().numpy())
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+            # every ~100 updates
+            if (iteration // args.train_frequency) % max(1, 100 // args.gradient_steps) == 0:
+                logger.log(
+                    global_step,
+                    {
+                        "losses/td_loss": loss,
+                        "losses/q_values": q_pred.mean(),
+                        "charts/beta": beta,
+                        "charts/learning_rate": optimizer.param_groups[0]["lr"],
+                    },
+                )
+                logger.progress(global_step)
+        if (
+            global_step > args.learning_starts
+            and global_step % args.target_network_frequency < args.num_envs
+        ):
+            with torch.no_grad():  # target <- tau * online + (1 - tau) * target (tau = 1: a copy)
+                for target_param, param in zip(target_network.parameters(), q_network.parameters()):
+                    target_param.lerp_(param, args.tau)
+        if (
+            args.eval_every
+            and iteration + 1 < num_iterations
+            and global_step % args.eval_every < args.num_envs
+        ):
+            logger.evaluate(global_step, run_eval)
+        if (iteration + 1) % max(
+            1, args.checkpoint_every // args.num_envs
+        ) == 0 or logger.stop_requested:
+            logger.save_checkpoint(stateful, iteration + 1, global_step)
+        if logger.stop_requested:  # Ctrl-C: the iteration it came in is finished and saved
+            logger.exit_interrupted()
+    envs.close()
+    video_dir = run_dir / "videos" if args.capture_video else None
+    eval_returns = logger.evaluate(global_step, lambda: run_eval(video_dir))
+    logger.save_checkpoint(stateful, num_iterations, global_step, finished=True)
+    if args.save_model:
+        save_model(
+            {
+                "q_network": q_network.state_dict(),
+                "args": asdict(args),
+                "eval_returns": eval_returns,
+                "n_actions": n_actions,
+                "n_atoms": args.n_atoms,
+                "v_min": args.v_min,
+                "v_max": args.v_max,
+            },
+            run_dir,
+        )
+    logger.close(eval_returns)
+
+
+def check_args(args: Args):
+    obs_space, act_space = env_spaces(args.env_id)
+    if not isinstance(act_space, gym.spaces.Discrete):
+        fail(
+            f"{SCRIPT} needs discrete actions but {args.env_id} has {act_space}",
+            "sac_continuous.py",
+            "td3_continuous.py",
+        )
+    pixels = gym.spec(args.env_id).entry_point in ("ale_py.env:AtariEnv", "minatar.gym:BaseEnv")
+    if not pixels or len(obs_space.shape) != 3:
+        fail(
+            f"{SCRIPT} needs an Atari game with image observations "
+            "(ALE/<Game>-v5 or <Game>NoFrameskip-v4) or a MinAtar "
+            f"game (MinAtar/<Game>-v1) but {args.env_id} is not one",
+            "c51.py",
+        )
+    if args.capture_video and args.env_id.startswith("MinAtar/"):
+        fail("MinAtar games record no video: drop --capture-video")
+    check_ranges(
+        args,
+        {
+            "num_envs": "x >= 1",
+            "batch_size": "x >= 1",
+            "train_frequency": "x >= 1",
+            "gradient_steps": "x >= 1",
+            "target_network_frequency": "x >= 1",
+            "learning_rate": "x > 0",
+            "gamma": "0 <= x <= 1",
+            "tau": "0 < x <= 1",
+            "learning_starts": "x >= 0",
+            "buffer_size": "x >= 1",
+            "eval_epsilon": "0 <= x <= 1",
+            "n_atoms": "x >= 2",
+            "adam_eps": "x > 0",
+            "n_step": "x >= 1",
+            "prioritized_replay_alpha": "0 <= x <= 1",
+            "prioritized_replay_beta": "0 < x <= 1",
+            "prioritized_replay_eps": "x > 0",
+            "noisy_sigma0": "x >= 0",
+        },
+    )
+    if args.v_min >= args.v_max:
+        fail(
+            f"--v-min {args.v_min} must be below --v-max "
+            f"{args.v_max}: they are the ends of the return's support"
+        )
+    if args.batch_size > min(args.buffer_size, max(args.learning_starts, 1)):
+        fail(
+            f"--batch-size {args.batch_size} must not exceed --learning-starts "
+            f"({args.learning_starts}) or --buffer-size ({args.buffer_size}): "
+            "the first minibatch is drawn when learning starts"
+        )
+    if args.learning_starts < args.n_step:
+        fail(
+            f"--learning-starts {args.learning_starts} must be at least --n-step "
+            f"{args.n_step}: the first minibatch needs a complete n-step return"
+        )
+    if args.buffer_size < (args.n_step + 8) * args.num_envs:
+        fail(
+            f"--buffer-size {args.buffer_size} must be at least --n-step + 8 "
+            f"({args.n_step + 8}) per env (--num-envs {args.num_envs})"
+        )
+    if args.total_timesteps <= args.learning_starts:
+        fail(
+            f"--total-timesteps {args.total_timesteps} must "
+            f"exceed --learning-starts {args.learning_starts}"
+        )
+
+
+# ---- shared: helpers ----
+SCRIPT, ALGOS = Path(__file__).name, Path(__file__).resolve().parent
+
+
+def fail(msg: str, *scripts: str):
+    """Bad input: one line on stderr, exit status 2. It suggests those of `scripts` that exist
+    beside this one."""
+    found = [s for s in scripts if s != SCRIPT and (ALGOS / s).is_file()]
+    print(f"error: {msg}" + (f"; use {' or '.join(found)}" if found else ""), file=sys.stderr)
+    sys.exit(2)
+
+
+def other_family(env_id: str) -> tuple[str, ...]:
+    """The scripts that take env_id, an id of another family of envs (Atari, MinAtar, mpe2,
+    smac_lite)."""
+    if env_id.startswith("ALE/") or env_id.endswith("NoFrameskip-v4"):
+        return "ppo_atari.py", "dqn_atari.py"
+    if env_id.startswith("MinAtar/"):
+        return "dqn_atari.py", "ddqn_atari.py"
+    if re.fullmatch(r"(simple\w*|collect_treasure)_v\d+", env_id):
+        return "mappo_mpe.py", "maddpg_mpe.py"
+    if (
+        importlib.util.find_spec("smac_lite")
+        and env_id in importlib.import_module("smac_lite.maps").MAPS
+    ):
+        return "mappo_smac_lite.py", "qmix_smac_lite.py"
+    return ()
+
+
+def env_spaces(env_id: str):
+    """(observation space, action space) of env_id, or a one-line error. The env is made with the
+    start-up messages of ALE (its banner) and MuJoCo (compiler warnings, which it also writes to
+    MUJOCO_LOG.TXT) turned off through their own settings: nothing may precede an error."""
+    if env_id not in gym.registry:
+        if scripts := other_family(env_id):
+            fail(f"{env_id} is not an env of {SCRIPT}", *scripts)
+        close = difflib.get_close_matches(env_id, list(gym.registry), n=1)
+        fail(f"unknown env id '{env_id}'" + (f"; did you mean '{close[0]}'?" if close else ""))
+    entry_point = str(gym.spec(env_id).entry_point)
+    if entry_point.startswith("ale_py"):
+        import ale_py
+
+        ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)
+    mujoco = importlib.import_module("mujoco") if "mujoco" in entry_point else None
+    if mujoco:
+        mujoco.set_mju_user_warning(lambda message: None)
+    try:
+        with warnings.catch_warnings(action="ignore"), gym.make(env_id) as env:
+            return env.observation_space, env.action_space
+    except Exception as e:
+        reason = (str(e).strip() or " ").splitlines()[0]
+        fail(f"cannot make env '{env_id}': {type(e).__name__}: {reason}")
+    finally:
+        if mujoco:
+            mujoco.set_mju_user_warning(None)  # MuJoCo's default: print and log
+
+
+# The ranges a flag may be given, by the name its error message shows (plain code, no eval).
+RANGES = {
+    "x >= 0": lambda x: x >= 0,
+    "x >= 1": lambda x: x >= 1,
+    "x >= 2": lambda x: x >= 2,
+    "x > 0": lambda x: x > 0,
+    "0 <= x <= 1": lambda x: 0 <= x <= 1,
+    "0 < x <= 1": lambda x: 0 < x <= 1,
+    "0 < x < 1": lambda x: 0 < x < 1,
+}
+
+
+def check_ranges(args, rules: dict):
+    """Fail on a flag that is not a finite number or lies outside its range: rules maps a flag to
+    one of RANGES (e.g. "0 <= x <= 1")."""
+    rules = {
+        "total_timesteps": "x >= 1",
+        "eval_episodes": "x >= 0",
+        "eval_every": "x >= 0",
+        "checkpoint_every": "x >= 1",
+        **rules,
+    }
+    for name, x in asdict(args).items():
+        if isinstance(x, float) and not np.isfinite(x):
+            fail(f"--{name.replace('_', '-')} {x} is not a finite number")
+    for name, rule in rules.items():
+        x = getattr(args, name)
+        if x is not None and not RANGES[rule](x):
+            fail(f"--{name.replace('_', '-')} {x} is out of range: it must satisfy {rule}")
+
+
+def sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def start_run(args, check_args):
+    """Resume (--resume DIR: the run's saved flags; --total-timesteps may extend it), check the
+    flags, choose the run directory (a new run never writes into one that holds files), seed
+    everything. Returns (args, checkpoint, dir). A checkpoint is data: its SHA-256 must match
+    checkpoint.sha256, and it is read with weights_only=True."""
+    ckpt = None
+    if args.resume:
+        path = Path(args.resume) / "checkpoint.pt"
+        if not path.is_file():
+            fail(f"no checkpoint at {path}; pass the run directory of an earlier {SCRIPT} run")
+        try:
+            if sha256(path) != (path.parent / "checkpoint.sha256").read_text().strip():
+                raise ValueError("its SHA-256 differs from checkpoint.sha256")
+            ckpt = torch.load(path, weights_only=True)
+            saved = Args(**ckpt["args"])
+        except Exception as e:
+            fail(
+                f"{path} is corrupt or not a {SCRIPT} checkpoint "
+                f"({type(e).__name__}); delete it or start anew"
+            )
+        given = [
+            k for k, v in asdict(args).items() if k in given_flags() or v != getattr(Args(), k)
+        ]
+        given = [
+            k
+            for k in given
+            if k not in ("resume", "run_dir") and getattr(args, k) != getattr(saved, k)
+        ]
+        if "total_timesteps" in given:
+            if args.total_timesteps < ckpt["global_step"]:
+                fail(
+                    f"--total-timesteps {args.total_timesteps} is below "
+                    f"the {ckpt['global_step']} steps already done"
+                )
+            print(
+                f"resume: --total-timesteps {args.total_timesteps} (was {saved.total_timesteps})",
+                file=sys.stderr,
+            )
+            saved.total_timesteps = args.total_timesteps
+        elif ckpt["finished"]:
+            print(
+                f"the run in {path.parent} is finished; give "
+                "a larger --total-timesteps to extend it"
+            )
+            sys.exit(0)
+        if ignored := [f"--{k.replace('_', '-')}" for k in given if k != "total_timesteps"]:
+            print(
+                f"resume: the run's saved flags are kept; ignored: {' '.join(ignored)}",
+                file=sys.stderr,
+            )
+        args = saved
+        args.resume = args.run_dir = str(path.parent)
+        check_metrics(path.parent / "metrics.csv")
+    check_args(args)
+    if args.track:
+        check_wandb()
+    # SDL warns on every render without it
+    if args.capture_video and not os.environ.get("XDG_RUNTIME_DIR"):
+        os.environ["XDG_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="canonrl-xdg-")
+    name = f"{args.env_id.replace('/', '-')}__{SCRIPT[:-3]}__{args.seed}__{time.time():.0f}"
+    run_dir = Path(args.run_dir or f"runs/{name}")
+    if run_dir.exists() and not run_dir.is_dir():
+        fail(f"--run-dir {run_dir} is a file; pass a directory")
+    if ckpt is None and run_dir.is_dir() and any(run_dir.iterdir()):
+        if (run_dir / "metrics.csv").is_file():
+            fail(
+                f"--run-dir {run_dir} holds a run; continue it "
+                f"with --resume {run_dir} or choose a new --run-dir"
+            )
+        fail(f"--run-dir {run_dir} is not empty and holds no run; choose a new --run-dir")
+    check_writable(run_dir)
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    # 1: fastest for small nets
+    torch.set_num_threads(1 if args.torch_deterministic else torch.get_num_threads())
+    return args, ckpt, run_dir
+
+
+def given_flags() -> set[str]:
+    """The Args fields named on the command line (--name, --name=value, --no-name): on --resume, a
+    flag given there counts even when its value is the default."""
+    names = set()
+    for token in sys.argv[1:]:
+        if token.startswith("--"):
+            name = token[2:].split("=")[0].replace("-", "_")
+            names.add(name)
+            names.add(name.removeprefix("no_"))
+    return names
+
+
+def check_metrics(path: Path):
+    """Fail on a line of metrics.csv that is not global_step,wall_time,name,value (before --resume
+    rewrites it)."""
+    lines = path.read_text().splitlines()[1:] if path.is_file() else []
+    for number, line in enumerate(lines, start=2):
+        fields = line.split(",")
+        if len(fields) != 4 or not fields[0].isdigit():
+            fail(
+                f"{path} line {number} is not 'global_step,wall_time,name,value'; "
+                "delete that line and resume again"
+            )
+
+
+def check_wandb():
+    """--track needs a wandb login, or WANDB_MODE=offline: checked before anything is written."""
+    from wandb.sdk import wandb_setup
+    from wandb.sdk.lib import wbauth
+
+    try:
+        settings = wandb_setup.singleton().settings
+    except Exception as e:
+        fail(f"--track: wandb cannot start ({type(e).__name__}: {str(e).strip().splitlines()[0]})")
+    if settings.mode in ("offline", "dryrun", "disabled"):
+        return
+    if not (
+        os.getenv("WANDB_API_KEY")
+        or wbauth.read_netrc_auth(host=settings.base_url)
+        or settings.api_key
+    ):
+        fail(
+            "--track needs a wandb login: run `wandb login`, "
+            "or set WANDB_MODE=offline to log to files only"
+        )
+
+
+def check_writable(run_dir: Path):
+    """Fail unless files can be written in run_dir; the folders made to find out are removed
+    again."""
+    made = [p for p in [run_dir, *run_dir.parents] if not p.exists()]
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=run_dir):
+            pass
+    except OSError as e:
+        fail(
+            f"--run-dir {run_dir} cannot be written "
+            f"({e.strerror or type(e).__name__}); choose another --run-dir"
+        )
+    finally:
+        for p in made:
+            if p.is_dir() and not any(p.iterdir()):
+                p.rmdir()
+
+
+def finite(state) -> bool:
+    """True when every floating-point tensor of a (nested) state_dict is finite."""
+    if isinstance(state, dict):
+        return all(finite(v) for v in state.values())
+    if isinstance(state, (list, tuple)):
+        return all(finite(v) for v in state)
+    if torch.is_tensor(state) and state.is_floating_point():
+        return bool(torch.isfinite(state).all())
+    return True
+
+
+def load_states(stateful: dict, ckpt: dict, run_dir: Path):
+    """Resume every object of `stateful` ({name: object with load_state_dict}) from the
+    checkpoint."""
+    for name, obj in stateful.items():
+        # a buffer may hold unwritten slots
+        weights = isinstance(obj, (torch.nn.Module, torch.optim.Optimizer))
+        if weights and not finite(ckpt.get(name)):
+            fail(f"{run_dir / 'checkpoint.pt'} holds non-finite values in {name}; start anew")
+        try:
+            obj.load_state_dict(ckpt[name])
+        except Exception as e:
+            fail(
+                f"{run_dir / 'checkpoint.pt'} does not fit this "
+                f"run's {name} ({type(e).__name__}); start anew"
+            )
+
+
+def save_with_digest(state: dict, path: Path):
+    """torch.save(state) to path, written then renamed (a crash never leaves half a file), and its
+    SHA-256 beside it (checkpoint.pt: checkpoint.sha256, model.pt: model.sha256): a file is checked
+    against it before it is read."""
+    torch.save(state, path.with_suffix(".tmp"))
+    digest = sha256(path.with_suffix(".tmp"))
+    os.replace(path.with_suffix(".tmp"), path)
+    path.with_suffix(".sha256").write_text(digest + "\n")
+
+
+def save_model(state: dict, run_dir: Path):
+    """model.pt: the weights and what evaluation needs, with its SHA-256 in model.sha256."""
+    save_with_digest(state, run_dir / "model.pt")
+
+
+def plain(obj):
+    """obj with numpy arrays as tensors and numpy scalars as numbers: what
+    torch.load(weights_only=True) reads."""
+    if isinstance(obj, dict):
+        return {k: plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(plain(v) for v in obj)
+    return (
+        torch.from_numpy(obj)
+        if isinstance(obj, np.ndarray)
+        else obj.item()
+        if isinstance(obj, np.generic)
+        else obj
+    )
+
+
+class RNGs:
+    """torch's global generator and the given numpy Generators, checkpointed as one object."""
+
+    def __init__(self, *np_rngs: np.random.Generator):
+        self.np_rngs = np_rngs
+
+    def state_dict(self):
+        return {
+            "torch": torch.get_rng_state(),
+            "numpy": [rng.bit_generator.state for rng in self.np_rngs],
+        }
+
+    def load_state_dict(self, state):
+        torch.set_rng_state(state["torch"])
+        for rng, rng_state in zip(self.np_rngs, state["numpy"], strict=True):
+            rng.bit_generator.state = rng_state
+
+
+class RunLogger:
+    """What a run shows and leaves behind: config.json, metrics.csv (global_step, wall_time, name,
+    value; append-only), TensorBoard events, a wandb run with --track, the progress bar,
+    checkpoint.pt. Resuming drops the rows logged after the checkpoint (those steps are redone): no
+    step is logged twice. The training clock stops during evaluations. Ctrl-C sets stop_requested:
+    the script finishes its iteration, saves it and calls exit_interrupted()."""
+
+    def __init__(self, args, run_dir: Path, total: int, step: int, ckpt: dict | None):
+        run_dir.mkdir(parents=True, exist_ok=True)
+        metrics, header = run_dir / "metrics.csv", "global_step,wall_time,name,value\n"
+        if ckpt is not None:
+            lines = metrics.read_text().splitlines(keepends=True)[1:] if metrics.is_file() else []
+            (run_dir / "metrics.tmp").write_text(
+                header + "".join(ln for ln in lines if int(ln.split(",")[0]) <= step)
+            )
+            os.replace(run_dir / "metrics.tmp", metrics)
+        else:
+            git = subprocess.run(
+                ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ALGOS
+            )
+            config = {
+                "script": SCRIPT,
+                "args": asdict(args),
+                "git_commit": git.stdout.strip() or None,
+                "versions": {p: version(p) for p in ("torch", "gymnasium", "numpy")},
+            }
+            (run_dir / "config.json").write_text(json.dumps(config, indent=2))
+            metrics.write_text(header)
+        if total != args.total_timesteps:
+            print(
+                f"{total:,} steps will run: whole iterations up "
+                f"to --total-timesteps {args.total_timesteps:,}"
+            )
+        self.args, self.run_dir, self.wandb = args, run_dir, None
+        if args.track:  # every row of metrics.csv is one wandb row, plotted against global_step
+            import wandb
+
+            self.wandb = wandb.init(
+                project=args.wandb_project_name,
+                entity=args.wandb_entity,
+                config=asdict(args),
+                name=run_dir.name,
+                dir=str(run_dir),
+                id=run_dir.name,
+                resume="allow",
+            )
+            self.wandb.define_metric("global_step")
+            self.wandb.define_metric("*", step_metric="global_step")
+        self.file = open(metrics, "a", newline="")
+        self.csv, self.tb = csv.writer(self.file, lineterminator="\n"), SummaryWriter(str(run_dir))
+        self.bar = tqdm(total=total, initial=step, unit="step", mininterval=1.0)
+        self.first_step, self.start, self.eval_seconds, self.last_return = (
+            step,
+            time.time(),
+            0.0,
+            float("nan"),
+        )
+        # of the run resumed
+        self.seconds_before = ckpt.get("train_seconds", 0.0) if ckpt is not None else 0.0
+        self.stop_requested, self.duration_said = False, False
+        signal.signal(signal.SIGINT, self.request_stop)
+
+    def request_stop(self, *_):
+        self.stop_requested = True
+        # a second Ctrl-C stops at once, unsaved
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        print(
+            "\nCtrl-C: stopping after this iteration (again: at once, without saving it)",
+            file=sys.stderr,
+        )
+
+    def log(self, step: int, metrics: dict, to_wandb: bool = True):
+        """One row per metric in metrics.csv and TensorBoard; one wandb row for them all. A
+        non-finite loss stops the run (the weights have diverged) before it is written; the last
+        checkpoint is kept."""
+        values = {}
+        for name, value in metrics.items():
+            # a loss may require grad
+            values[name] = float(value.detach() if torch.is_tensor(value) else value)
+            if (
+                name.startswith("losses/")
+                and name != "losses/explained_variance"
+                and not np.isfinite(values[name])
+            ):
+                self.close_files()
+                fail(
+                    f"{name} is {values[name]} at step {step}: training diverged; "
+                    f"{self.run_dir} keeps its last checkpoint (try a lower --learning-rate)"
+                )
+        for name, value in values.items():
+            self.csv.writerow([step, f"{time.time():.3f}", name, repr(value)])
+            self.tb.add_scalar(name, value, step)
+        self.file.flush()
+        if self.wandb is not None and to_wandb:
+            self.wandb.log({"global_step": step, **values})
+
+    def train_seconds(self) -> float:
+        """Seconds of training (evaluations excluded), those of the run resumed included."""
+        return self.seconds_before + time.time() - self.start - self.eval_seconds
+
+    def progress(self, step: int):
+        """Log charts/sps (environment steps per training second) and update the progress bar."""
+        sps = int(
+            (step - self.first_step) / max(time.time() - self.start - self.eval_seconds, 1e-9)
+        )
+        self.log(step, {"charts/sps": sps})
+        self.bar.update(step - self.bar.n)
+        self.bar.set_postfix(sps=sps, ret=f"{self.last_return:.1f}", refresh=False)
+        if not self.duration_said and time.time() - self.start - self.eval_seconds > 20:
+            self.duration_said = True
+            hours = (self.bar.total - step) / max(sps, 1) / 3600
+            if hours > 1:
+                self.bar.write(
+                    f"at {sps:,} steps/s the rest of this run takes about "
+                    f"{hours:.1f} hours here; --total-timesteps sets the budget"
+                )
+
+    def evaluate(self, step: int, run_episodes):
+        """Log charts/train_seconds, then one row per episode of run_episodes(): a list of episodic
+        returns (logged as eval/episodic_return) or a dict {metric name: one value per episode}
+        (multi-agent: team return, win)."""
+        self.log(step, {"charts/train_seconds": self.train_seconds()})
+        start, results = time.time(), run_episodes()
+        self.eval_seconds += time.time() - start
+        results_by_name = (
+            results if isinstance(results, dict) else {"eval/episodic_return": results}
+        )
+        returns = results_by_name.get("eval/episodic_return", [])
+        if len(returns):  # the progress bar's ret= (all the offline scripts show)
+            self.last_return = float(np.mean(returns))
+        for name, values in results_by_name.items():
+            for value in values:
+                self.log(step, {name: value}, to_wandb=False)
+            # wandb keeps one value per step: the mean, and a histogram
+            if self.wandb is not None and len(values):
+                import wandb
+
+                self.wandb.log(
+                    {
+                        "global_step": step,
+                        name: float(np.mean(values)),
+                        f"{name}_histogram": wandb.Histogram(np.asarray(values, dtype=np.float64)),
+                    }
+                )
+        return results
+
+    def save_checkpoint(
+        self, stateful: dict, iteration: int, global_step: int, finished: bool = False
+    ):
+        """checkpoint.pt: the flags, the counters and the state_dict() of every object of
+        `stateful`, written then renamed (a crash never leaves half a checkpoint), and its SHA-256
+        in checkpoint.sha256."""
+        state = {
+            "args": asdict(self.args),
+            "iteration": iteration,
+            "global_step": global_step,
+            "finished": finished,
+            "train_seconds": self.train_seconds(),
+            **{name: obj.state_dict() for name, obj in stateful.items()},
+        }
+        save_with_digest(plain(state), self.run_dir / "checkpoint.pt")
+
+    def close_files(self):
+        self.bar.close()
+        self.file.close()
+        self.tb.close()
+        if self.wandb is not None:
+            self.wandb.finish()
+
+    def exit_interrupted(self):
+        self.close_files()
+        print(f"interrupted: metrics kept, resume with --resume {self.run_dir}", file=sys.stderr)
+        sys.exit(130)
+
+    def close(self, results):
+        """Close the files; the last lines say the evaluation, where the run is and the script's
+        reference."""
+        self.bar.update(self.bar.total - self.bar.n)
+        self.close_files()
+        for name, values in (
+            results if isinstance(results, dict) else {"eval/episodic_return": results}
+        ).items():
+            if len(values):
+                print(
+                    f"{name}: {np.mean(values):.2f} +- "
+                    f"{np.std(values):.2f} over {len(values)} episodes"
+                )
+        print(
+            f"run saved in {self.run_dir}"
+            + (" (model.pt, checkpoint.pt)" if self.args.save_model else " (checkpoint.pt)")
+        )
+        # our multi-seed runs of each script, if present
+        path = ALGOS.parent / "benchmark" / "references.toml"
+        refs = [
+            r
+            for r in (tomllib.loads(path.read_text())["reference"] if path.is_file() else [])
+            if "values" in r
+            and r["score"] in ("final_eval", "final_win_rate")
+            and self.same_setting(r)
+        ]
+        for r in sorted(refs, key=lambda r: abs(r["total_timesteps"] - self.args.total_timesteps))[
+            :1
+        ]:
+            values = r["values"]
+            print(
+                f"reference {r['id']} ({r['total_timesteps']:,} steps, {r['score']}, "
+                f"{len(values)} seeds): {np.mean(values):.2f} +- {np.std(values):.2f}, "
+                f"seeds from {min(values):.2f} to {max(values):.2f}"
+            )
+            results = results if isinstance(results, dict) else {"eval/episodic_return": results}
+            wanted = "win" if r["score"] == "final_win_rate" else "episodic_return"
+            name = next((n for n in results if wanted in n), None)
+            if name is None or not len(results[name]):
+                continue
+            mean = float(np.mean(results[name]))
+            if r["total_timesteps"] != self.args.total_timesteps:
+                print(
+                    f"this run: {mean:.2f} after {self.args.total_timesteps:,} "
+                    "steps: another budget, not compared"
+                )
+            elif min(values) <= mean <= max(values):
+                print(f"this run: {mean:.2f}, within the reference's seeds")
+            else:
+                side = "below" if mean < min(values) else "above"
+                print(f"this run: {mean:.2f}, {side} every seed of the reference")
+        if not refs:
+            print(f"no reference for {SCRIPT} on {self.args.env_id} to compare with")
+
+    def same_setting(self, reference: dict) -> bool:
+        """True for a reference of this script and env (and, for an offline script, of this
+        dataset)."""
+        if (reference["script"], reference["env_id"]) != (SCRIPT, self.args.env_id):
+            return False
+        flags = reference.get("flags", [])
+        if not hasattr(self.args, "dataset") or "--dataset" not in flags:
+            return True
+        ours = Path(self.args.dataset)  # a directory, or an id such as canonrl/cartpole/medium-v0
+        theirs = Path(flags[flags.index("--dataset") + 1]).name  # runs/datasets/cartpole-medium-v0
+        return theirs in (ours.name, "-".join(ours.parts[-2:]))
+
+
+# ---- end shared: helpers ----
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Args))
