@@ -38,13 +38,17 @@ class RandomScore:
 def register(env_id: str) -> str:
     """env_id, registered with gymnasium where it is a MinAtar id (minatar's own register_envs; the
     scripts that take MinAtar register the same ids with a limit of 10,000 steps, far beyond a
-    random game)."""
+    random game) or a memory env (<Env>NoVel, RepeatFirst-v0: as ppo.py registers them)."""
     import gymnasium as gym
 
     if env_id.startswith("MinAtar/") and env_id not in gym.registry:
         import minatar.gym
 
         minatar.gym.register_envs()
+    if env_id not in gym.registry:
+        from benchmark.runs import load_script
+
+        load_script("ppo.py")  # registers the memory envs at import
     return env_id
 
 
