@@ -4,6 +4,7 @@ Schulman et al. 2017 with the details of Huang et al. 2022, "The 37 Implementati
 separate actor and critic MLPs, orthogonal init, GAE, advantages normalised per minibatch, global
 gradient clipping, Adam eps 1e-5; a truncation is bootstrapped with V(final obs). Defaults: rl-zoo's
 CartPole-v1, but lr 2e-3. Deviation: the value loss is not clipped (CleanRL's ppo.py clips it).
+It also takes the memory envs (CartPoleNoVel-v1, RepeatFirst-v0): the control of ppo_lstm.py.
 
 Run:    python algos/ppo.py --env-id CartPole-v1 --seed 1
 Quick:  python algos/ppo.py --total-timesteps 20000
