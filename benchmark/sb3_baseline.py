@@ -114,6 +114,26 @@ def ppo_atari_same(a) -> tuple[int, dict]:
     return n_envs, {**kw, "atari": True}
 
 
+def _replay_schedule(a) -> dict:
+    """What dqn.py, qrdqn.py and dqn_atari.py share with SB3's DQN and QRDQN: the learning rate
+    (annealed or not), the replay, gradient_steps updates every train_frequency vector steps, the
+    target update every target_network_frequency env steps (rate tau), epsilon annealed linearly."""
+    return dict(
+        learning_rate={"linear": a.learning_rate} if a.anneal_lr else a.learning_rate,
+        buffer_size=a.buffer_size,
+        learning_starts=a.learning_starts,
+        batch_size=a.batch_size,
+        tau=a.tau,
+        gamma=a.gamma,
+        train_freq=a.train_frequency,
+        gradient_steps=a.gradient_steps,
+        target_update_interval=a.target_network_frequency,
+        exploration_fraction=a.exploration_fraction,
+        exploration_initial_eps=a.start_e,
+        exploration_final_eps=a.end_e,
+    )
+
+
 def dqn_same(a) -> tuple[int, dict]:
     """dqn.py's Args -> (n_envs, SB3 DQN kwargs) with the same hyperparameters (gradient_steps
     updates every train_frequency vector steps, target update every target_network_frequency env
@@ -126,18 +146,7 @@ def dqn_same(a) -> tuple[int, dict]:
     # e.g. "ReLU"
     activation = type(next(m for m in layers if not isinstance(m, nn.Linear))).__name__
     return a.num_envs, dict(
-        learning_rate={"linear": a.learning_rate} if a.anneal_lr else a.learning_rate,
-        buffer_size=a.buffer_size,
-        learning_starts=a.learning_starts,
-        batch_size=a.batch_size,
-        tau=a.tau,
-        gamma=a.gamma,
-        train_freq=a.train_frequency,
-        gradient_steps=a.gradient_steps,
-        target_update_interval=a.target_network_frequency,
-        exploration_fraction=a.exploration_fraction,
-        exploration_initial_eps=a.start_e,
-        exploration_final_eps=a.end_e,
+        **_replay_schedule(a),
         policy_kwargs={
             "net_arch": sizes,
             "activation_fn": activation,
@@ -149,21 +158,15 @@ def dqn_same(a) -> tuple[int, dict]:
 
 def qrdqn_same(a) -> tuple[int, dict]:
     """qrdqn.py's Args -> (n_envs, sb3-contrib QRDQN kwargs) with the same hyperparameters (its
-    default Adam epsilon is 0.01 / batch size, as ours)."""
+    default Adam epsilon is 0.01 / batch size, and its ReLU MLP is ours)."""
+    import torch.nn as nn
+
+    # the nn.Sequential as the script builds it now
+    layers = load_script("qrdqn.py").QNetwork(4, 2).network
+    sizes = [m.out_features for m in layers if isinstance(m, nn.Linear)][:-1]
     return a.num_envs, dict(
-        learning_rate={"linear": a.learning_rate} if a.anneal_lr else a.learning_rate,
-        buffer_size=a.buffer_size,
-        learning_starts=a.learning_starts,
-        batch_size=a.batch_size,
-        tau=a.tau,
-        gamma=a.gamma,
-        train_freq=a.train_frequency,
-        gradient_steps=a.gradient_steps,
-        target_update_interval=a.target_network_frequency,
-        exploration_fraction=a.exploration_fraction,
-        exploration_initial_eps=a.start_e,
-        exploration_final_eps=a.end_e,
-        policy_kwargs={"net_arch": [256, 256], "n_quantiles": a.n_quantiles},
+        **_replay_schedule(a),
+        policy_kwargs={"net_arch": sizes, "n_quantiles": a.n_quantiles},
     )
 
 
@@ -171,18 +174,7 @@ def dqn_atari_same(a) -> tuple[int, dict]:
     """dqn_atari.py's Args -> (n_envs, SB3 DQN kwargs): the same schedule on SB3's Atari env with
     its CnnPolicy (the Nature CNN, then one linear layer to the Q-values, as ours)."""
     return a.num_envs, dict(
-        learning_rate={"linear": a.learning_rate} if a.anneal_lr else a.learning_rate,
-        buffer_size=a.buffer_size,
-        learning_starts=a.learning_starts,
-        batch_size=a.batch_size,
-        tau=a.tau,
-        gamma=a.gamma,
-        train_freq=a.train_frequency,
-        gradient_steps=a.gradient_steps,
-        target_update_interval=a.target_network_frequency,
-        exploration_fraction=a.exploration_fraction,
-        exploration_initial_eps=a.start_e,
-        exploration_final_eps=a.end_e,
+        **_replay_schedule(a),
         atari=True,
     )
 

@@ -2,6 +2,8 @@ import os
 import shutil
 from types import SimpleNamespace
 
+import gymnasium as gym
+import numpy as np
 import pytest
 import torch
 
@@ -54,20 +56,6 @@ SMOKE = {
         "32",
         "--num-minibatches",
         "2",
-        "--update-epochs",
-        "2",
-        "--eval-episodes",
-        "2",
-    ],
-    "ppo_lstm.py": [
-        "--env-id",
-        "CartPoleNoVel-v1",
-        "--total-timesteps",
-        "512",
-        "--num-envs",
-        "4",
-        "--num-steps",
-        "32",
         "--update-epochs",
         "2",
         "--eval-episodes",
@@ -338,6 +326,8 @@ SMOKE = {
         "20",
     ],
 }
+# ppo_lstm.py: ppo.py's flags, on CartPole-v1 with its velocities hidden
+SMOKE["ppo_lstm.py"] = ["--env-id", "CartPoleNoVel-v1", *SMOKE["ppo.py"][2:]]
 # The multi-agent scripts. smac_lite: --env-id is a map; they log the team return and the win rate.
 # MPE: an mpe2 task; they log the per-agent mean return.
 SMAC_LITE = {"mappo_smac_lite.py", "ippo_smac_lite.py", "qmix_smac_lite.py", "vdn_smac_lite.py"}
@@ -582,3 +572,30 @@ def one_error_line(script: str, flags: list[str], run_dir) -> str:
     assert out.returncode == 2 and len(lines) == 1, out.stderr
     assert not run_dir.exists(), "a bad-input run must not write anything"
     return lines[0]
+
+
+class CountEnv(gym.Env):
+    """Pays 1 per step; even episodes terminate after 3 steps (return 3), odd ones would go on but
+    hit the TimeLimit of 4 steps (return 4, truncated). obs = [t, kind]. Registered as
+    CountEnv-v0 (tests/test_episode_accounting.py, tests/test_pqn.py)."""
+
+    observation_space = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self):
+        self.episode = -1
+
+    def _obs(self):
+        return np.array([self.t, self.episode % 2], dtype=np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.episode, self.t = self.episode + 1, 0
+        return self._obs(), {}
+
+    def step(self, action):
+        self.t += 1
+        return self._obs(), 1.0, self.episode % 2 == 0 and self.t == 3, False, {}
+
+
+gym.register("CountEnv-v0", entry_point=CountEnv, max_episode_steps=4)

@@ -9,31 +9,9 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from conftest import CountEnv  # noqa: F401 (registers CountEnv-v0)
 
 from benchmark.runs import load_script, read_metrics
-
-
-class CountEnv(gym.Env):
-    observation_space = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
-    action_space = gym.spaces.Discrete(2)
-
-    def __init__(self):
-        self.episode = -1
-
-    def _obs(self):
-        return np.array([self.t, self.episode % 2], dtype=np.float32)
-
-    def reset(self, *, seed=None, options=None):
-        super().reset(seed=seed)
-        self.episode, self.t = self.episode + 1, 0
-        return self._obs(), {}
-
-    def step(self, action):
-        self.t += 1
-        return self._obs(), 1.0, self.episode % 2 == 0 and self.t == 3, False, {}
-
-
-gym.register("CountEnv-v0", entry_point=CountEnv, max_episode_steps=4)
 
 
 def episodes(run_dir):

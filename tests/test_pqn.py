@@ -8,11 +8,10 @@ contract is the generic tests' (conftest.SMOKE)."""
 import signal
 import sys
 
-import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from conftest import one_error_line
+from conftest import CountEnv, one_error_line  # noqa: F401 (CountEnv: registers CountEnv-v0)
 
 from benchmark.runs import load_script, read_metrics, read_rows, run_script
 
@@ -166,32 +165,6 @@ def test_lambda_1_gives_monte_carlo_returns():
         torch.testing.assert_close(got, torch.as_tensor(expected))
 
 
-class CountEnv(gym.Env):
-    """Pays 1 per step; even episodes terminate after 3 steps (return 3), odd ones would go on but
-    hit the TimeLimit of 4 steps (return 4, truncated). obs = [t, kind]."""
-
-    observation_space = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
-    action_space = gym.spaces.Discrete(2)
-
-    def __init__(self):
-        self.episode = -1
-
-    def _obs(self):
-        return np.array([self.t, self.episode % 2], dtype=np.float32)
-
-    def reset(self, *, seed=None, options=None):
-        super().reset(seed=seed)
-        self.episode, self.t = self.episode + 1, 0
-        return self._obs(), {}
-
-    def step(self, action):
-        self.t += 1
-        return self._obs(), 1.0, self.episode % 2 == 0 and self.t == 3, False, {}
-
-
-gym.register("PQNCountEnv-v0", entry_point=CountEnv, max_episode_steps=4)
-
-
 @pytest.fixture
 def in_process(monkeypatch):
     """main() called in this process: no command-line flags of pytest's, and the SIGINT handler
@@ -225,7 +198,7 @@ def test_every_episode_is_logged_and_a_truncation_bootstrapped(tmp_path, monkeyp
     monkeypatch.setattr(pqn, "q_lambda_returns", recorded_returns)
     pqn.main(
         pqn.Args(
-            env_id="PQNCountEnv-v0",
+            env_id="CountEnv-v0",
             num_envs=2,
             num_steps=14,
             num_minibatches=2,
@@ -271,7 +244,7 @@ def test_a_short_run_logs_the_metrics_and_its_saved_model_evaluates_alike(tmp_pa
     assert lr.tolist() == pytest.approx([2.5e-4 * f for f in (1, 0.75, 0.5, 0.25)])
     # an evaluation at 1024 and the final one at 2048
     assert sorted(set(metrics["eval/episodic_return"][0])) == [1024, 2048]
-    saved = torch.load(tmp_path / "run" / "model.pt", weights_only=False)
+    saved = torch.load(tmp_path / "run" / "model.pt", weights_only=True)
     q_network = pqn.QNetwork(saved["obs_shape"], saved["n_actions"])
     q_network.load_state_dict(saved["q_network"])
     assert pqn.evaluate(q_network, "CartPole-v1", 2, 1 + 100_000) == saved["eval_returns"]
@@ -298,7 +271,7 @@ def test_minatar_runs_on_the_grid(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     metrics = read_metrics(tmp_path / "run")
     assert "losses/td_loss" in metrics and len(metrics["eval/episodic_return"][1]) == 1
-    saved = torch.load(tmp_path / "run" / "model.pt", weights_only=False)
+    saved = torch.load(tmp_path / "run" / "model.pt", weights_only=True)
     assert tuple(saved["obs_shape"]) == (4, 10, 10)
     q_network = pqn.QNetwork(saved["obs_shape"], saved["n_actions"])
     q_network.load_state_dict(saved["q_network"])
@@ -342,8 +315,7 @@ def test_a_run_stopped_half_way_resumes_where_it_stopped(tmp_path, monkeypatch, 
         pqn.main(pqn.Args(**common, run_dir=str(tmp_path / "stopped")))
     assert stopped.value.code == 130
     assert (
-        torch.load(tmp_path / "stopped" / "checkpoint.pt", weights_only=False)["global_step"]
-        == 1024
+        torch.load(tmp_path / "stopped" / "checkpoint.pt", weights_only=True)["global_step"] == 1024
     )
     monkeypatch.setattr(pqn.RunLogger, "progress", progress)
     pqn.main(pqn.Args(resume=str(tmp_path / "stopped")))

@@ -368,7 +368,7 @@ def test_tiny_minatar_run_logs_the_metrics_and_resumes(tmp_path):
     assert ckpt["rb"]["priorities"].shape == (1000,) and (ckpt["rb"]["priorities"] > 0).sum() > 400
     assert ckpt["rb"]["max_priority"] > 1.0, "the losses raised the highest priority"
     # model.pt alone evaluates to the returns logged at the end (the mean weights act)
-    saved = torch.load(run_dir / "model.pt", weights_only=False)
+    saved = torch.load(run_dir / "model.pt", weights_only=True)
     net = m.QNetwork(saved["n_actions"], saved["n_atoms"], saved["v_min"], saved["v_max"])
     net.load_state_dict(saved["q_network"])
     assert m.evaluate(net, "MinAtar/Breakout-v1", 1, 1 + 100_000) == saved["eval_returns"]
