@@ -4,7 +4,8 @@ Schulman et al. 2017 with Huang et al. 2022's details, as CleanRL's ppo_continuo
 ppo.py: a Gaussian policy (its log-std a parameter), actions clipped to the bounds when stepping,
 observations and rewards normalised by running statistics (clipped to [-10, 10]; saved with the
 model and frozen at evaluation, which takes the mean action), the value loss clipped, the clip
-coefficient not annealed. Defaults: CleanRL's MuJoCo settings.
+coefficient not annealed. Defaults: CleanRL's MuJoCo settings. It also takes ppo_lstm.py's
+PendulumNoVel-v1 (velocities hidden), as the control without memory.
 
 Run:    python algos/ppo_continuous.py --env-id Hopper-v5 --seed 1
 Quick:  python algos/ppo_continuous.py --env-id InvertedPendulum-v5 --total-timesteps 20480
@@ -104,6 +105,80 @@ class Args:
     checkpoint_every: int = 50_000
     """save <run_dir>/checkpoint.pt every this many steps (and at the end and on Ctrl-C)"""
     # ---- end shared: args ----
+
+
+# ---- shared: memory/register_envs ----
+# The velocity entries of each observation, zeroed in <Env>NoVel ids (rl-zoo's MaskVelocityWrapper)
+VELOCITIES = {"CartPole-v1": [1, 3], "Pendulum-v1": [2], "MountainCar-v0": [1]}
+
+
+class MaskVelocity(gym.ObservationWrapper):
+    """env_id with its velocities set to 0 in every observation: a policy must infer them from
+    the positions it has seen."""
+
+    def __init__(self, env_id: str, **kwargs):
+        super().__init__(gym.make(env_id, **kwargs))
+        self.mask = np.ones(self.observation_space.shape, np.float32)
+        self.mask[VELOCITIES[env_id]] = 0.0
+
+    def observation(self, observation):
+        return observation * self.mask
+
+
+class RepeatFirst(gym.Env):
+    """POPGym's RepeatFirst (Morad et al. 2023) with 16 cards: each observation is a card's suit
+    (one-hot, 4 suits) and a flag set on the first card only. At every step the agent names a suit:
+    +1/16 if it is the first card's suit, -1/16 if not; the episode ends after 16 steps. Without
+    memory the suit is known at step 0 only: at best 1/16 - 15/32 = -0.41; with memory, 1."""
+
+    observation_space = gym.spaces.Box(0.0, 1.0, (5,), np.float32)
+    action_space = gym.spaces.Discrete(4)
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 4}
+    length = 16
+
+    def __init__(self, render_mode=None):
+        self.render_mode = render_mode
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        self.first_suit = int(self.np_random.integers(4))
+        self.obs = self.card(self.first_suit, first=True)
+        return self.obs, {}
+
+    def step(self, action):
+        reward = (1.0 if int(action) == self.first_suit else -1.0) / self.length
+        self.t += 1
+        self.obs = self.card(int(self.np_random.integers(4)), first=False)
+        return self.obs, reward, self.t == self.length, False, {}
+
+    def card(self, suit: int, first: bool):
+        obs = np.zeros(5, np.float32)
+        obs[suit] = 1.0
+        obs[4] = float(first)
+        return obs
+
+    def render(self):
+        """The card in view, 64x64: a colour per suit, framed in white if it is the first."""
+        frame = np.full((64, 64, 3), 255 if self.obs[4] else 0, np.uint8)
+        frame[8:-8, 8:-8] = [(200, 0, 0), (0, 160, 0), (0, 0, 200), (200, 160, 0)][
+            int(self.obs[:4].argmax())
+        ]
+        return frame
+
+
+def register_memory_envs():
+    """Register CartPoleNoVel-v1, PendulumNoVel-v1, MountainCarNoVel-v0 and RepeatFirst-v0."""
+    for env_id in VELOCITIES:
+        masked_id = env_id.replace("-v", "NoVel-v")
+        if masked_id not in gym.registry:
+            gym.register(masked_id, lambda env_id=env_id, **kwargs: MaskVelocity(env_id, **kwargs))
+    if "RepeatFirst-v0" not in gym.registry:
+        gym.register("RepeatFirst-v0", RepeatFirst)
+
+
+register_memory_envs()
+# ---- end shared: memory/register_envs ----
 
 
 class RunningMeanStd(gym.wrappers.utils.RunningMeanStd):

@@ -1,13 +1,14 @@
-"""PPO with an LSTM (recurrent PPO) for discrete actions on partially observed classic control.
+"""PPO with an LSTM (recurrent PPO) on partially observed classic control, discrete or continuous.
 
-Schulman et al. 2017 with CleanRL's ppo_atari_lstm design: obs -> 64 (tanh) -> LSTM(64) -> actor
-and critic heads. The LSTM state is reset where an episode ends; each rollout keeps its initial
-state, and a minibatch holds whole sequences of some envs, so the update recomputes the states in
-order. Observations are normalised by running statistics saved with the model (SB3's VecNormalize).
-Envs that need memory: CartPoleNoVel-v1 (velocities zeroed, rl-zoo's) and RepeatFirst-v0.
+Schulman et al. 2017, CleanRL's ppo_atari_lstm design: obs -> 64 (tanh) -> LSTM(64) -> logits (or
+a Normal's mean, its log-std a parameter) and value; the state is reset where an episode ends and
+the update reruns whole env sequences from each rollout's first state. Observations (and with
+--norm-reward rewards) are normalised. Envs: CartPoleNoVel-v1, PendulumNoVel-v1, RepeatFirst-v0.
 
 Run:    python algos/ppo_lstm.py --env-id CartPoleNoVel-v1 --seed 1
-Quick:  python algos/ppo_lstm.py --env-id RepeatFirst-v0 --total-timesteps 8192
+Pendulum: python algos/ppo_lstm.py --env-id PendulumNoVel-v1 --total-timesteps 102400 \
+    --norm-reward --num-envs 32 --num-steps 128 --num-minibatches 32 --update-epochs 10 \
+    --gamma 0.9 --gae-lambda 0.95 --no-anneal-lr --no-anneal-clip
 Results: benchmark/references.toml
 """
 
@@ -57,6 +58,8 @@ class Args:
     """lambda of GAE"""
     norm_adv: bool = True
     """normalise the advantages of each minibatch"""
+    norm_reward: bool = False
+    """divide the rewards by the running std of the discounted return (SB3's VecNormalize)"""
     num_minibatches: int = 1
     """minibatches per epoch, each of num_envs / num_minibatches whole env sequences"""
     update_epochs: int = 20
@@ -72,7 +75,7 @@ class Args:
     target_kl: float | None = None
     """stop the epochs of an update early when the approximate KL exceeds this"""
     env_id: str = "CartPoleNoVel-v1"
-    """Gymnasium id of a discrete-action env with a flat observation vector"""
+    """Gymnasium id of an env with a flat observation vector and discrete or Box actions"""
     total_timesteps: int = 100_000
     """environment steps over all envs"""
     num_envs: int = 8
@@ -206,16 +209,15 @@ def normalize_observation(env, obs_rms: RunningMeanStd, update: bool):
 
 
 def make_env(env_id, video_dir=None):
-    """env_id; with video_dir, episode 0 is recorded there as eval-episode-0.mp4
-    (--capture-video)."""
+    """env_id, continuous actions clipped to their bounds; with video_dir, episode 0 is recorded
+    there as eval-episode-0.mp4 (--capture-video)."""
+    env = gym.make(env_id, render_mode=None if video_dir is None else "rgb_array")
+    if isinstance(env.action_space, gym.spaces.Box):
+        env = gym.wrappers.ClipAction(env)
     if video_dir is None:
-        return gym.make(env_id)
+        return env
     return gym.wrappers.RecordVideo(
-        gym.make(env_id, render_mode="rgb_array"),
-        str(video_dir),
-        lambda ep: ep == 0,
-        name_prefix="eval",
-        disable_logger=True,
+        env, str(video_dir), lambda ep: ep == 0, name_prefix="eval", disable_logger=True
     )
 
 
@@ -227,11 +229,12 @@ def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
 
 class Agent(nn.Module):
     """obs -> lstm_size (tanh) -> LSTM(lstm_size) -> logits / value; orthogonal init, the LSTM's
-    biases 0 (CleanRL's ppo_atari_lstm). Inputs are in time-major order: x of shape (T * N, obs)
-    holds T steps of N envs, `starts` (T * N) is 1 where an observation begins an episode (the
-    state of that env is zeroed before it)."""
+    biases 0 (CleanRL's ppo_atari_lstm). continuous: the actor's n_actions outputs are the mean
+    of a Normal whose log-std is a parameter (std 1 at the start), instead of logits. Inputs are
+    in time-major order: x of shape (T * N, obs) holds T steps of N envs, `starts` (T * N) is 1
+    where an observation begins an episode (the state of that env is zeroed before it)."""
 
-    def __init__(self, obs_dim: int, n_actions: int, lstm_size: int = 64):
+    def __init__(self, obs_dim: int, n_actions: int, lstm_size: int = 64, continuous=False):
         super().__init__()
         self.encoder = nn.Sequential(layer_init(nn.Linear(obs_dim, lstm_size)), nn.Tanh())
         self.lstm = nn.LSTM(lstm_size, lstm_size)
@@ -242,6 +245,9 @@ class Agent(nn.Module):
                 nn.init.orthogonal_(param, 1.0)
         self.actor = layer_init(nn.Linear(lstm_size, n_actions), std=0.01)
         self.critic = layer_init(nn.Linear(lstm_size, 1), std=1.0)
+        self.continuous = continuous
+        if continuous:
+            self.actor_logstd = nn.Parameter(torch.zeros(n_actions))
 
     def initial_state(self, num_envs: int, device="cpu"):
         """The zero (h, c) state of num_envs envs, each of shape (1, num_envs, lstm_size)."""
@@ -267,15 +273,25 @@ class Agent(nn.Module):
         return self.critic(hidden).squeeze(-1)
 
     def get_greedy_action(self, x, lstm_state, starts):
-        """The most probable action and the next LSTM state: the policy that evaluate() runs."""
+        """The most probable action (the mean, if continuous) and the next LSTM state: the policy
+        that evaluate() runs."""
         hidden, lstm_state = self.get_states(x, lstm_state, starts)
+        if self.continuous:
+            return self.actor(hidden), lstm_state
         return self.actor(hidden).argmax(dim=-1), lstm_state
 
     def get_action_and_value(self, x, lstm_state, starts, action=None):
         """Sample an action (or take the given one); return it with its log-probability, the
         entropy, V(x) and the next LSTM state."""
         hidden, lstm_state = self.get_states(x, lstm_state, starts)
-        dist = torch.distributions.Categorical(logits=self.actor(hidden), validate_args=False)
+        if self.continuous:
+            dist = torch.distributions.Normal(
+                self.actor(hidden), self.actor_logstd.exp(), validate_args=False
+            )
+            # the action's dimensions are independent: sum their log-probabilities
+            dist = torch.distributions.Independent(dist, 1)
+        else:
+            dist = torch.distributions.Categorical(logits=self.actor(hidden), validate_args=False)
         if action is None:
             action = dist.sample()
         value = self.critic(hidden).squeeze(-1)
@@ -367,9 +383,9 @@ def ppo_loss(
 
 @torch.no_grad()
 def evaluate(agent, obs_rms, env_id, episodes, seed, device="cpu", video_dir=None):
-    """Greedy (argmax) episodes on a fresh env whose observations are normalised by obs_rms,
-    frozen, the LSTM state carried from step to step (zero at the start of each episode); returns
-    the list of episodic returns."""
+    """Greedy episodes (the argmax, or the mean action) on a fresh env whose observations are
+    normalised by obs_rms, frozen, the LSTM state carried from step to step (zero at the start of
+    each episode); returns the list of episodic returns."""
     env = normalize_observation(make_env(env_id, video_dir), obs_rms, update=False)
     returns = []
     no_start = torch.zeros(1, device=device)  # the state is zeroed below, at each reset
@@ -380,7 +396,7 @@ def evaluate(agent, obs_rms, env_id, episodes, seed, device="cpu", video_dir=Non
             action, lstm_state = agent.get_greedy_action(
                 torch.as_tensor(obs, dtype=torch.float32, device=device), lstm_state, no_start
             )
-            obs, reward, terminated, truncated, _ = env.step(int(action))
+            obs, reward, terminated, truncated, _ = env.step(action[0].cpu().numpy())
             total, done = total + float(reward), terminated or truncated
         returns.append(total)
     env.close()
@@ -392,14 +408,18 @@ def main(args: Args):
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     # one set of normalisation statistics for all envs: the set that is saved and used at evaluation
     obs_rms = RunningMeanStd(shape=env_spaces(args.env_id)[0].shape)
+    return_rms = RunningMeanStd(shape=())  # of the discounted return, with --norm-reward
     # same-step autoreset: a finished episode's last observation is in infos
     envs = gym.vector.SyncVectorEnv(
         [lambda: normalize_observation(make_env(args.env_id), obs_rms, update=True)]
         * args.num_envs,
         autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
     )
-    obs_dim, n_actions = envs.single_observation_space.shape[0], int(envs.single_action_space.n)
-    agent = Agent(obs_dim, n_actions, args.lstm_size).to(device)
+    action_space = envs.single_action_space
+    continuous = isinstance(action_space, gym.spaces.Box)
+    obs_dim = envs.single_observation_space.shape[0]
+    n_actions = action_space.shape[0] if continuous else int(action_space.n)
+    agent = Agent(obs_dim, n_actions, args.lstm_size, continuous).to(device)
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
     batch_size = args.num_envs * args.num_steps
     envs_per_minibatch = args.num_envs // args.num_minibatches
@@ -412,7 +432,13 @@ def main(args: Args):
         )
 
     # what a checkpoint holds, saved and resumed
-    stateful = {"agent": agent, "optimizer": optimizer, "obs_rms": obs_rms, "rng": RNGs()}
+    stateful = {
+        "agent": agent,
+        "optimizer": optimizer,
+        "obs_rms": obs_rms,
+        "return_rms": return_rms,
+        "rng": RNGs(),
+    }
     if ckpt is not None:
         load_states(stateful, ckpt, run_dir)  # envs are not saved: they are seeded anew on reset
         iteration = ckpt["iteration"]
@@ -426,7 +452,11 @@ def main(args: Args):
         return agent.get_value(final_obs, state, torch.zeros(len(idx), device=device)).cpu().numpy()
 
     obs = torch.zeros((args.num_steps, args.num_envs, obs_dim), device=device)
-    actions = torch.zeros((args.num_steps, args.num_envs), dtype=torch.long, device=device)
+    actions = torch.zeros(
+        (args.num_steps, args.num_envs) + action_space.shape,
+        dtype=torch.float32 if continuous else torch.long,
+        device=device,
+    )
     logprobs = torch.zeros((args.num_steps, args.num_envs), device=device)
     rewards = torch.zeros((args.num_steps, args.num_envs), device=device)
     dones = torch.zeros((args.num_steps, args.num_envs), device=device)  # the episode ended at t
@@ -438,6 +468,7 @@ def main(args: Args):
     # step t * num_envs + i of the flattened rollout is env i's step t
     flat_index = torch.arange(batch_size, device=device).view(args.num_steps, args.num_envs)
     episode_return = np.zeros(args.num_envs)
+    discounted_return = np.zeros(args.num_envs)  # what --norm-reward divides by the std of
     episode_length = np.zeros(args.num_envs, dtype=np.int64)
     for iteration in range(iteration + 1, num_iterations + 1):
         frac = 1.0 - (iteration - 1.0) / num_iterations
@@ -456,6 +487,11 @@ def main(args: Args):
             next_obs, reward, terminated, truncated, infos = envs.step(actions[step].cpu().numpy())
             episode_return, episode_length = episode_return + reward, episode_length + 1
             global_step += args.num_envs
+            if args.norm_reward:
+                discounted_return = discounted_return * args.gamma + reward
+                return_rms.update(discounted_return)
+                reward = np.clip(reward / np.sqrt(return_rms.var + 1e-8), -10, 10)
+                discounted_return[terminated | truncated] = 0.0
             reward = bootstrap_time_limits(
                 reward, terminated, truncated, infos, value_fn, args.gamma
             )
@@ -553,6 +589,7 @@ def main(args: Args):
                 "obs_dim": obs_dim,
                 "n_actions": n_actions,
                 "lstm_size": args.lstm_size,
+                "continuous": continuous,
             },
             run_dir,
         )
@@ -561,8 +598,10 @@ def main(args: Args):
 
 def check_args(args: Args):
     obs_space, act_space = env_spaces(args.env_id)
-    if not isinstance(act_space, gym.spaces.Discrete):
-        fail(f"{SCRIPT} needs discrete actions but {args.env_id} has {act_space}")
+    if not isinstance(act_space, gym.spaces.Discrete | gym.spaces.Box) or (
+        isinstance(act_space, gym.spaces.Box) and len(act_space.shape) != 1
+    ):
+        fail(f"{SCRIPT} needs discrete or flat Box actions but {args.env_id} has {act_space}")
     if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) != 1:
         fail(f"{SCRIPT} needs flat vector observations but {args.env_id} has {obs_space}")
     check_ranges(

@@ -62,9 +62,9 @@ def ppo_same(a) -> tuple[int, dict]:
 def ppo_lstm_same(a) -> tuple[int, dict]:
     """ppo_lstm.py's Args -> (n_envs, sb3-contrib RecurrentPPO kwargs): ppo.py's mapping, one LSTM
     of the same size shared by actor and critic, the heads right on its output, observations
-    normalised (not rewards), as ours."""
+    normalised, and rewards with --norm-reward, as ours."""
     n_envs, kwargs = ppo_same(a)
-    kwargs["normalize"] = "obs"
+    kwargs["normalize"] = True if a.norm_reward else "obs"
     kwargs["policy_kwargs"] = {
         "net_arch": [],
         "activation_fn": "Tanh",

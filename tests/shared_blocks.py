@@ -92,7 +92,7 @@ FAMILIES = {
         "ppo_continuous.py",
     },
     # the scripts that register the memory envs (<Env>NoVel ids, RepeatFirst-v0)
-    "memory": {"ppo.py", "ppo_lstm.py"},
+    "memory": {"ppo.py", "ppo_lstm.py", "ppo_continuous.py"},
     # the scripts that take MinAtar/<Game>-v1 ids
     "minatar": {
         "dqn_atari.py",
@@ -151,8 +151,9 @@ COPIES = {
         {"mappo_mpe.py", "ippo_mpe.py"},
         {"c51.py", "dqn.py", "pqn.py"},
     ],
+    # ppo_lstm.py's differs on purpose: it also clips continuous actions to their bounds
     "make_env": [
-        {"a2c.py", "c51.py", "dqn.py", "ppo.py", "ppo_lstm.py", "qrdqn.py"},
+        {"a2c.py", "c51.py", "dqn.py", "ppo.py", "qrdqn.py"},
         {"ppo_atari.py", "ppo_atari_multigpu.py"},
         {"impala.py", "pqn.py"},
     ],

@@ -1,6 +1,7 @@
 """ppo_lstm.py: the update recomputes exactly the LSTM states the rollout had (the log-probabilities
-of the first minibatch equal the rollout's before any gradient step), a state is zeroed where an
-episode starts, and the memory envs (CartPoleNoVel-v1, RepeatFirst-v0) follow their rules."""
+of the first minibatch equal the rollout's before any gradient step, discrete and continuous), a
+state is zeroed where an episode starts, the continuous policy is a Normal over clipped actions,
+and the memory envs (CartPoleNoVel-v1, PendulumNoVel-v1, RepeatFirst-v0) follow their rules."""
 
 import gymnasium as gym
 import numpy as np
@@ -12,11 +13,15 @@ from benchmark.runs import load_script
 lstm = load_script("ppo_lstm.py")
 
 
-@pytest.mark.parametrize("num_minibatches", [1, 2])
-def test_update_starts_from_the_rollouts_states(num_minibatches, tmp_path, monkeypatch):
+@pytest.mark.parametrize(
+    "env_id, num_minibatches",
+    [("RepeatFirst-v0", 1), ("RepeatFirst-v0", 2), ("PendulumNoVel-v1", 2)],
+)
+def test_update_starts_from_the_rollouts_states(env_id, num_minibatches, tmp_path, monkeypatch):
     """RepeatFirst-v0 ends an episode every 16 steps, so each 24-step rollout holds resets inside
-    it and starts mid-episode after the first: the first minibatch's new log-probabilities (whole
-    sequences of some envs, from the stored initial states) must equal the rollout's."""
+    it and starts mid-episode after the first (PendulumNoVel-v1's continuous actions: mid-episode
+    only): the first minibatch's new log-probabilities (whole sequences of some envs, from the
+    stored initial states) must equal the rollout's."""
     calls = []
     ppo_loss = lstm.ppo_loss
 
@@ -26,7 +31,7 @@ def test_update_starts_from_the_rollouts_states(num_minibatches, tmp_path, monke
 
     monkeypatch.setattr(lstm, "ppo_loss", recording_loss)
     args = lstm.Args(
-        env_id="RepeatFirst-v0",
+        env_id=env_id,
         total_timesteps=4 * 24 * 3,
         num_envs=4,
         num_steps=24,
@@ -80,6 +85,33 @@ def test_greedy_action_carries_the_state():
     assert not torch.allclose(after_history, from_zero)
 
 
+def test_continuous_policy_is_a_normal_over_clipped_actions():
+    torch.manual_seed(2)
+    agent = lstm.Agent(obs_dim=3, n_actions=2, lstm_size=8, continuous=True)
+    with torch.no_grad():
+        agent.actor_logstd.copy_(torch.tensor([0.3, -0.5]))
+    x, starts = torch.randn(6, 3), torch.zeros(6)  # 3 steps of 2 envs
+    state = agent.initial_state(2)
+    action, logprob, entropy, _, _ = agent.get_action_and_value(x, state, starts)
+    hidden, _ = agent.get_states(x, state, starts)
+    mean, std = agent.actor(hidden), torch.tensor([0.3, -0.5]).exp()
+    # the density of two independent Normals, written out
+    expected = (-((action - mean) ** 2) / (2 * std**2) - std.log() - 0.5 * np.log(2 * np.pi)).sum(
+        -1
+    )
+    assert action.shape == (6, 2)
+    assert torch.allclose(logprob, expected, atol=1e-5)
+    assert torch.allclose(entropy, (0.5 + 0.5 * np.log(2 * np.pi) + std.log()).sum().expand(6))
+    greedy, _ = agent.get_greedy_action(x, state, starts)
+    assert torch.allclose(greedy, mean)
+    # the env clips an action to Pendulum's bounds [-2, 2]
+    env = lstm.make_env("PendulumNoVel-v1")
+    env.reset(seed=0)
+    env.unwrapped.state = np.array([0.0, 0.0])
+    env.step(np.array([50.0], np.float32))
+    assert env.unwrapped.last_u == pytest.approx(2.0)
+
+
 def test_repeat_first_rule():
     env = gym.make("RepeatFirst-v0")
     obs, _ = env.reset(seed=3)
@@ -113,6 +145,16 @@ def test_cartpole_novel_zeroes_the_velocities():
         a, *_ = masked.step(1)
         b, *_ = plain.step(1)
     assert "TimeLimit" in str(masked)  # CartPole-v1's time limit (500 steps) is kept
+
+
+def test_pendulum_novel_zeroes_the_angular_velocity():
+    masked, plain = gym.make("PendulumNoVel-v1"), gym.make("Pendulum-v1")
+    a, _ = masked.reset(seed=4)
+    b, _ = plain.reset(seed=4)
+    for _ in range(5):
+        assert a[2] == 0.0 and b[2] != 0.0 and (a[:2] == b[:2]).all()
+        a, *_ = masked.step(np.array([1.0], np.float32))
+        b, *_ = plain.step(np.array([1.0], np.float32))
 
 
 def test_sb3_contrib_gets_the_same_lstm_and_normalisation():

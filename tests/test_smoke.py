@@ -72,7 +72,9 @@ RELOAD = {
         for script in ("ppo.py", "a2c.py")
     },
     "ppo_lstm.py": lambda m, s, *a: m.evaluate(
-        loaded(m, "Agent", s, "agent", "obs_dim", "n_actions", "lstm_size"), rms(s["obs_rms"]), *a
+        loaded(m, "Agent", s, "agent", "obs_dim", "n_actions", "lstm_size", "continuous"),
+        rms(s["obs_rms"]),
+        *a,
     ),
     "impala.py": lambda m, s, *a: m.evaluate(
         loaded(m, "Agent", s, "agent", "obs_shape", "n_actions"), *a
