@@ -112,6 +112,40 @@ def test_continuous_policy_is_a_normal_over_clipped_actions():
     assert env.unwrapped.last_u == pytest.approx(2.0)
 
 
+def test_norm_reward_divides_by_the_std_of_the_discounted_return(tmp_path, monkeypatch):
+    """The same seed with and without --norm-reward: the first rollout's rewards (no gradient
+    step before it) are the raw rewards over the running std of each env's discounted return."""
+    seen = []
+    compute_gae = lstm.compute_gae
+
+    def recording_gae(rewards, *rest):
+        seen.append(rewards.clone())
+        return compute_gae(rewards, *rest)
+
+    monkeypatch.setattr(lstm, "compute_gae", recording_gae)
+    for norm_reward in (False, True):
+        args = lstm.Args(
+            env_id="PendulumNoVel-v1",
+            total_timesteps=4 * 24,
+            num_envs=4,
+            num_steps=24,
+            update_epochs=1,
+            eval_episodes=1,
+            norm_reward=norm_reward,
+            run_dir=str(tmp_path / str(norm_reward)),
+        )
+        lstm.main(args)
+    raw, scaled = (rewards.numpy() for rewards in seen)
+    return_rms = gym.wrappers.utils.RunningMeanStd(shape=())
+    discounted = np.zeros(4)
+    for t in range(24):
+        discounted = discounted * args.gamma + raw[t]
+        return_rms.update(discounted)
+        expected = np.clip(raw[t] / np.sqrt(return_rms.var + 1e-8), -10, 10)
+        assert np.allclose(scaled[t], expected, rtol=1e-5)
+    assert not np.allclose(raw, scaled)
+
+
 def test_repeat_first_rule():
     env = gym.make("RepeatFirst-v0")
     obs, _ = env.reset(seed=3)
