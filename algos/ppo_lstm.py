@@ -1,14 +1,14 @@
 """PPO with an LSTM (recurrent PPO) on partially observed classic control, discrete or continuous.
 
-Schulman et al. 2017, CleanRL's ppo_atari_lstm design: obs -> 64 (tanh) -> LSTM(64) -> logits (or
-a Normal's mean, its log-std a parameter) and value; the state is reset where an episode ends and
-the update reruns whole env sequences from each rollout's first state. Observations (and with
---norm-reward rewards) are normalised. Envs: CartPoleNoVel-v1, PendulumNoVel-v1, RepeatFirst-v0.
+Schulman et al. 2017, CleanRL's ppo_atari_lstm design: obs -> tanh layer -> LSTM -> logits (or a
+Normal's mean) and value; the state is reset where an episode ends, the update reruns whole env
+sequences from each rollout's first state. Envs: CartPoleNoVel-v1, PendulumNoVel-v1, RepeatFirst-v0.
 
 Run:    python algos/ppo_lstm.py --env-id CartPoleNoVel-v1 --seed 1
-Pendulum: python algos/ppo_lstm.py --env-id PendulumNoVel-v1 --total-timesteps 102400 \
-    --norm-reward --num-envs 32 --num-steps 128 --num-minibatches 32 --update-epochs 10 \
-    --gamma 0.9 --gae-lambda 0.95 --no-anneal-lr --no-anneal-clip
+Quick:  python algos/ppo_lstm.py --env-id RepeatFirst-v0 --total-timesteps 8192
+Pendulum: python algos/ppo_lstm.py --env-id PendulumNoVel-v1 --norm-reward --gamma 0.9 \
+    --num-envs 32 --num-steps 128 --num-minibatches 32 --update-epochs 10 --gae-lambda 0.95 \
+    --no-anneal-lr --no-anneal-clip --total-timesteps 102400
 Results: benchmark/references.toml
 """
 

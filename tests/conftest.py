@@ -364,9 +364,12 @@ DISCRETE = {
     "ppo_lm.py",
     *OFFLINE_DISCRETE,
 }
+# ppo_lstm.py takes both action spaces: its wrong env is one of another family (pixels)
 WRONG_ENV = {
     s: ("CartPole-v1", "task")
     if s in ("grpo_lm.py", "dpo_lm.py", "ppo_lm.py")
+    else ("ALE/Breakout-v5", "not an env")
+    if s == "ppo_lstm.py"
     else ("Hopper-v4", "discrete")
     if s in DISCRETE
     else ("CartPole-v1", "map")
