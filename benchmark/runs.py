@@ -638,18 +638,28 @@ def parse_baseline_args(doc: str, same: dict, peer: str, argv=None, offline: boo
     )
     a, rest = p.parse_known_args(argv)
     ours = load_script(a.same_as).Args()
-    for flag, value in zip(rest[::2], rest[1::2]):
+    rest = list(rest)
+    while rest:
+        flag = rest.pop(0)
         name = flag.removeprefix("--").replace("-", "_")
-        if not flag.startswith("--") or not hasattr(ours, name):
+        if not flag.startswith("--"):
             p.error(f"{a.same_as} has no flag {flag}")
+        # a switch as tyro writes it: --norm-reward sets it, --no-norm-reward clears it
+        if isinstance(getattr(ours, name, None), bool):
+            setattr(ours, name, True)
+            continue
+        if name.startswith("no_") and isinstance(getattr(ours, name[3:], None), bool):
+            setattr(ours, name[3:], False)
+            continue
+        if not hasattr(ours, name):
+            p.error(f"{a.same_as} has no flag {flag}")
+        if not rest:
+            p.error(f"flag {flag} needs a value")
+        value = rest.pop(0)
         default = getattr(ours, name)
-        setattr(
-            ours,
-            name,
-            value if default is None or isinstance(default, str) else type(default)(value),
-        )
-    if len(rest) % 2:
-        p.error(f"flag {rest[-1]} needs a value")
+        if default is not None and not isinstance(default, str):
+            value = type(default)(value)
+        setattr(ours, name, value)
     if a.run_dir.exists():
         p.error(f"--run-dir {a.run_dir} exists; give a new directory")
     return p, a, ours

@@ -103,25 +103,6 @@ DIFFERENCES = {
 # ---- the command line: our script's flags in tyro's spelling ------------------------------------
 
 
-def split_flags(argv: list[str], args_cls) -> tuple[list[str], dict]:
-    """argv without our script's boolean flags (--x, --no-x: tyro's spelling, which
-    parse_baseline_args, reading flag-value pairs, cannot take), and those flags as {field: bool}.
-    --cuda/--no-cuda stay (parse_baseline_args takes them)."""
-    defaults = {f.name: f.default for f in dataclasses.fields(args_cls)}
-    rest, bools = [], {}
-    for token in argv:
-        name = token[2:].replace("-", "_") if token.startswith("--") and "=" not in token else ""
-        if name == "cuda" or name == "no_cuda":
-            rest.append(token)
-        elif isinstance(defaults.get(name), bool):
-            bools[name] = True
-        elif name.startswith("no_") and isinstance(defaults.get(name[3:]), bool):
-            bools[name[3:]] = False
-        else:
-            rest.append(token)
-    return rest, bools
-
-
 def typed(ours, args_cls, given: list[str]):
     """Convert the flags given for fields whose default is None (e.g. --clip-eps-high 0.28, kept as
     a string by parse_baseline_args) to their annotated type."""
@@ -146,15 +127,8 @@ def typed(ours, args_cls, given: list[str]):
 def parse(argv=None):
     """(parser, the run's flags, our script's Args with the flags given)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    same_as = argv[argv.index("--same-as") + 1] if "--same-as" in argv[:-1] else None
-    if same_as not in SAME:  # parse_baseline_args says what --same-as may be
-        return parse_baseline_args(__doc__, SAME, "trl", argv)
-    args_cls = load_script(same_as).Args
-    rest, bools = split_flags(argv, args_cls)
-    p, a, ours = parse_baseline_args(__doc__, SAME, "trl", rest)
-    for name, value in bools.items():
-        setattr(ours, name, value)
-    return p, a, typed(ours, args_cls, [t for t in rest if t.startswith("--")])
+    p, a, ours = parse_baseline_args(__doc__, SAME, "trl", argv)
+    return p, a, typed(ours, type(ours), [t for t in argv if t.startswith("--")])
 
 
 # ---- our script's Args -> TRL's config ----------------------------------------------------------

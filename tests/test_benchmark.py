@@ -1287,3 +1287,20 @@ def test_the_reports_are_grouped_and_indexed(tmp_path):
     assert first.parent == second.parent == tmp_path / "s"
     text = (tmp_path / "README.md").read_text()
     assert f"(s/{second.name})" in text and text.index(second.stem) < text.index(first.stem)
+
+
+def test_a_peer_takes_our_switches_as_tyro_spells_them(tmp_path):
+    """--norm-reward and --no-anneal-lr take no value (tyro's spelling); the others take one."""
+    from benchmark import sb3_baseline
+    from benchmark.runs import parse_baseline_args
+
+    argv = ["--same-as", "ppo_lstm.py", "--env-id", "PendulumNoVel-v1", "--total-timesteps", "4096"]
+    argv += ["--run-dir", str(tmp_path / "run"), "--norm-reward", "--num-envs", "32"]
+    argv += ["--no-anneal-lr", "--gamma", "0.9"]
+    _, _, ours = parse_baseline_args("", sb3_baseline.SAME, "SB3", argv)
+    assert ours.norm_reward is True and ours.anneal_lr is False
+    assert (ours.num_envs, ours.gamma, ours.anneal_clip) == (32, 0.9, True)
+    with pytest.raises(SystemExit):
+        parse_baseline_args("", sb3_baseline.SAME, "SB3", [*argv, "--gamma"])
+    with pytest.raises(SystemExit):
+        parse_baseline_args("", sb3_baseline.SAME, "SB3", [*argv, "--no-such-flag", "1"])
