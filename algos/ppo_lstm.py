@@ -583,7 +583,8 @@ def main(args: Args):
         save_model(
             {
                 "agent": agent.state_dict(),
-                "obs_rms": obs_rms.state_dict(),
+                # numpy arrays as tensors: model.pt loads with weights_only=True
+                "obs_rms": plain(obs_rms.state_dict()),
                 "args": asdict(args),
                 "eval_returns": eval_returns,
                 "obs_dim": obs_dim,

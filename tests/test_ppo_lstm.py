@@ -146,6 +146,32 @@ def test_norm_reward_divides_by_the_std_of_the_discounted_return(tmp_path, monke
     assert not np.allclose(raw, scaled)
 
 
+def test_a_continuous_model_reloads_to_the_return_it_saved(tmp_path):
+    """model.pt of a PendulumNoVel-v1 run (weights_only): the Agent rebuilt from it, with the saved
+    observation statistics, evaluates to the returns the run saved."""
+    args = lstm.Args(
+        env_id="PendulumNoVel-v1",
+        total_timesteps=4 * 24 * 2,
+        num_envs=4,
+        num_steps=24,
+        update_epochs=1,
+        eval_episodes=2,
+        norm_reward=True,
+        save_model=True,
+        run_dir=str(tmp_path / "run"),
+    )
+    lstm.main(args)
+    saved = torch.load(tmp_path / "run" / "model.pt", weights_only=True)
+    assert saved["continuous"] is True and saved["n_actions"] == 1
+    agent = lstm.Agent(saved["obs_dim"], saved["n_actions"], saved["lstm_size"], True)
+    agent.load_state_dict(saved["agent"])
+    obs_rms = lstm.RunningMeanStd(shape=(3,))
+    obs_rms.load_state_dict(saved["obs_rms"])
+    returns = lstm.evaluate(agent, obs_rms, args.env_id, 2, args.seed + 100_000)
+    assert returns == pytest.approx(saved["eval_returns"], abs=1e-4)
+    assert all(r < 0 for r in returns)  # Pendulum's rewards are negative costs
+
+
 def test_repeat_first_rule():
     env = gym.make("RepeatFirst-v0")
     obs, _ = env.reset(seed=3)
