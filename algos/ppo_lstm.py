@@ -579,19 +579,20 @@ def main(args: Args):
     video_dir = run_dir / "videos" if args.capture_video else None
     eval_returns = logger.evaluate(global_step, lambda: run_eval(video_dir))
     logger.save_checkpoint(stateful, num_iterations, global_step, finished=True)
-    if args.save_model:
+    if args.save_model:  # plain: numpy arrays as tensors, for torch.load(weights_only=True)
         save_model(
-            {
-                "agent": agent.state_dict(),
-                # numpy arrays as tensors: model.pt loads with weights_only=True
-                "obs_rms": plain(obs_rms.state_dict()),
-                "args": asdict(args),
-                "eval_returns": eval_returns,
-                "obs_dim": obs_dim,
-                "n_actions": n_actions,
-                "lstm_size": args.lstm_size,
-                "continuous": continuous,
-            },
+            plain(
+                {
+                    "agent": agent.state_dict(),
+                    "obs_rms": obs_rms.state_dict(),
+                    "args": asdict(args),
+                    "eval_returns": eval_returns,
+                    "obs_dim": obs_dim,
+                    "n_actions": n_actions,
+                    "lstm_size": args.lstm_size,
+                    "continuous": continuous,
+                }
+            ),
             run_dir,
         )
     logger.close(eval_returns)
