@@ -766,8 +766,9 @@ def save_with_digest(state: dict, path: Path):
 
 
 def save_model(state: dict, run_dir: Path):
-    """model.pt: the weights and what evaluation needs, with its SHA-256 in model.sha256."""
-    save_with_digest(state, run_dir / "model.pt")
+    """model.pt: the weights and what evaluation needs (numpy arrays as tensors, so that
+    torch.load(weights_only=True) reads it), with its SHA-256 in model.sha256."""
+    save_with_digest(plain(state), run_dir / "model.pt")
 
 
 def plain(obj):

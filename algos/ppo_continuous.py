@@ -545,16 +545,14 @@ def main(args: Args):
     # obs_rms: the observation statistics the agent was trained with, needed to evaluate it
     if args.save_model:
         save_model(
-            plain(
-                {
-                    "agent": agent.state_dict(),
-                    "args": asdict(args),
-                    "eval_returns": eval_returns,
-                    "obs_dim": obs_dim,
-                    "action_dim": action_dim,
-                    "obs_rms": obs_rms.state_dict(),
-                }
-            ),
+            {
+                "agent": agent.state_dict(),
+                "args": asdict(args),
+                "eval_returns": eval_returns,
+                "obs_dim": obs_dim,
+                "action_dim": action_dim,
+                "obs_rms": obs_rms.state_dict(),
+            },
             run_dir,
         )
     logger.close(eval_returns)
@@ -874,8 +872,9 @@ def save_with_digest(state: dict, path: Path):
 
 
 def save_model(state: dict, run_dir: Path):
-    """model.pt: the weights and what evaluation needs, with its SHA-256 in model.sha256."""
-    save_with_digest(state, run_dir / "model.pt")
+    """model.pt: the weights and what evaluation needs (numpy arrays as tensors, so that
+    torch.load(weights_only=True) reads it), with its SHA-256 in model.sha256."""
+    save_with_digest(plain(state), run_dir / "model.pt")
 
 
 def plain(obj):

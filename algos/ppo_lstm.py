@@ -579,20 +579,18 @@ def main(args: Args):
     video_dir = run_dir / "videos" if args.capture_video else None
     eval_returns = logger.evaluate(global_step, lambda: run_eval(video_dir))
     logger.save_checkpoint(stateful, num_iterations, global_step, finished=True)
-    if args.save_model:  # plain: numpy arrays as tensors, for torch.load(weights_only=True)
+    if args.save_model:
         save_model(
-            plain(
-                {
-                    "agent": agent.state_dict(),
-                    "obs_rms": obs_rms.state_dict(),
-                    "args": asdict(args),
-                    "eval_returns": eval_returns,
-                    "obs_dim": obs_dim,
-                    "n_actions": n_actions,
-                    "lstm_size": args.lstm_size,
-                    "continuous": continuous,
-                }
-            ),
+            {
+                "agent": agent.state_dict(),
+                "obs_rms": obs_rms.state_dict(),
+                "args": asdict(args),
+                "eval_returns": eval_returns,
+                "obs_dim": obs_dim,
+                "n_actions": n_actions,
+                "lstm_size": args.lstm_size,
+                "continuous": continuous,
+            },
             run_dir,
         )
     logger.close(eval_returns)
@@ -914,8 +912,9 @@ def save_with_digest(state: dict, path: Path):
 
 
 def save_model(state: dict, run_dir: Path):
-    """model.pt: the weights and what evaluation needs, with its SHA-256 in model.sha256."""
-    save_with_digest(state, run_dir / "model.pt")
+    """model.pt: the weights and what evaluation needs (numpy arrays as tensors, so that
+    torch.load(weights_only=True) reads it), with its SHA-256 in model.sha256."""
+    save_with_digest(plain(state), run_dir / "model.pt")
 
 
 def plain(obj):

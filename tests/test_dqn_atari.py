@@ -96,7 +96,7 @@ def test_rebuilt_stacks_equal_the_env_stacks(env_id, limit, tmp_path):
         return buffer.sample(64, "cpu")
 
     saved = tmp_path / "rb.pt"
-    torch.save({"rb": rb.state_dict(), "rng": rb.rng.bit_generator.state}, saved)
+    torch.save(m.plain({"rb": rb.state_dict(), "rng": rb.rng.bit_generator.state}), saved)
     batch = sample(rb)
     assert batch[0].shape == batch[1].shape == (64, 4, 84, 84) and batch[0].dtype == torch.uint8
     everything = [x for per_env in stored for t, x in per_env.items()]
@@ -104,7 +104,7 @@ def test_rebuilt_stacks_equal_the_env_stacks(env_id, limit, tmp_path):
         assert any(
             (o == x[0]).all() and (n == x[1]).all() and (a, r, d) == x[2:] for x in everything
         )
-    ckpt = torch.load(saved, weights_only=False)
+    ckpt = torch.load(saved, weights_only=True)
     restored = m.ReplayBuffer(80, 2, envs.single_observation_space.shape, np.random.default_rng())
     restored.load_state_dict(ckpt["rb"])
     restored.rng.bit_generator.state = ckpt["rng"]

@@ -53,7 +53,7 @@ def test_dqn_logs_every_episode_and_stores_true_final_obs(tmp_path):
         )
     )
     assert episodes(tmp_path) == ([3.0] * 8 + [4.0] * 8, [3.0] * 8 + [4.0] * 8)
-    rb = torch.load(tmp_path / "checkpoint.pt", weights_only=False)["rb"]
+    rb = torch.load(tmp_path / "checkpoint.pt", weights_only=True)["rb"]
     n = rb["pos"]
     obs, next_obs, terminated = (
         torch.as_tensor(rb[k][:n]) for k in ("obs", "next_obs", "terminated")

@@ -177,7 +177,7 @@ def test_maddpg_bootstraps_through_truncation_but_not_termination(tmp_path):
             run_dir=str(tmp_path),
         )
     )
-    rb = torch.load(tmp_path / "checkpoint.pt", weights_only=False)["rb"]
+    rb = torch.load(tmp_path / "checkpoint.pt", weights_only=True)["rb"]
     assert rb["pos"] == 100 and not rb["terminated"].any()
     obs, next_obs = torch.as_tensor(rb["obs"]), torch.as_tensor(rb["next_obs"])
     ends = (torch.arange(100) // 2 + 1) % 25 == 0  # row k: env k % 2 at its step k // 2

@@ -242,7 +242,7 @@ def test_run_contract_and_saved_model(smoke_script, smoke_runs, tmp_path):
     assert (run_dir / "checkpoint.pt").is_file()
 
     # the saved model evaluates to the return logged at the end of training
-    saved = torch.load(run_dir / "model.pt", weights_only=False)
+    saved = torch.load(run_dir / "model.pt", weights_only=True)
     saved_returns = saved["eval_returns"]  # multi-agent: {metric name: one value per episode}
     episodes = len(
         next(iter(saved_returns.values())) if smoke_script in MULTI_AGENT else saved_returns
@@ -267,7 +267,7 @@ def test_continuous_scripts_run_on_halfcheetah(script, tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     steps, returns = read_metrics(tmp_path / "run")["eval/episodic_return"]
     assert len(returns) == 2 and np.isfinite(returns).all()
-    saved = torch.load(tmp_path / "run" / "model.pt", weights_only=False)
+    saved = torch.load(tmp_path / "run" / "model.pt", weights_only=True)
     assert (saved["obs_dim"], saved["action_dim"]) == (17, 6)
 
 
@@ -317,7 +317,7 @@ def test_ctrl_c_keeps_metrics_and_resume_continues(smoke_script, tmp_path):
     assert "--resume" in stderr
     before = read_rows(run_dir)
     assert before and (run_dir / "checkpoint.pt").is_file()
-    ckpt = torch.load(run_dir / "checkpoint.pt", weights_only=False)
+    ckpt = torch.load(run_dir / "checkpoint.pt", weights_only=True)
     ckpt_step = ckpt["global_step"]
     # replay: the steps the checkpoint counts are the steps it stores (before the ring wraps)
     rb = ckpt.get("rb")
@@ -364,7 +364,7 @@ def test_resume_extends_the_budget_and_keeps_the_other_flags(smoke_script, smoke
     rows = read_rows(run_dir)
     steps = [r["global_step"] for r in rows]
     assert steps == sorted(steps) and max(steps) > first_end and max(steps) > budget - 256
-    config = torch.load(run_dir / "checkpoint.pt", weights_only=False)["args"]
+    config = torch.load(run_dir / "checkpoint.pt", weights_only=True)["args"]
     assert config["total_timesteps"] == budget and (
         config["learning_rate"] == load_script(smoke_script).Args().learning_rate
     )
