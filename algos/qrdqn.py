@@ -671,8 +671,12 @@ def check_writable(run_dir: Path):
         )
     finally:
         for p in made:
-            if p.is_dir() and not any(p.iterdir()):
+            # only empty folders go; another process (a rank of the same job) may have removed
+            # or filled one meanwhile
+            try:
                 p.rmdir()
+            except OSError:
+                pass
 
 
 def finite(state) -> bool:
