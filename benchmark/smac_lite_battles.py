@@ -56,29 +56,34 @@ SMAC_DIFFICULTY = {
 
 
 def commit_id():
-    """Short commit of the checkout, with -dirty when tracked files in smac_lite/ or benchmark/ have
-    changes."""
+    """Short commit of the checkout, with -dirty when tracked files in smac_lite/ or benchmark/ (its
+    reports aside) have changes."""
 
     def git(*a):
         return subprocess.run(
             ["git", "-C", str(ROOT), *a], capture_output=True, text=True
         ).stdout.strip()
 
-    dirty = git("status", "--porcelain", "--untracked-files=no", "--", "smac_lite", "benchmark")
+    # the reports do not count: writing one rewrites their index
+    dirty = git(
+        "status",
+        "--porcelain",
+        "--untracked-files=no",
+        "--",
+        "smac_lite",
+        "benchmark",
+        ":!benchmark/reports",
+    )
     return git("rev-parse", "--short", "HEAD") + ("-dirty" if dirty else "")
 
 
 def report_path(kind, device, started, root=ROOT / "benchmark" / "reports"):
-    """<root>/smac_lite-<kind>/smac_lite-<kind>-<device>-<date>-<time>-<commit>.md (the folder made,
-    the reports' index rewritten): never overwrites an earlier run."""
-    from benchmark.report_path import write_index
+    """<root>/smac_lite-<kind>/smac_lite-<kind>-<device>-<date>-<time>-<commit>.md, made empty
+    here (the reports' index rewritten): a name already taken, e.g. by a report of the same
+    minute, gets -2, -3, ..., so no earlier report is overwritten."""
+    from benchmark.report_path import new_report_path
 
-    folder = root / f"smac_lite-{kind}"
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"smac_lite-{kind}-{device}-{started:%Y-%m-%d-%H%M}-{commit_id()}.md"
-    path.touch()
-    write_index(root)
-    return path
+    return new_report_path(root, f"smac_lite-{kind}", device, started)
 
 
 def load_text(before, after):

@@ -892,6 +892,19 @@ def test_report_path_never_reuses_a_name(tmp_path):
     assert (b.name, c.name) == (a.stem + "-2.md", a.stem + "-4.md") and a.read_text() == "first"
 
 
+def test_smac_lite_reports_of_one_minute_keep_apart(tmp_path):
+    """The smac_lite tools (rules, battles, speed) run map after map within a minute: each report
+    gets its own file."""
+    from benchmark.smac_lite_battles import report_path
+
+    now = datetime.datetime(2026, 1, 2, 3, 4)
+    first = report_path("rules", "cpu", now, tmp_path)
+    first.write_text("2s3z")
+    second = report_path("rules", "cpu", now, tmp_path)
+    assert second.name == first.stem + "-2.md" and first.read_text() == "2s3z"
+    assert first.parent == tmp_path / "smac_lite-rules"
+
+
 def test_find_reference_prefers_same_budget():
     refs = [
         Reference("a", "x.py", "E-v1", 500, "final_eval", "s", 3, mean=1.0),
