@@ -637,7 +637,8 @@ def check_env(args):
 
 
 # ---- shared: helpers ----
-SCRIPT, ALGOS = Path(__file__).name, Path(__file__).resolve().parent
+SCRIPT = Path(__file__).name
+ALGOS = Path(__file__).resolve().parent
 
 
 def fail(msg: str, *scripts: str):
@@ -670,8 +671,8 @@ def env_spaces(env_id: str):
     start-up messages of ALE (its banner) and MuJoCo (compiler warnings, which it also writes to
     MUJOCO_LOG.TXT) turned off through their own settings: nothing may precede an error."""
     if env_id not in gym.registry:
-        if scripts := other_family(env_id):
-            fail(f"{env_id} is not an env of {SCRIPT}", *scripts)
+        if other_family(env_id):
+            fail(f"{env_id} is not an env of {SCRIPT}", *other_family(env_id))
         close = difflib.get_close_matches(env_id, list(gym.registry), n=1)
         fail(f"unknown env id '{env_id}'" + (f"; did you mean '{close[0]}'?" if close else ""))
     entry_point = str(gym.spec(env_id).entry_point)
@@ -730,58 +731,11 @@ def sha256(path: Path) -> str:
 
 
 def start_run(args, check_args):
-    """Resume (--resume DIR: the run's saved flags; --total-timesteps may extend it), check the
-    flags, choose the run directory (a new run never writes into one that holds files), seed
-    everything. Returns (args, checkpoint, dir). A checkpoint is data: its SHA-256 must match
-    checkpoint.sha256, and it is read with weights_only=True."""
+    """Resume (--resume DIR), check the flags, choose the run directory (a new run never writes
+    into one that holds files), seed everything. Returns (args, checkpoint, dir)."""
     ckpt = None
     if args.resume:
-        path = Path(args.resume) / "checkpoint.pt"
-        if not path.is_file():
-            fail(f"no checkpoint at {path}; pass the run directory of an earlier {SCRIPT} run")
-        try:
-            if sha256(path) != (path.parent / "checkpoint.sha256").read_text().strip():
-                raise ValueError("its SHA-256 differs from checkpoint.sha256")
-            ckpt = torch.load(path, weights_only=True)
-            saved = Args(**ckpt["args"])
-        except Exception as e:
-            fail(
-                f"{path} is corrupt or not a {SCRIPT} checkpoint "
-                f"({type(e).__name__}); delete it or start anew"
-            )
-        given = [
-            k for k, v in asdict(args).items() if k in given_flags() or v != getattr(Args(), k)
-        ]
-        given = [
-            k
-            for k in given
-            if k not in ("resume", "run_dir") and getattr(args, k) != getattr(saved, k)
-        ]
-        if "total_timesteps" in given:
-            if args.total_timesteps < ckpt["global_step"]:
-                fail(
-                    f"--total-timesteps {args.total_timesteps} is below "
-                    f"the {ckpt['global_step']} steps already done"
-                )
-            print(
-                f"resume: --total-timesteps {args.total_timesteps} (was {saved.total_timesteps})",
-                file=sys.stderr,
-            )
-            saved.total_timesteps = args.total_timesteps
-        elif ckpt["finished"]:
-            print(
-                f"the run in {path.parent} is finished; give "
-                "a larger --total-timesteps to extend it"
-            )
-            sys.exit(0)
-        if ignored := [f"--{k.replace('_', '-')}" for k in given if k != "total_timesteps"]:
-            print(
-                f"resume: the run's saved flags are kept; ignored: {' '.join(ignored)}",
-                file=sys.stderr,
-            )
-        args = saved
-        args.resume = args.run_dir = str(path.parent)
-        check_metrics(path.parent / "metrics.csv")
+        args, ckpt = resume_run(args)
     check_args(args)
     if args.track:
         check_wandb()
@@ -807,6 +761,55 @@ def start_run(args, check_args):
     # 1: fastest for small nets
     torch.set_num_threads(1 if args.torch_deterministic else torch.get_num_threads())
     return args, ckpt, run_dir
+
+
+def resume_run(args):
+    """--resume DIR: the run's saved flags and its checkpoint, which is data: its SHA-256 must match
+    checkpoint.sha256, and it is read with weights_only=True. A flag given now that differs from
+    the saved one is ignored, except --total-timesteps, which extends the run."""
+    path = Path(args.resume) / "checkpoint.pt"
+    if not path.is_file():
+        fail(f"no checkpoint at {path}; pass the run directory of an earlier {SCRIPT} run")
+    try:
+        if sha256(path) != (path.parent / "checkpoint.sha256").read_text().strip():
+            raise ValueError("its SHA-256 differs from checkpoint.sha256")
+        ckpt = torch.load(path, weights_only=True)
+        saved = Args(**ckpt["args"])
+    except Exception as e:
+        fail(
+            f"{path} is corrupt or not a {SCRIPT} checkpoint "
+            f"({type(e).__name__}); delete it or start anew"
+        )
+    changed = []
+    for name, value in asdict(args).items():
+        if name in ("resume", "run_dir") or value == getattr(saved, name):
+            continue
+        if name in given_flags() or value != getattr(Args(), name):
+            changed.append(name)
+    if "total_timesteps" in changed:
+        if args.total_timesteps < ckpt["global_step"]:
+            fail(
+                f"--total-timesteps {args.total_timesteps} is below "
+                f"the {ckpt['global_step']} steps already done"
+            )
+        print(
+            f"resume: --total-timesteps {args.total_timesteps} (was {saved.total_timesteps})",
+            file=sys.stderr,
+        )
+        saved.total_timesteps = args.total_timesteps
+    elif ckpt["finished"]:
+        print(f"the run in {path.parent} is finished; give a larger --total-timesteps to extend it")
+        sys.exit(0)
+    ignored = [f"--{name.replace('_', '-')}" for name in changed if name != "total_timesteps"]
+    if ignored:
+        print(
+            f"resume: the run's saved flags are kept; ignored: {' '.join(ignored)}",
+            file=sys.stderr,
+        )
+    saved.resume = str(path.parent)
+    saved.run_dir = str(path.parent)
+    check_metrics(path.parent / "metrics.csv")
+    return saved, ckpt
 
 
 def given_flags() -> set[str]:
@@ -930,13 +933,17 @@ def plain(obj):
         return {k: plain(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return type(obj)(plain(v) for v in obj)
-    return (
-        torch.from_numpy(obj)
-        if isinstance(obj, np.ndarray)
-        else obj.item()
-        if isinstance(obj, np.generic)
-        else obj
-    )
+    if isinstance(obj, np.ndarray):
+        return torch.from_numpy(obj)
+    if isinstance(obj, np.generic):
+        return obj.item()
+    return obj
+
+
+def by_name(results) -> dict:
+    """Evaluation results as {metric name: one value per episode}; a list of returns is
+    eval/episodic_return."""
+    return results if isinstance(results, dict) else {"eval/episodic_return": results}
 
 
 class RNGs:
@@ -957,6 +964,18 @@ class RNGs:
             rng.bit_generator.state = rng_state
 
 
+def write_config(args, run_dir: Path):
+    """config.json: every flag, the script, the git commit of algos/ (if any), package versions."""
+    git = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ALGOS)
+    config = {
+        "script": SCRIPT,
+        "args": asdict(args),
+        "git_commit": git.stdout.strip() or None,
+        "versions": {p: version(p) for p in ("torch", "gymnasium", "numpy")},
+    }
+    (run_dir / "config.json").write_text(json.dumps(config, indent=2))
+
+
 class RunLogger:
     """What a run shows and leaves behind: config.json, metrics.csv (global_step, wall_time, name,
     value; append-only), TensorBoard events, a wandb run with --track, the progress bar,
@@ -966,31 +985,24 @@ class RunLogger:
 
     def __init__(self, args, run_dir: Path, total: int, step: int, ckpt: dict | None):
         run_dir.mkdir(parents=True, exist_ok=True)
-        metrics, header = run_dir / "metrics.csv", "global_step,wall_time,name,value\n"
-        if ckpt is not None:
+        metrics = run_dir / "metrics.csv"
+        header = "global_step,wall_time,name,value\n"
+        if ckpt is not None:  # keep the rows up to the checkpoint's step
             lines = metrics.read_text().splitlines(keepends=True)[1:] if metrics.is_file() else []
-            (run_dir / "metrics.tmp").write_text(
-                header + "".join(ln for ln in lines if int(ln.split(",")[0]) <= step)
-            )
+            kept = [line for line in lines if int(line.split(",")[0]) <= step]
+            (run_dir / "metrics.tmp").write_text(header + "".join(kept))
             os.replace(run_dir / "metrics.tmp", metrics)
         else:
-            git = subprocess.run(
-                ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ALGOS
-            )
-            config = {
-                "script": SCRIPT,
-                "args": asdict(args),
-                "git_commit": git.stdout.strip() or None,
-                "versions": {p: version(p) for p in ("torch", "gymnasium", "numpy")},
-            }
-            (run_dir / "config.json").write_text(json.dumps(config, indent=2))
+            write_config(args, run_dir)
             metrics.write_text(header)
         if total != args.total_timesteps:
             print(
                 f"{total:,} steps will run: whole iterations up "
                 f"to --total-timesteps {args.total_timesteps:,}"
             )
-        self.args, self.run_dir, self.wandb = args, run_dir, None
+        self.args = args
+        self.run_dir = run_dir
+        self.wandb = None
         if args.track:  # every row of metrics.csv is one wandb row, plotted against global_step
             import wandb
 
@@ -1006,17 +1018,17 @@ class RunLogger:
             self.wandb.define_metric("global_step")
             self.wandb.define_metric("*", step_metric="global_step")
         self.file = open(metrics, "a", newline="")
-        self.csv, self.tb = csv.writer(self.file, lineterminator="\n"), SummaryWriter(str(run_dir))
+        self.csv = csv.writer(self.file, lineterminator="\n")
+        self.tb = SummaryWriter(str(run_dir))
         self.bar = tqdm(total=total, initial=step, unit="step", mininterval=1.0)
-        self.first_step, self.start, self.eval_seconds, self.last_return = (
-            step,
-            time.time(),
-            0.0,
-            float("nan"),
-        )
+        self.first_step = step
+        self.start = time.time()
+        self.eval_seconds = 0.0
+        self.last_return = float("nan")
         # of the run resumed
         self.seconds_before = ckpt.get("train_seconds", 0.0) if ckpt is not None else 0.0
-        self.stop_requested, self.duration_said = False, False
+        self.stop_requested = False
+        self.duration_said = False
         signal.signal(signal.SIGINT, self.request_stop)
 
     def request_stop(self, *_):
@@ -1059,13 +1071,12 @@ class RunLogger:
 
     def progress(self, step: int):
         """Log charts/sps (environment steps per training second) and update the progress bar."""
-        sps = int(
-            (step - self.first_step) / max(time.time() - self.start - self.eval_seconds, 1e-9)
-        )
+        seconds = time.time() - self.start - self.eval_seconds  # training, in this process
+        sps = int((step - self.first_step) / max(seconds, 1e-9))
         self.log(step, {"charts/sps": sps})
         self.bar.update(step - self.bar.n)
         self.bar.set_postfix(sps=sps, ret=f"{self.last_return:.1f}", refresh=False)
-        if not self.duration_said and time.time() - self.start - self.eval_seconds > 20:
+        if not self.duration_said and seconds > 20:
             self.duration_said = True
             hours = (self.bar.total - step) / max(sps, 1) / 3600
             if hours > 1:
@@ -1079,15 +1090,13 @@ class RunLogger:
         returns (logged as eval/episodic_return) or a dict {metric name: one value per episode}
         (multi-agent: team return, win)."""
         self.log(step, {"charts/train_seconds": self.train_seconds()})
-        start, results = time.time(), run_episodes()
+        start = time.time()
+        results = run_episodes()
         self.eval_seconds += time.time() - start
-        results_by_name = (
-            results if isinstance(results, dict) else {"eval/episodic_return": results}
-        )
-        returns = results_by_name.get("eval/episodic_return", [])
+        returns = by_name(results).get("eval/episodic_return", [])
         if len(returns):  # the progress bar's ret= (all the offline scripts show)
             self.last_return = float(np.mean(returns))
-        for name, values in results_by_name.items():
+        for name, values in by_name(results).items():
             for value in values:
                 self.log(step, {name: value}, to_wandb=False)
             # wandb keeps one value per step: the mean, and a histogram
@@ -1132,58 +1141,49 @@ class RunLogger:
         sys.exit(130)
 
     def close(self, results):
-        """Close the files; the last lines say the evaluation, where the run is and the script's
-        reference."""
+        """Close the files; the last lines say the evaluation, where the run is and how it compares
+        with the script's reference."""
         self.bar.update(self.bar.total - self.bar.n)
         self.close_files()
-        for name, values in (
-            results if isinstance(results, dict) else {"eval/episodic_return": results}
-        ).items():
+        for name, values in by_name(results).items():
             if len(values):
-                print(
-                    f"{name}: {np.mean(values):.2f} +- "
-                    f"{np.std(values):.2f} over {len(values)} episodes"
-                )
-        print(
-            f"run saved in {self.run_dir}"
-            + (" (model.pt, checkpoint.pt)" if self.args.save_model else " (checkpoint.pt)")
-        )
-        # our multi-seed runs of each script, if present
+                mean = np.mean(values)
+                std = np.std(values)
+                print(f"{name}: {mean:.2f} +- {std:.2f} over {len(values)} episodes")
+        saved = "model.pt, checkpoint.pt" if self.args.save_model else "checkpoint.pt"
+        print(f"run saved in {self.run_dir} ({saved})")
+        self.compare_with_reference(by_name(results))
+
+    def compare_with_reference(self, results: dict):
+        """Print our multi-seed reference of this script and env (of the budget nearest this run's),
+        when benchmark/references.toml is beside algos/, and where this run's evaluation lies."""
         path = ALGOS.parent / "benchmark" / "references.toml"
-        refs = [
-            r
-            for r in (tomllib.loads(path.read_text())["reference"] if path.is_file() else [])
-            if "values" in r
-            and r["score"] in ("final_eval", "final_win_rate")
-            and self.same_setting(r)
-        ]
-        for r in sorted(refs, key=lambda r: abs(r["total_timesteps"] - self.args.total_timesteps))[
-            :1
-        ]:
-            values = r["values"]
-            print(
-                f"reference {r['id']} ({r['total_timesteps']:,} steps, {r['score']}, "
-                f"{len(values)} seeds): {np.mean(values):.2f} +- {np.std(values):.2f}, "
-                f"seeds from {min(values):.2f} to {max(values):.2f}"
-            )
-            results = results if isinstance(results, dict) else {"eval/episodic_return": results}
-            wanted = "win" if r["score"] == "final_win_rate" else "episodic_return"
-            name = next((n for n in results if wanted in n), None)
-            if name is None or not len(results[name]):
-                continue
-            mean = float(np.mean(results[name]))
-            if r["total_timesteps"] != self.args.total_timesteps:
-                print(
-                    f"this run: {mean:.2f} after {self.args.total_timesteps:,} "
-                    "steps: another budget, not compared"
-                )
-            elif min(values) <= mean <= max(values):
-                print(f"this run: {mean:.2f}, within the reference's seeds")
-            else:
-                side = "below" if mean < min(values) else "above"
-                print(f"this run: {mean:.2f}, {side} every seed of the reference")
+        refs = tomllib.loads(path.read_text())["reference"] if path.is_file() else []
+        refs = [r for r in refs if "values" in r and self.same_setting(r)]
+        refs = [r for r in refs if r["score"] in ("final_eval", "final_win_rate")]
         if not refs:
             print(f"no reference for {SCRIPT} on {self.args.env_id} to compare with")
+            return
+        budget = self.args.total_timesteps
+        r = min(refs, key=lambda r: abs(r["total_timesteps"] - budget))
+        values = r["values"]
+        print(
+            f"reference {r['id']} ({r['total_timesteps']:,} steps, {r['score']}, "
+            f"{len(values)} seeds): {np.mean(values):.2f} +- {np.std(values):.2f}, "
+            f"seeds from {min(values):.2f} to {max(values):.2f}"
+        )
+        wanted = "win" if r["score"] == "final_win_rate" else "episodic_return"
+        name = next((n for n in results if wanted in n), None)
+        if name is None or not len(results[name]):
+            return
+        mean = float(np.mean(results[name]))
+        if r["total_timesteps"] != budget:
+            print(f"this run: {mean:.2f} after {budget:,} steps: another budget, not compared")
+        elif min(values) <= mean <= max(values):
+            print(f"this run: {mean:.2f}, within the reference's seeds")
+        else:
+            side = "below" if mean < min(values) else "above"
+            print(f"this run: {mean:.2f}, {side} every seed of the reference")
 
     def same_setting(self, reference: dict) -> bool:
         """True for a reference of this script and env (and, for an offline script, of this

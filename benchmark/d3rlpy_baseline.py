@@ -2,8 +2,8 @@
 files, run the way our scripts run: learning curves of both side by side in one benchmark report.
 
     python benchmark/d3rlpy_baseline.py --same-as cql_discrete.py --env-id CartPole-v1 \\
-        --dataset runs/datasets/cartpole-medium-v0 --total-timesteps 30000 --seed 1 --eval-every
-        2000 \\ --run-dir runs/d3rlpy-cql-cartpole-1
+        --dataset runs/datasets/cartpole-medium-v0 --total-timesteps 30000 --seed 1 \\
+        --eval-every 2000 --run-dir runs/d3rlpy-cql-cartpole-1
 
 In a suite (benchmark/suites.toml) the script "d3rlpy:<our script>" runs this file with --same-as
 <our script>. The hyperparameters are our script's defaults (read from its `Args`, with the flags

@@ -3,10 +3,11 @@ rollouts of a saved model.pt of algos/ (or of a uniform random policy), or the r
 training run's checkpoint.pt. A model.pt or checkpoint.pt is read only if its SHA-256 matches the
 model.sha256 or checkpoint.sha256 saved beside it.
 
-    python benchmark/datasets.py --kind expert --policy runs/sac/model.pt --expert runs/sac/model.pt
-    --steps 100000 python benchmark/datasets.py --kind medium --policy runs/sac_short/model.pt
-    --expert runs/sac/model.pt python benchmark/datasets.py --kind medium-replay --checkpoint
-    runs/sac_short/checkpoint.pt \
+    python benchmark/datasets.py --kind expert --policy runs/sac/model.pt \\
+        --expert runs/sac/model.pt --steps 100000
+    python benchmark/datasets.py --kind medium --policy runs/sac_short/model.pt \\
+        --expert runs/sac/model.pt
+    python benchmark/datasets.py --kind medium-replay --checkpoint runs/sac_short/checkpoint.pt \\
         --expert runs/sac/model.pt
     python benchmark/datasets.py --kind random --env-id Pendulum-v1 --expert runs/sac/model.pt
 

@@ -3,8 +3,8 @@ H100.
 
     bash benchmark/gpu.sh             # on a GPU machine: installs what is missing, then runs this
     bash benchmark/gpu.sh --dry-run   # every step on the CPU with tiny budgets: checks the plumbing
-    (a test runs it) python benchmark/gpu_check.py [--dry-run] [--report-dir DIR]   # the check
-    alone, nothing installed
+    (a test runs it)
+    python benchmark/gpu_check.py [--dry-run] [--report-dir DIR]  # the check alone, no installs
 
 1. Steps/s of one script per family (classic, continuous, Atari, smac_lite, MPE) on the GPU, default
    hyperparameters, no evaluation: the steady rate over the second half of a run cut off after

@@ -1,9 +1,8 @@
 """impala.py's throughput with 1, 2, 4 actors against a2c.py at the same batch, on this machine, one
 run each in a row (CartPole-v1, no evaluation during training):
 
-    python benchmark/impala_speed.py                 # 100k steps per run; writes
-    benchmark/reports/impala-speed/...md python benchmark/impala_speed.py --steps 20000 --actors 1 2
-    --report-dir /tmp/r
+    python benchmark/impala_speed.py  # 100k steps per run; writes benchmark/reports/impala-speed/
+    python benchmark/impala_speed.py --steps 20000 --actors 1 2 --report-dir /tmp/r
 
 The runs: impala.py with --num-actors 0 (one actor in the learner's process); with each --actors
 count on a local Ray that impala.py starts itself; with the same counts on a separate Ray cluster

@@ -1,8 +1,7 @@
 """The random-policy score of an env: the 0 of the normalised scores the verdict uses
 (benchmark/stats.py).
 
-    python benchmark/random_policy.py CartPole-v1 Acrobot-v1 MountainCar-v0   # prints entries for
-    the table
+    python benchmark/random_policy.py CartPole-v1 Acrobot-v1 MountainCar-v0  # the table's entries
 
 The table is benchmark/random_scores.toml: per env the mean undiscounted return of uniform random
 actions over `episodes` episodes (the first reset seeded with `seed`, the action space seeded alike,

@@ -3,10 +3,10 @@ score, aggregate and report (benchmark/report.py writes
 benchmark/reports/<suite>/<suite>-<device>-<date>-<HHMM>-<commit>.md with learning curves; an
 earlier report is never overwritten).
 
-    python benchmark/run.py --suite classic --seeds 5 --device cpu --jobs 2 python benchmark/run.py
-    --suite classic --device cuda --jobs 4 --backend ray      # a local Ray started here python
-    benchmark/run.py --suite classic --seeds 5 --backend ray --ray-address 127.0.0.1:6379   # a
-    cluster
+    python benchmark/run.py --suite classic --seeds 5 --device cpu --jobs 2
+    python benchmark/run.py --suite classic --device cuda --jobs 4 --backend ray  # a local Ray
+    python benchmark/run.py --suite classic --seeds 5 --backend ray \\
+        --ray-address 127.0.0.1:6379  # a cluster started with `ray start --head`
 
 Runs go to <out>/<script>__<env>__<seed>/ (default out: runs/benchmark/<suite>-<device>). Running
 the same command again resumes: a run whose metrics.csv holds its final evaluation is kept, any

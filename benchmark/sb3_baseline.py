@@ -2,9 +2,8 @@
 curves of both side by side in one benchmark report, and the mapping benchmark/speed.py measures SPS
 with.
 
-    python benchmark/sb3_baseline.py --same-as sac_continuous.py --env-id Hopper-v5
-    --total-timesteps 100000 \\
-        --seed 1 --eval-every 5000 --run-dir runs/sb3-sac-hopper-1
+    python benchmark/sb3_baseline.py --same-as sac_continuous.py --env-id Hopper-v5 \\
+        --total-timesteps 100000 --seed 1 --eval-every 5000 --run-dir runs/sb3-sac-hopper-1
 
 In a suite (benchmark/suites.toml) the script "sb3:<our script>" runs this file with --same-as <our
 script>. The hyperparameters are our script's defaults (read from its `Args` at run time, with the

@@ -3,8 +3,8 @@ scripted focus-fire policies against the scripted enemy, over the first episode 
 map and policy. Writes benchmark/reports/smac_lite-battles/smac_lite-battles-<device>-<date>-
 <time>-<commit>.md (never overwrites a report).
 
-    OMP_NUM_THREADS=1 python benchmark/smac_lite_battles.py [--maps 3m 8m] [--battles 1000] [--seed
-    0]
+    OMP_NUM_THREADS=1 python benchmark/smac_lite_battles.py [--maps 3m 8m] [--battles 1000] \\
+        [--seed 0]
 """
 
 import argparse

@@ -3,25 +3,22 @@ many battles of one map with the scripted focus-fire and pull-back policies (sma
 and, given a mappo_smac_lite.py run, its trained policy (greedy, as its evaluation), first under
 smac_lite's rules and then with one rule changed at a time:
 
-- `enemy pursues its target`: an enemy whose target steps out of its weapon range follows it (while
-  it is within
-  sight range 9) instead of turning to the closest ally (the map entry `pursue=True`);
+- `enemy pursues its target`: an enemy whose target steps out of its weapon range follows it
+  (while it is within sight range 9) instead of turning to the closest ally (the map entry
+  `pursue=True`);
 - `collisions`: marines push each other apart, as SC2 units do (smac_lite turns collisions on only
-  for the maps
-  where swarms decide the battle);
+  for the maps where swarms decide the battle);
 - `enemy reacts every loop` / `every 8 loops`: the enemy (and a stopped agent, which fires at the
-  closest
-  enemy) re-evaluates its targets every game loop, or every 8, instead of every 4 (a reaction time
-  of 0.045 s or 0.36 s instead of 0.18 s; SC2's own cadence is not documented);
+  closest enemy) re-evaluates its targets every game loop, or every 8, instead of every 4 (a
+  reaction time of 0.045 s or 0.36 s instead of 0.18 s; SC2's own cadence is not documented);
 - `enemy acquires in weapon range`: the enemy picks a new target only within its weapon range
-  (centre distance
-  6), not within SMAC's sight range 9.
+  (centre distance 6), not within SMAC's sight range 9.
 
 Writes benchmark/reports/smac_lite-rules/smac_lite-rules-<device>-<date>-<time>-<commit>.md
 (never overwrites a report).
 
-    OMP_NUM_THREADS=1 python benchmark/smac_lite_rules.py --map 5m_vs_6m [--run-dir RUN] [--battles
-    1000]
+    OMP_NUM_THREADS=1 python benchmark/smac_lite_rules.py --map 5m_vs_6m \\
+        [--run-dir RUN] [--battles 1000]
 """
 
 import argparse

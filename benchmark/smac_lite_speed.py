@@ -4,8 +4,8 @@ counts, on one CPU thread (and CUDA if available). Writes
 benchmark/reports/smac_lite-speed/smac_lite-speed-<device>-<date>-<time>-<commit>.md, with the
 machine's load average (the machine may be shared: a high load makes the numbers low).
 
-    OMP_NUM_THREADS=1 python benchmark/smac_lite_speed.py [--maps 3m 2s3z] [--envs 1 64 1024 4096]
-    [--repeats 5]
+    OMP_NUM_THREADS=1 python benchmark/smac_lite_speed.py [--maps 3m 2s3z] \\
+        [--envs 1 64 1024 4096] [--repeats 5]
 """
 
 import argparse

@@ -1,9 +1,7 @@
 """Speed of our scripts against Stable-Baselines3 on the same machine in the same run.
 
-    python benchmark/speed.py                      # every entry; writes
-    benchmark/reports/<name>/<name>-cpu-<date>-<HHMM>-<commit>.md
-    python benchmark/speed.py --entries ppo
-    --repeats 3 --seeds 5
+    python benchmark/speed.py  # every entry; writes benchmark/reports/<name>/<name>-cpu-...md
+    python benchmark/speed.py --entries ppo --repeats 3 --seeds 5
 
 Two measures per entry of ENTRIES (a later script adds one entry):
 1. implementation speed: our script with its default hyperparameters and SB3's algorithm with the

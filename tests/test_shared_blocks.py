@@ -125,3 +125,29 @@ def test_a_drifted_copy_is_reported_with_its_diff(tmp_path):
     (tmp_path / "ppo_atari_multigpu.py").write_text(changed)
     [problem] = copy_differences(scripts(tmp_path))
     assert problem.startswith("copy 'minibatch_loss' differs") and "+    # changed" in problem
+
+
+# The marker blocks main() may hold: the env step (episode accounting under same-step autoreset)
+# and the offline loop's end and finish (model.pt as the reevaluation reads it). Everything else in
+# main() is plain lines or a call, so that main() reads as one piece.
+MAIN_BLOCKS = {
+    "classic/step",
+    "atari/step",
+    "continuous/step",
+    "offline/loop_end",
+    "offline_continuous/finish",
+}
+
+
+def test_main_holds_no_marker_block_but_the_step_and_the_offline_loop_end():
+    import re
+
+    for p in scripts():
+        lines = p.read_text().splitlines()
+        start = next(i for i, line in enumerate(lines) if line.startswith("def main("))
+        end = next(
+            i for i in range(start + 1, len(lines)) if lines[i] and not lines[i][0].isspace()
+        )
+        inside = [re.search(r"# ---- shared: (\S+) ----", line) for line in lines[start:end]]
+        names = {m.group(1) for m in inside if m}
+        assert names <= MAIN_BLOCKS, f"{p.name}: main() holds {sorted(names - MAIN_BLOCKS)}"
