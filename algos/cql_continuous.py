@@ -389,6 +389,14 @@ def evaluate(actor, env_id, episodes, seed, device="cpu", video_dir=None):
 # ---- end shared: offline_continuous/evaluate ----
 
 
+def soft_update(target: nn.Module, online: nn.Module, tau: float):
+    """Polyak averaging, parameter by parameter: target <- tau * online + (1 - tau) * target
+    (tau = 1: a copy)."""
+    with torch.no_grad():
+        for target_param, param in zip(target.parameters(), online.parameters()):
+            target_param.lerp_(param, tau)
+
+
 def main(args: Args):
     args, ckpt, run_dir = start_run(args, check_args)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
@@ -513,12 +521,8 @@ def main(args: Args):
             prime_optimizer.zero_grad()
             prime_loss.backward()
             prime_optimizer.step()
-        with torch.no_grad():  # target <- tau * online + (1 - tau) * target
-            for target_param, param in zip(
-                [*qf1_target.parameters(), *qf2_target.parameters()],
-                [*qf1.parameters(), *qf2.parameters()],
-            ):
-                target_param.lerp_(param, args.tau)
+        soft_update(qf1_target, qf1, args.tau)
+        soft_update(qf2_target, qf2, args.tau)
         if global_step % 100 == 0:  # the only host syncs of the losses
             logger.log(
                 global_step,

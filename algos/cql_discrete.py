@@ -322,6 +322,14 @@ def evaluate(policy, env_id, episodes, seed, device="cpu", video_dir=None):
 # ---- end shared: offline_discrete/evaluate ----
 
 
+def soft_update(target: nn.Module, online: nn.Module, tau: float):
+    """Polyak averaging, parameter by parameter: target <- tau * online + (1 - tau) * target
+    (tau = 1: a copy)."""
+    with torch.no_grad():
+        for target_param, param in zip(target.parameters(), online.parameters()):
+            target_param.lerp_(param, tau)
+
+
 def main(args: Args):
     args, ckpt, run_dir = start_run(args, check_args)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
@@ -367,9 +375,7 @@ def main(args: Args):
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-        with torch.no_grad():  # target <- tau * online + (1 - tau) * target
-            for target_param, param in zip(target_network.parameters(), q_network.parameters()):
-                target_param.lerp_(param, args.tau)
+        soft_update(target_network, q_network, args.tau)
         if global_step % 100 == 0:  # the only host syncs of the losses
             logger.log(
                 global_step,

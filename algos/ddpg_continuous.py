@@ -244,6 +244,14 @@ def evaluate(actor, env_id, episodes, seed, device="cpu", video_dir=None):
 # ---- end shared: continuous/evaluate ----
 
 
+def soft_update(target: nn.Module, online: nn.Module, tau: float):
+    """Polyak averaging, parameter by parameter: target <- tau * online + (1 - tau) * target
+    (tau = 1: a copy)."""
+    with torch.no_grad():
+        for target_param, param in zip(target.parameters(), online.parameters()):
+            target_param.lerp_(param, tau)
+
+
 def main(args: Args):
     args, ckpt, run_dir = start_run(args, check_args)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
@@ -350,12 +358,8 @@ def main(args: Args):
                 actor_loss.backward()
                 actor_optimizer.step()
 
-                with torch.no_grad():  # target <- tau * online + (1 - tau) * target
-                    for target_param, param in zip(
-                        [*actor_target.parameters(), *qf1_target.parameters()],
-                        [*actor.parameters(), *qf1.parameters()],
-                    ):
-                        target_param.lerp_(param, args.tau)
+                soft_update(actor_target, actor, args.tau)
+                soft_update(qf1_target, qf1, args.tau)
         if iteration % 100 == 0:  # every 100 vector steps (the only host syncs of the losses)
             if global_step > args.learning_starts:
                 logger.log(

@@ -368,6 +368,14 @@ def evaluate(actor, env_id, episodes, seed, device="cpu", video_dir=None):
 # ---- end shared: offline_continuous/evaluate ----
 
 
+def soft_update(target: nn.Module, online: nn.Module, tau: float):
+    """Polyak averaging, parameter by parameter: target <- tau * online + (1 - tau) * target
+    (tau = 1: a copy)."""
+    with torch.no_grad():
+        for target_param, param in zip(target.parameters(), online.parameters()):
+            target_param.lerp_(param, tau)
+
+
 def main(args: Args):
     args, ckpt, run_dir = start_run(args, check_args)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
@@ -434,12 +442,8 @@ def main(args: Args):
         q_optimizer.zero_grad()
         qf_loss.backward()
         q_optimizer.step()
-        with torch.no_grad():  # target <- tau * online + (1 - tau) * target
-            for target_param, param in zip(
-                [*qf1_target.parameters(), *qf2_target.parameters()],
-                [*qf1.parameters(), *qf2.parameters()],
-            ):
-                target_param.lerp_(param, args.tau)
+        soft_update(qf1_target, qf1, args.tau)
+        soft_update(qf2_target, qf2, args.tau)
 
         # the actor's learning rate: cosine from the start to 0
         for group in actor_optimizer.param_groups:

@@ -414,6 +414,14 @@ def evaluate(actors, env_id, episodes, seed, device="cpu", frames=None):
     return {k: v.tolist() for k, v in episode_metrics("eval", returns, env.adversary).items()}
 
 
+def soft_update(target: nn.Module, online: nn.Module, tau: float):
+    """Polyak averaging, parameter by parameter: target <- tau * online + (1 - tau) * target
+    (tau = 1: a copy)."""
+    with torch.no_grad():
+        for target_param, param in zip(target.parameters(), online.parameters()):
+            target_param.lerp_(param, tau)
+
+
 def main(args: Args):
     args, ckpt, run_dir = start_run(args, check_args)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
@@ -487,12 +495,8 @@ def main(args: Args):
         nn.utils.clip_grad_norm_(actors[i].parameters(), args.max_grad_norm)
         actor_optimizers[i].step()
 
-        with torch.no_grad():  # target <- tau * online + (1 - tau) * target
-            for target_param, param in zip(
-                [*actors_target[i].parameters(), *critics_target[i].parameters()],
-                [*actors[i].parameters(), *critics[i].parameters()],
-            ):
-                target_param.lerp_(param, args.tau)
+        soft_update(actors_target[i], actors[i], args.tau)
+        soft_update(critics_target[i], critics[i], args.tau)
         return {
             f"losses/critic_loss_{i}": critic_loss,
             f"losses/actor_loss_{i}": actor_loss,

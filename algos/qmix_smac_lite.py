@@ -397,6 +397,14 @@ def evaluate(agent, map_name, battles, seed, device="cpu", frames=None):
 # ---- end shared: qmix/learning ----
 
 
+def soft_update(target: nn.Module, online: nn.Module, tau: float):
+    """Polyak averaging, parameter by parameter: target <- tau * online + (1 - tau) * target
+    (tau = 1: a copy)."""
+    with torch.no_grad():
+        for target_param, param in zip(target.parameters(), online.parameters()):
+            target_param.lerp_(param, tau)
+
+
 # ---- shared: qmix/main ----
 def main(args: Args):
     args, ckpt, run_dir = start_run(args, check_args)
@@ -414,7 +422,6 @@ def main(args: Args):
     target_agent.load_state_dict(agent.state_dict())
     target_mixer.load_state_dict(mixer.state_dict())
     params = [*agent.parameters(), *mixer.parameters()]
-    target_params = [*target_agent.parameters(), *target_mixer.parameters()]
     optimizer = torch.optim.Adam(params, lr=args.learning_rate, fused=True)  # fused: a faster step
     rb = EpisodeBuffer(
         args.buffer_size, N, env.episode_limit, A, env.obs_dim, env.state_dim, n_actions, device
@@ -529,10 +536,8 @@ def main(args: Args):
             optimizer.step()
             updates += 1
             if updates % args.target_network_frequency == 0:
-                # target <- tau * online + (1 - tau) * target (tau = 1: a copy)
-                with torch.no_grad():
-                    for target_param, param in zip(target_params, params):
-                        target_param.lerp_(param, args.tau)
+                soft_update(target_agent, agent, args.tau)
+                soft_update(target_mixer, mixer, args.tau)
             stats = {
                 "losses/td_loss": loss,
                 "losses/q_values": q_values,

@@ -242,6 +242,14 @@ def evaluate(q_network, env_id, episodes, seed, device="cpu", video_dir=None):
 # ---- end shared: classic/evaluate ----
 
 
+def soft_update(target: nn.Module, online: nn.Module, tau: float):
+    """Polyak averaging, parameter by parameter: target <- tau * online + (1 - tau) * target
+    (tau = 1: a copy)."""
+    with torch.no_grad():
+        for target_param, param in zip(target.parameters(), online.parameters()):
+            target_param.lerp_(param, tau)
+
+
 def main(args: Args):
     args, ckpt, run_dir = start_run(args, check_args)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
@@ -355,9 +363,7 @@ def main(args: Args):
             global_step > args.learning_starts
             and global_step % args.target_network_frequency < args.num_envs
         ):
-            with torch.no_grad():  # target <- tau * online + (1 - tau) * target (tau = 1: a copy)
-                for target_param, param in zip(target_network.parameters(), q_network.parameters()):
-                    target_param.lerp_(param, args.tau)
+            soft_update(target_network, q_network, args.tau)
         if (
             args.eval_every
             and iteration + 1 < num_iterations

@@ -370,6 +370,14 @@ def evaluate(
 # ---- end shared: atari/evaluate ----
 
 
+def soft_update(target: nn.Module, online: nn.Module, tau: float):
+    """Polyak averaging, parameter by parameter: target <- tau * online + (1 - tau) * target
+    (tau = 1: a copy)."""
+    with torch.no_grad():
+        for target_param, param in zip(target.parameters(), online.parameters()):
+            target_param.lerp_(param, tau)
+
+
 def main(args: Args):
     args, ckpt, run_dir = start_run(args, check_args)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
@@ -531,12 +539,8 @@ def main(args: Args):
             global_step > args.learning_starts
             and global_step % args.target_network_frequency < args.num_envs
         ):
-            with torch.no_grad():  # target <- tau * online + (1 - tau) * target (tau = 1: a copy)
-                for target_param, param in zip(
-                    [*qf1_target.parameters(), *qf2_target.parameters()],
-                    [*qf1.parameters(), *qf2.parameters()],
-                ):
-                    target_param.lerp_(param, args.tau)
+            soft_update(qf1_target, qf1, args.tau)
+            soft_update(qf2_target, qf2, args.tau)
         if (
             args.eval_every
             and iteration + 1 < num_iterations
