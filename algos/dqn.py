@@ -456,8 +456,9 @@ def env_spaces(env_id: str):
     start-up messages of ALE (its banner) and MuJoCo (compiler warnings, which it also writes to
     MUJOCO_LOG.TXT) turned off through their own settings: nothing may precede an error."""
     if env_id not in gym.registry:
-        if other_family(env_id):
-            fail(f"{env_id} is not an env of {SCRIPT}", *other_family(env_id))
+        scripts = other_family(env_id)
+        if scripts:
+            fail(f"{env_id} is not an env of {SCRIPT}", *scripts)
         close = difflib.get_close_matches(env_id, list(gym.registry), n=1)
         fail(f"unknown env id '{env_id}'" + (f"; did you mean '{close[0]}'?" if close else ""))
     entry_point = str(gym.spec(env_id).entry_point)

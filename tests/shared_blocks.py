@@ -5,8 +5,7 @@ A block starts with a line `# ---- shared: <name> ----` and ends with
 `# ---- end shared: <name> ----` (either may be indented, as inside `class Args`). A block named
 `<family>/<name>` (e.g. `gae/compute_gae`) is a family block: every script of that family (FAMILIES
 below) holds it. Every other block is held by every script. Each block is the same text in every
-script that holds it. Every
-other block is held by every script. Each block is the same text in every script that holds it.
+script that holds it.
 
     python tests/shared_blocks.py  # check: list every block that differs (a diff) or is missing
     python tests/shared_blocks.py --fix ppo.py  # copy its blocks into every script holding them
