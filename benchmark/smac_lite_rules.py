@@ -1,7 +1,7 @@
 """How much does each of smac_lite's simplified rules matter on a map? Plays the first episode of
-many battles of one map with the scripted focus-fire and pull-back policies (smac_lite.policies)
-and, given a mappo_smac_lite.py run, its trained policy (greedy, as its evaluation), first under
-smac_lite's rules and then with one rule changed at a time:
+many battles of one map with the scripted focus-fire, pull-back and take-turns policies
+(smac_lite.policies) and, given a mappo_smac_lite.py run, its trained policy (greedy, as its
+evaluation), first under smac_lite's rules and then with one rule changed at a time:
 
 - `enemy pursues its target`: an enemy whose target steps out of its weapon range follows it
   (while it is within sight range 9) instead of turning to the closest ally (the map entry
@@ -111,7 +111,7 @@ def main(argv=None):
     p.add_argument("--report-dir", type=Path, default=ROOT / "benchmark" / "reports")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
-    policies = {"focus_fire": "focus_fire", "pull_back": "pull_back"}
+    policies = {name: name for name in ("focus_fire", "pull_back", "take_turns")}
     map_name, note = args.map, ""
     if map_name not in MAPS:
         p.error(f"unknown map {map_name!r}; smac_lite's maps: {', '.join(MAPS)}")
@@ -149,7 +149,10 @@ def main(argv=None):
         "cell, under smac_lite's rules and with one rule changed at a time "
         "(benchmark/smac_lite_rules.py says what each change is). `focus_fire`: every agent "
         "shoots the enemy with the least hp; `pull_back`: the same, except that an agent "
-        f"below half its hp that an enemy is aiming at steps back (smac_lite.policies).{note} "
+        "below half its hp that an enemy is aiming at steps back; `take_turns`: the same as "
+        "`focus_fire`, except that an agent an enemy is aiming at steps out of its reach, just "
+        "after a shot, when its hp + shields are 60 below a partner's, so that the agents "
+        f"take turns drawing the fire (smac_lite.policies).{note} "
         "Win rate with a 95% normal-approximation interval, and the mean scaled return (20 "
         f"for a clean win). One CPU thread; {load_text(load_before, os.getloadavg())}.",
         "",

@@ -4,6 +4,7 @@ long."""
 import torch
 
 from .core import N_NO_ATTACK
+from .maps import unit_stats
 
 
 def random_policy(env, avail, generator=None):
@@ -55,7 +56,59 @@ def pull_back_policy(env, avail, below=0.5):
     return torch.where(back & (avail[:, :, 5] > 0), 5, act)
 
 
-POLICIES = {"random": random_policy, "focus_fire": focus_fire_policy, "pull_back": pull_back_policy}
+def take_turns_policy(env, avail, margin=60.0, after_shot=0.67):
+    """focus_fire_policy, except that agents take turns drawing the enemies' fire (the trick that
+    wins 2s_vs_1sc in StarCraft II): an agent that an enemy aims at steps away from the closest
+    enemy while its hp + shields is more than `margin` below the healthiest other agent still
+    fighting. It starts only just after a shot (its weapon cooldown above `after_shot` of the
+    whole), so that it loses as little firing time as it can, stops once it is out of that
+    enemy's reach, and comes back when no enemy aims at it. Like pull_back_policy it reads the
+    enemies' targets from the simulator, and it keeps which agents are stepping away on `env`
+    between calls."""
+    A = env.n_agents
+    act = focus_fire_policy(env, avail)
+    alive = env.alive[:, :A] > 0
+    agents = torch.arange(A, device=avail.device)
+    aimed = (env.enemy_target[:, :, None] == agents) & (env.alive[:, A:, None] > 0)
+    aimed = aimed.sum(1) > 0
+    away = getattr(env, "taking_turn", None)
+    if away is None or away.shape != alive.shape:
+        away = torch.zeros_like(alive)
+    # hp + shields of the healthiest other agent that is fighting (not stepping away)
+    ehp = env.hp[:, :A] + env.sh[:, :A]
+    fighting = torch.where(alive & ~away, ehp, -1e9)
+    others = fighting[:, None, :].expand(-1, A, -1).clone()
+    others[:, agents, agents] = -1e9
+    best_other = others.max(2).values
+    just_shot = env.cd[:, :A] > after_shot * env.cd_max[:A]
+    # Step away from the closest living enemy along its dominant axis (2 N, 3 S, 4 E, 5 W), until
+    # out of its reach (weapon range + both radii, centre to centre).
+    dx = env.x[:, None, A:] - env.x[:, :A, None]
+    dy = env.y[:, None, A:] - env.y[:, :A, None]
+    d2 = dx * dx + dy * dy + (1.0 - env.alive[:, None, A:]) * 1e9
+    j = d2.argmin(2, keepdim=True)
+    mx = dx.gather(2, j).squeeze(2)
+    my = dy.gather(2, j).squeeze(2)
+    weapon_range = torch.tensor([unit_stats(t)["range"] for t in env.unit_types])
+    enemy_reach = weapon_range[A:].to(avail.device) + env.radius[A:]
+    reach = enemy_reach[j.squeeze(2)] + env.radius[:A]
+    in_reach = mx * mx + my * my <= (reach + 0.2) ** 2
+    start = aimed & alive & just_shot & (ehp < best_other - margin)
+    away = (away | start) & aimed & alive & in_reach
+    env.taking_turn = away
+    east_west = torch.where(mx > 0, 5, 4)
+    north_south = torch.where(my > 0, 3, 2)
+    step = torch.where(mx.abs() > my.abs(), east_west, north_south)
+    step_ok = avail.gather(2, step.unsqueeze(2)).squeeze(2) > 0
+    return torch.where(away & step_ok, step, act)
+
+
+POLICIES = {
+    "random": random_policy,
+    "focus_fire": focus_fire_policy,
+    "pull_back": pull_back_policy,
+    "take_turns": take_turns_policy,
+}
 
 
 def play_battles(map_name, policy, num_battles, seed=0, device="cpu", **env_kwargs):

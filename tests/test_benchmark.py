@@ -1239,7 +1239,7 @@ def test_a2c_defaults_are_sb3s_a2c_defaults():
 
 
 def test_smac_lite_rules_report(tmp_path):
-    """benchmark/smac_lite_rules.py plays every rule variant with the scripted policies and a
+    """benchmark/smac_lite_rules.py plays every rule variant with the three scripted policies and a
     trained MAPPO actor (a short run's checkpoint) and writes one table row per variant. (about 10
     s)"""
     from benchmark import smac_lite_rules
@@ -1273,7 +1273,7 @@ def test_smac_lite_rules_report(tmp_path):
         ln for ln in report.read_text().splitlines() if ln.startswith("| ") and "win |" not in ln
     ]
     assert [r.split(" | ")[0][2:] for r in rows] == list(smac_lite_rules.VARIANTS)
-    assert all(len(r.split(" | ")) == 7 for r in rows) and "trained MAPPO" in report.read_text()
+    assert all(len(r.split(" | ")) == 9 for r in rows) and "trained MAPPO" in report.read_text()
 
 
 def test_the_ray_backend_does_not_import_the_runner():
