@@ -58,9 +58,9 @@ def pull_back_policy(env, avail, below=0.5):
 
 def take_turns_policy(env, avail, margin=60.0, after_shot=0.67):
     """focus_fire_policy, except that agents take turns drawing the enemies' fire (the trick that
-    wins 2s_vs_1sc in StarCraft II): an agent that an enemy aims at steps away from the closest
-    enemy while its hp + shields is more than `margin` below the healthiest other agent still
-    fighting. It starts only just after a shot (its weapon cooldown above `after_shot` of the
+    wins 2s_vs_1sc in StarCraft II): an agent that an enemy aims at, with hp + shields more than
+    `margin` below the healthiest other agent still fighting, steps away from the closest enemy.
+    It starts only just after a shot (its weapon cooldown above `after_shot` of the
     whole), so that it loses as little firing time as it can, stops once it is out of that
     enemy's reach, and comes back when no enemy aims at it. Like pull_back_policy it reads the
     enemies' targets from the simulator, and it keeps which agents are stepping away on `env`
