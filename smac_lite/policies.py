@@ -60,11 +60,10 @@ def take_turns_policy(env, avail, margin=60.0, after_shot=0.67):
     """focus_fire_policy, except that agents take turns drawing the enemies' fire (the trick that
     wins 2s_vs_1sc in StarCraft II): an agent that an enemy aims at, with hp + shields more than
     `margin` below the healthiest other agent still fighting, steps away from the closest enemy.
-    It starts only just after a shot (its weapon cooldown above `after_shot` of the
-    whole), so that it loses as little firing time as it can, stops once it is out of that
-    enemy's reach, and comes back when no enemy aims at it. Like pull_back_policy it reads the
-    enemies' targets from the simulator, and it keeps which agents are stepping away on `env`
-    between calls."""
+    It starts only just after a shot (its weapon cooldown above `after_shot` of the whole), so
+    that it loses as little firing time as it can, stops once it is out of that enemy's reach,
+    and comes back when no enemy aims at it. Like pull_back_policy it reads the enemies' targets
+    from the simulator, and it keeps which agents are stepping away on `env` between calls."""
     A = env.n_agents
     act = focus_fire_policy(env, avail)
     alive = env.alive[:, :A] > 0
