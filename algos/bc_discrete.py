@@ -157,10 +157,8 @@ class Actor(nn.Module):
                 nn.ReLU(),
                 nn.Linear(128, n_actions),
             )
-        mean, std = (
-            torch.tensor(x, dtype=torch.float32).expand(obs_shape).clone()
-            for x in (obs_mean, obs_std)
-        )
+        mean = torch.tensor(obs_mean, dtype=torch.float32).expand(obs_shape).clone()
+        std = torch.tensor(obs_std, dtype=torch.float32).expand(obs_shape).clone()
         self.register_buffer("obs_mean", mean)
         self.register_buffer("obs_std", std)
 
@@ -239,9 +237,11 @@ def normalize_observations(data: dict, on: bool):
     it sees. Off (on False), and for a MinAtar grid of 0/1 cells (a cell never set in the data,
     divided by 1e-3, would blow up): mean 0 and std 1."""
     shape = data["obs"].shape[1:]
-    mean, std = data["obs"].mean(0), data["obs"].std(0) + 1e-3
+    mean = data["obs"].mean(0)
+    std = data["obs"].std(0) + 1e-3
     if not on or len(shape) == 3:
-        mean, std = np.zeros(shape, np.float32), np.ones(shape, np.float32)
+        mean = np.zeros(shape, np.float32)
+        std = np.ones(shape, np.float32)
     data["obs"] = (data["obs"] - mean) / std
     data["next_obs"] = (data["next_obs"] - mean) / std
     return mean, std
@@ -262,7 +262,8 @@ def offline_eval(policy, args, dataset, device, video_dir=None) -> dict:
 def normalized_scores(returns, dataset) -> list:
     """D4RL's normalised score of each return, 100 * (R - random) / (expert - random), with the
     dataset's reference returns (ref_min_score, ref_max_score); [] for a dataset without them."""
-    low, high = (dataset.storage.metadata.get(k) for k in ("ref_min_score", "ref_max_score"))
+    low = dataset.storage.metadata.get("ref_min_score")
+    high = dataset.storage.metadata.get("ref_max_score")
     return [] if low is None or high is None else [100 * (r - low) / (high - low) for r in returns]
 
 
@@ -276,7 +277,8 @@ class OfflineBuffer:
     def __init__(self, arrays: dict, device, rng: np.random.Generator):
         for name in self.FIELDS:
             setattr(self, name, torch.as_tensor(arrays[name], device=device))
-        self.size, self.rng = len(arrays["rewards"]), rng
+        self.size = len(arrays["rewards"])
+        self.rng = rng
 
     def sample(self, batch_size: int):
         idx = torch.as_tensor(self.rng.integers(0, self.size, batch_size), device=self.obs.device)
@@ -291,15 +293,19 @@ class OfflineBuffer:
 def evaluate(policy, env_id, episodes, seed, device="cpu", video_dir=None):
     """Greedy episodes (policy.get_greedy_action, no exploration) on a fresh env; returns the
     episodic returns."""
-    env, returns = make_env(env_id, video_dir), []
+    env = make_env(env_id, video_dir)
+    returns = []
     for ep in range(episodes):
-        (obs, _), done, total = env.reset(seed=seed + ep), False, 0.0
+        obs, _ = env.reset(seed=seed + ep)
+        done = False
+        total = 0.0
         while not done:
             action = policy.get_greedy_action(
                 torch.as_tensor(obs, dtype=torch.float32, device=device)[None]
             )
             obs, reward, terminated, truncated, _ = env.step(int(action[0]))
-            total, done = total + float(reward), terminated or truncated
+            total = total + float(reward)
+            done = terminated or truncated
         returns.append(total)
     env.close()
     return returns
@@ -315,7 +321,8 @@ def main(args: Args):
     data = dataset_arrays(dataset)
     obs_mean, obs_std = normalize_observations(data, args.normalize_obs)
     # (obs_dim,) or (10, 10, channels)
-    obs_shape, n_actions = data["obs"].shape[1:], int(dataset.action_space.n)
+    obs_shape = data["obs"].shape[1:]
+    n_actions = int(dataset.action_space.n)
     actor = Actor(obs_shape, n_actions, obs_mean, obs_std).to(device)
     actor_optimizer = torch.optim.Adam(actor.parameters(), lr=args.learning_rate, fused=True)
     rng = np.random.default_rng(args.seed)  # minibatch sampling

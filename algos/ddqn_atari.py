@@ -251,26 +251,32 @@ class ReplayBuffer:
     FIELDS = ("frames", "steps", "actions", "rewards", "terminated", "valid")
 
     def __init__(self, size: int, num_envs: int, obs_shape: tuple, rng: np.random.Generator):
-        self.size, self.n_stack = size // num_envs, obs_shape[0]  # slots per env, frames per stack
+        self.size = size // num_envs  # slots per env
+        self.n_stack = obs_shape[0]  # frames per stack
         self.frames = np.zeros((num_envs, self.size, *obs_shape[1:]), np.uint8)
-        self.steps, self.actions = (np.zeros((num_envs, self.size), np.int64) for _ in range(2))
-        self.rewards, self.terminated = (
-            np.zeros((num_envs, self.size), np.float32) for _ in range(2)
-        )
+        self.steps = np.zeros((num_envs, self.size), np.int64)
+        self.actions = np.zeros((num_envs, self.size), np.int64)
+        self.rewards = np.zeros((num_envs, self.size), np.float32)
+        self.terminated = np.zeros((num_envs, self.size), np.float32)
         # a step was taken from the slot and all its frames are kept
         self.valid = np.zeros((num_envs, self.size), bool)
-        self.pos, self.full, self.rng = np.zeros(num_envs, np.int64), np.zeros(num_envs, bool), rng
+        self.pos = np.zeros(num_envs, np.int64)
+        self.full = np.zeros(num_envs, bool)
+        self.rng = rng
 
     def write(self, env: int, frame, step: int):
         """Store a frame at env's cursor; the stacks of the oldest steps that reached back to the
         frame it held go."""
-        p, k = self.pos[env], np.arange(1, self.n_stack)
+        p = self.pos[env]
+        k = np.arange(1, self.n_stack)
         # the stacks of the steps k slots on reach back to p if their episode was k old
         ahead = (p + k) % self.size
         self.valid[env, p] = False  # no step taken from p yet
         self.valid[env, ahead] &= self.steps[env, ahead] < k
-        self.frames[env, p], self.steps[env, p] = frame, step
-        self.pos[env], self.full[env] = (p + 1) % self.size, self.full[env] or p + 1 == self.size
+        self.frames[env, p] = frame
+        self.steps[env, p] = step
+        self.pos[env] = (p + 1) % self.size
+        self.full[env] = self.full[env] or p + 1 == self.size
 
     def add(self, obs, next_obs, actions, rewards, terminated, first):
         """One step of every env. obs[i]'s newest frame is stored already (as the last next_obs)
@@ -279,11 +285,9 @@ class ReplayBuffer:
             if first[i]:
                 self.write(i, obs[i, -1], 0)
             t = (self.pos[i] - 1) % self.size  # the slot of obs[i]
-            self.actions[i, t], self.rewards[i, t], self.terminated[i, t] = (
-                actions[i],
-                rewards[i],
-                terminated[i],
-            )
+            self.actions[i, t] = actions[i]
+            self.rewards[i, t] = rewards[i]
+            self.terminated[i, t] = terminated[i]
             self.write(i, next_obs[i, -1], self.steps[i, t] + 1)
             self.valid[i, t] = True
 
@@ -301,8 +305,10 @@ class ReplayBuffer:
         filled = np.where(self.full, self.size, self.pos)[env]
         slot = self.rng.integers(0, filled)
         # draw again where no step starts (episodes' last slots)
-        while not (ok := self.valid[env, slot]).all():
+        ok = self.valid[env, slot]
+        while not ok.all():
             slot[~ok] = self.rng.integers(0, filled[~ok])
+            ok = self.valid[env, slot]
         batch = (
             self.stacks(env, slot),
             self.stacks(env, (slot + 1) % self.size),
@@ -335,7 +341,9 @@ def evaluate(
     probability epsilon (--eval-epsilon: 0.05, Nature DQN's evaluation, in the Q-learning scripts; 0
     in sac_atari.py), else agent.get_greedy_action; returns the list of unclipped game scores. With
     video_dir, game 0 is recorded there."""
-    env, rng, returns = make_env(env_id, video_dir), np.random.default_rng(seed), []
+    env = make_env(env_id, video_dir)
+    rng = np.random.default_rng(seed)
+    returns = []
     for ep in range(episodes):
         obs, info = env.reset(seed=seed + ep)
         while "episode" not in info:  # RecordEpisodeStatistics's record of the game, when it ends
@@ -370,7 +378,8 @@ def main(args: Args):
         [lambda: make_env(args.env_id)] * args.num_envs,
         autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
     )
-    obs_shape, n_actions = envs.single_observation_space.shape, int(envs.single_action_space.n)
+    obs_shape = envs.single_observation_space.shape
+    n_actions = int(envs.single_action_space.n)
     q_network = QNetwork(n_actions).to(device)
     target_network = QNetwork(n_actions).to(device)
     target_network.load_state_dict(q_network.state_dict())
@@ -417,7 +426,8 @@ def main(args: Args):
         )
         actions = rng.integers(0, n_actions, args.num_envs)
         # the network is asked only where it acts
-        if (exploit := rng.random(args.num_envs) >= epsilon).any():
+        exploit = rng.random(args.num_envs) >= epsilon
+        if exploit.any():
             with torch.no_grad():
                 greedy = q_network.get_greedy_action(torch.as_tensor(obs, device=device))
             actions = np.where(exploit, greedy.cpu().numpy(), actions)
@@ -431,7 +441,8 @@ def main(args: Args):
         # right after rb.add: on Ctrl-C the steps counted are the steps stored
         global_step += args.num_envs
         # an episode ends with a life; a game with the last one
-        obs, first = next_obs, terminated | truncated
+        obs = next_obs
+        first = terminated | truncated
         game_length += 1
         # RecordEpisodeStatistics's unclipped score of each game that ended
         games = infos.get("final_info", {})

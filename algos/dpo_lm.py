@@ -169,10 +169,14 @@ class Policy(nn.Module):
         and including the end token) and each sampled token's log-probability (0 where masked)."""
         from transformers import DynamicCache
 
-        cache, mask, step_ids = DynamicCache(), prompt_mask, prompt_ids
+        cache = DynamicCache()
+        mask = prompt_mask
+        step_ids = prompt_ids
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         done = torch.zeros(len(prompt_ids), dtype=torch.bool, device=prompt_ids.device)
-        tokens, alive, logps = [], [], []
+        tokens = []
+        alive = []
+        logps = []
         for _ in range(max_new_tokens):
             logits = self(step_ids, mask, cache, positions).logits[:, -1].float() / temperature
             dist = torch.distributions.Categorical(logits=logits, validate_args=False)
@@ -312,7 +316,8 @@ def main(args: Args):
     logger = RunLogger(args, run_dir, num_iterations * args.batch_size, global_step, ckpt=ckpt)
     if ckpt is None and heldout:  # the first evaluation: the model as loaded
         log_eval(logger, global_step, logger.evaluate(global_step, run_eval))
-    tokens_done, start_time = 0, time.time()
+    tokens_done = 0
+    start_time = time.time()
     for iteration in range(iteration + 1, num_iterations + 1):
         first = (iteration - 1) * args.batch_size
         batch = [pairs[i] for i in pair_indices(args.seed, first, args.batch_size, len(pairs))]
@@ -408,7 +413,8 @@ def check_args(args: Args):
     path = preferences_path(args)
     try:
         prefs = load_preferences(path)
-        name, pairs = prefs["task"], prefs["pairs"]
+        name = prefs["task"]
+        pairs = prefs["pairs"]
         ok = all(len(p) == 3 and all(isinstance(x, str) for x in p) for p in pairs)
     except Exception as e:
         fail(f"preference file {path} cannot be read ({type(e).__name__}); pass --preferences FILE")
@@ -464,7 +470,8 @@ def check_task(args) -> dict:
     path = task_path(args)
     try:
         task = load_task(path)
-        names, prompts = task["name"], [p for p, _ in task["train"] + task["heldout"]]
+        names = task["name"]
+        prompts = [p for p, _ in task["train"] + task["heldout"]]
         max_new_tokens = args.max_new_tokens or int(task["max_new_tokens"])
     except Exception as e:
         fail(f"task file {path} cannot be read ({type(e).__name__}); pass --task FILE.json")

@@ -157,23 +157,22 @@ class ReplayBuffer:
     FIELDS = ("obs", "next_obs", "actions", "rewards", "terminated")
 
     def __init__(self, size: int, obs_dim: int, rng: np.random.Generator):
-        self.obs, self.next_obs = (
-            np.zeros((size, obs_dim), np.float32),
-            np.zeros((size, obs_dim), np.float32),
-        )
-        self.actions, self.rewards, self.terminated = (
-            np.zeros(size, t) for t in (np.int64, np.float32, np.float32)
-        )
-        self.size, self.pos, self.full, self.rng = size, 0, False, rng
+        self.obs = np.zeros((size, obs_dim), np.float32)
+        self.next_obs = np.zeros((size, obs_dim), np.float32)
+        self.actions = np.zeros(size, np.int64)
+        self.rewards = np.zeros(size, np.float32)
+        self.terminated = np.zeros(size, np.float32)
+        self.size = size
+        self.pos = 0
+        self.full = False
+        self.rng = rng
 
     def add(self, obs, next_obs, actions, rewards, terminated):
         idx = (self.pos + np.arange(len(obs))) % self.size
         for name, value in zip(self.FIELDS, (obs, next_obs, actions, rewards, terminated)):
             getattr(self, name)[idx] = value
-        self.full, self.pos = (
-            self.full or self.pos + len(obs) >= self.size,
-            (self.pos + len(obs)) % self.size,
-        )
+        self.full = self.full or self.pos + len(obs) >= self.size
+        self.pos = (self.pos + len(obs)) % self.size
 
     def sample(self, batch_size: int, device):
         """A uniform minibatch (obs, next_obs, actions, rewards, terminated) as tensors on
@@ -206,15 +205,19 @@ def td_target(target_q_next, rewards, terminated, gamma):
 @torch.no_grad()
 def evaluate(q_network, env_id, episodes, seed, device="cpu", video_dir=None):
     """Greedy (argmax Q) episodes on a fresh env; returns the list of episodic returns."""
-    env, returns = make_env(env_id, video_dir), []
+    env = make_env(env_id, video_dir)
+    returns = []
     for ep in range(episodes):
-        (obs, _), done, total = env.reset(seed=seed + ep), False, 0.0
+        obs, _ = env.reset(seed=seed + ep)
+        done = False
+        total = 0.0
         while not done:
             action = q_network.get_greedy_action(
                 torch.as_tensor(obs, dtype=torch.float32, device=device)
             )
             obs, reward, terminated, truncated, _ = env.step(int(action))
-            total, done = total + float(reward), terminated or truncated
+            total = total + float(reward)
+            done = terminated or truncated
         returns.append(total)
     env.close()
     return returns
@@ -239,7 +242,8 @@ def main(args: Args):
         [lambda: make_env(args.env_id)] * args.num_envs,
         autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
     )
-    obs_dim, n_actions = envs.single_observation_space.shape[0], int(envs.single_action_space.n)
+    obs_dim = envs.single_observation_space.shape[0]
+    n_actions = int(envs.single_action_space.n)
     q_network = QNetwork(obs_dim, n_actions).to(device)
     target_network = QNetwork(obs_dim, n_actions).to(device)
     target_network.load_state_dict(q_network.state_dict())
@@ -270,17 +274,16 @@ def main(args: Args):
     logger = RunLogger(args, run_dir, num_iterations * args.num_envs, global_step, ckpt=ckpt)
 
     obs, _ = envs.reset(seed=args.seed + global_step)  # a resumed run starts fresh episodes
-    episode_return, episode_length = (
-        np.zeros(args.num_envs),
-        np.zeros(args.num_envs, dtype=np.int64),
-    )
+    episode_return = np.zeros(args.num_envs)
+    episode_length = np.zeros(args.num_envs, dtype=np.int64)
     for iteration in range(iteration, num_iterations):
         epsilon = linear_schedule(
             args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps, global_step
         )
         actions = rng.integers(0, n_actions, args.num_envs)
         # the network is asked only where it acts
-        if (exploit := rng.random(args.num_envs) >= epsilon).any():
+        exploit = rng.random(args.num_envs) >= epsilon
+        if exploit.any():
             with torch.no_grad():
                 greedy = q_network.get_greedy_action(
                     torch.as_tensor(obs, dtype=torch.float32, device=device)
@@ -296,7 +299,8 @@ def main(args: Args):
         # right after rb.add: on Ctrl-C the steps counted are the steps stored
         global_step += args.num_envs
         obs = next_obs
-        episode_return, episode_length = episode_return + rewards, episode_length + 1
+        episode_return = episode_return + rewards
+        episode_length = episode_length + 1
         for i in np.flatnonzero(terminated | truncated):  # every finished episode of every sub-env
             logger.last_return = episode_return[i]
             logger.log(
@@ -306,7 +310,8 @@ def main(args: Args):
                     "train/episodic_length": episode_length[i],
                 },
             )
-            episode_return[i], episode_length[i] = 0.0, 0
+            episode_return[i] = 0.0
+            episode_length[i] = 0
         # ---- end shared: classic/step ----
 
         if global_step > args.learning_starts and iteration % args.train_frequency == 0:

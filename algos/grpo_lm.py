@@ -191,10 +191,14 @@ class Policy(nn.Module):
         and including the end token) and each sampled token's log-probability (0 where masked)."""
         from transformers import DynamicCache
 
-        cache, mask, step_ids = DynamicCache(), prompt_mask, prompt_ids
+        cache = DynamicCache()
+        mask = prompt_mask
+        step_ids = prompt_ids
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         done = torch.zeros(len(prompt_ids), dtype=torch.bool, device=prompt_ids.device)
-        tokens, alive, logps = [], [], []
+        tokens = []
+        alive = []
+        logps = []
         for _ in range(max_new_tokens):
             logits = self(step_ids, mask, cache, positions).logits[:, -1].float() / temperature
             dist = torch.distributions.Categorical(logits=logits, validate_args=False)
@@ -399,12 +403,17 @@ def main(args: Args):
     logger = RunLogger(args, run_dir, num_iterations * args.num_prompts, global_step, ckpt=ckpt)
     if ckpt is None and heldout:  # the first evaluation: the model as loaded
         log_eval(logger, global_step, logger.evaluate(global_step, run_eval))
-    tokens_done, sampling_start = 0, time.time()
-    generation_seconds, update_seconds, update_tokens = 0.0, 0.0, 0
+    tokens_done = 0
+    sampling_start = time.time()
+    generation_seconds = 0.0
+    update_seconds = 0.0
+    update_tokens = 0
     for iteration in range(iteration + 1, num_iterations + 1):
         phase_start = time.time()
         policy.eval()  # sampling: no dropout
-        rounds, rewards_seen, lengths = [], [], []
+        rounds = []
+        rewards_seen = []
+        lengths = []
         for _ in range(args.max_sampling_rounds if args.dynamic_sampling else 1):
             idx = torch.as_tensor(np_rng.choice(len(answers), args.num_prompts, replace=False))
             sampled = sample_groups(
@@ -590,7 +599,8 @@ def check_task(args) -> dict:
     path = task_path(args)
     try:
         task = load_task(path)
-        names, prompts = task["name"], [p for p, _ in task["train"] + task["heldout"]]
+        names = task["name"]
+        prompts = [p for p, _ in task["train"] + task["heldout"]]
         max_new_tokens = args.max_new_tokens or int(task["max_new_tokens"])
     except Exception as e:
         fail(f"task file {path} cannot be read ({type(e).__name__}); pass --task FILE.json")

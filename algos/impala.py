@@ -223,10 +223,12 @@ def vtrace(log_rhos, discounts, rewards, values, bootstrap_value, rho_bar=1.0, c
     without gradient."""
     with torch.no_grad():
         rhos = log_rhos.exp()
-        clipped_rhos, cs = rhos.clamp(max=rho_bar), rhos.clamp(max=c_bar)
+        clipped_rhos = rhos.clamp(max=rho_bar)
+        cs = rhos.clamp(max=c_bar)
         next_values = torch.cat([values[1:], bootstrap_value.unsqueeze(0)])
         deltas = clipped_rhos * (rewards + discounts * next_values - values)
-        vs_minus_values, acc = torch.zeros_like(values), torch.zeros_like(bootstrap_value)
+        vs_minus_values = torch.zeros_like(values)
+        acc = torch.zeros_like(bootstrap_value)
         for t in reversed(range(len(values))):
             acc = deltas[t] + discounts[t] * cs[t] * acc
             vs_minus_values[t] = acc
@@ -239,7 +241,8 @@ def impala_loss(logprob, entropy, value, vs, pg_advantages, ent_coef, vf_coef):
     """Policy gradient -A log pi(a|s) with the V-trace advantages, value MSE to the V-trace targets,
     minus the entropy bonus, averaged over the rollout; returns (loss, statistics)."""
     pg_loss = -(pg_advantages * logprob).mean()
-    v_loss, entropy = 0.5 * ((value - vs) ** 2).mean(), entropy.mean()
+    v_loss = 0.5 * ((value - vs) ** 2).mean()
+    entropy = entropy.mean()
     loss = pg_loss + vf_coef * v_loss - ent_coef * entropy
     stats = {"policy_loss": pg_loss, "value_loss": v_loss, "entropy": entropy}
     return loss, {k: v.detach() for k, v in stats.items()}
@@ -276,16 +279,12 @@ class RolloutActor:
         self.agent = Agent(
             self.envs.single_observation_space.shape, int(self.envs.single_action_space.n)
         )
-        self.num_steps, self.gamma, self.generator = (
-            num_steps,
-            gamma,
-            torch.Generator().manual_seed(seed),
-        )
+        self.num_steps = num_steps
+        self.gamma = gamma
+        self.generator = torch.Generator().manual_seed(seed)
         self.next_obs, _ = self.envs.reset(seed=seed)
-        self.episode_return, self.episode_length = (
-            np.zeros(num_envs),
-            np.zeros(num_envs, dtype=np.int64),
-        )
+        self.episode_return = np.zeros(num_envs)
+        self.episode_length = np.zeros(num_envs, dtype=np.int64)
 
     # V(obs) of a numpy batch of final observations, by the actor's copy of the critic
     def value(self, obs):
@@ -299,22 +298,24 @@ class RolloutActor:
         policy), rewards (truncations bootstrapped with the actor's critic), dones (T, N); with the
         version and episodes: (return, length) of every episode that ended."""
         self.agent.load_state_dict(weights)
-        steps, n = self.num_steps, self.envs.num_envs
+        steps = self.num_steps
+        n = self.envs.num_envs
         obs = np.zeros((steps + 1, n, *self.envs.single_observation_space.shape), dtype=np.float32)
         actions = np.zeros((steps, n), dtype=np.int64)
-        logprobs, rewards, dones = (np.zeros((steps, n), dtype=np.float32) for _ in range(3))
+        logprobs = np.zeros((steps, n), dtype=np.float32)
+        rewards = np.zeros((steps, n), dtype=np.float32)
+        dones = np.zeros((steps, n), dtype=np.float32)
         episodes = []
         for t in range(steps):
             obs[t] = self.next_obs
             action, logprob = self.agent.get_action(
                 torch.as_tensor(obs[t]), generator=self.generator
             )
-            actions[t], logprobs[t] = action.numpy(), logprob.numpy()
+            actions[t] = action.numpy()
+            logprobs[t] = logprob.numpy()
             self.next_obs, reward, terminated, truncated, infos = self.envs.step(actions[t])
-            self.episode_return, self.episode_length = (
-                self.episode_return + reward,
-                self.episode_length + 1,
-            )
+            self.episode_return = self.episode_return + reward
+            self.episode_length = self.episode_length + 1
             rewards[t] = bootstrap_time_limits(
                 reward, terminated, truncated, infos, self.value, self.gamma
             )
@@ -322,7 +323,8 @@ class RolloutActor:
             # every finished episode of every sub-env
             for i in np.flatnonzero(terminated | truncated):
                 episodes.append((float(self.episode_return[i]), int(self.episode_length[i])))
-                self.episode_return[i], self.episode_length[i] = 0.0, 0
+                self.episode_return[i] = 0.0
+                self.episode_length[i] = 0
         obs[steps] = self.next_obs
         return {
             "obs": obs,
@@ -356,13 +358,18 @@ class Actors:
     and replaced; ready() raises ActorsFailed if the replacement dies before its first rollout."""
 
     def __init__(self, args: Args, seed: int, ray=None):
-        self.args, self.seed, self.ray, self.started, self.pending = args, seed, ray, 0, {}
+        self.args = args
+        self.seed = seed
+        self.ray = ray
+        self.started = 0
+        self.pending = {}
         self.remote_class = ray.remote(num_cpus=1)(RolloutActor) if ray is not None else None
         self.actors = [self.new_actor() for _ in range(max(args.num_actors, 1))]
         self.replaced = [False] * len(self.actors)
 
     def new_actor(self):
-        a, seed = self.args, self.seed + 1000 * self.started
+        a = self.args
+        seed = self.seed + 1000 * self.started
         self.started += 1
         if self.ray is None:
             return RolloutActor(a.env_id, a.num_envs, a.num_steps, a.gamma, seed)
@@ -395,7 +402,8 @@ class Actors:
                     f"actor {i} died ({type(e).__name__}); replaced by a new actor (new env seeds)",
                     file=sys.stderr,
                 )
-                self.actors[i], self.replaced[i] = self.new_actor(), True
+                self.actors[i] = self.new_actor()
+                self.replaced[i] = True
                 self.request(i, weights, version)
                 continue
             self.replaced[i] = False
@@ -413,15 +421,19 @@ class Actors:
 @torch.no_grad()
 def evaluate(agent, env_id, episodes, seed, device="cpu", video_dir=None):
     """Greedy (argmax) episodes on a fresh env; returns the list of episodic returns."""
-    env, returns = make_env(env_id, video_dir), []
+    env = make_env(env_id, video_dir)
+    returns = []
     for ep in range(episodes):
-        (obs, _), done, total = env.reset(seed=seed + ep), False, 0.0
+        obs, _ = env.reset(seed=seed + ep)
+        done = False
+        total = 0.0
         while not done:
             action, _ = agent.get_action(
                 torch.as_tensor(obs[None], dtype=torch.float32, device=device), greedy=True
             )
             obs, reward, terminated, truncated, _ = env.step(int(action))
-            total, done = total + float(reward), terminated or truncated
+            total = total + float(reward)
+            done = terminated or truncated
         returns.append(total)
     env.close()
     return returns
@@ -433,7 +445,8 @@ def main(args: Args):
     ray = start_ray(args) if args.num_actors else None
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     with make_env(args.env_id) as env:
-        obs_shape, n_actions = env.observation_space.shape, int(env.action_space.n)
+        obs_shape = env.observation_space.shape
+        n_actions = int(env.action_space.n)
     agent = Agent(obs_shape, n_actions).to(device)
     optimizer = (
         torch.optim.RMSprop(agent.parameters(), lr=args.learning_rate, alpha=0.99, eps=0.01)
@@ -490,10 +503,10 @@ def main(args: Args):
             )
         # (T+1, N, *obs_shape); a copy (Ray's arrays are read-only)
         obs = torch.tensor(rollout["obs"], device=device)
-        actions, behaviour_logprob, rewards, dones = (
-            torch.tensor(rollout[k], device=device)
-            for k in ("actions", "logprobs", "rewards", "dones")
-        )
+        actions = torch.tensor(rollout["actions"], device=device)
+        behaviour_logprob = torch.tensor(rollout["logprobs"], device=device)
+        rewards = torch.tensor(rollout["rewards"], device=device)
+        dones = torch.tensor(rollout["dones"], device=device)
         # the learner's
         logprob, entropy, value = (
             x.view(actions.shape)
@@ -602,7 +615,8 @@ def check_args(args: Args):
     # RAY_ADDRESS alone is the environment's: 0 actors need no Ray
     if args.ray_address and not args.num_actors:
         fail(f"--ray-address {args.ray_address} needs --num-actors 1 or more (0 runs without Ray)")
-    if args.num_actors and (address := ray_address(args)):
+    address = ray_address(args)
+    if args.num_actors and address:
         check_ray_address(address)
 
 

@@ -175,16 +175,12 @@ class Actor(nn.Module):
             nn.Tanh(),
         )
         self.log_std = nn.Parameter(torch.zeros(action_dim))
-        low, high = (
-            torch.tensor(x, dtype=torch.float32).expand(action_dim).clone()
-            for x in (action_low, action_high)
-        )
+        low = torch.tensor(action_low, dtype=torch.float32).expand(action_dim).clone()
+        high = torch.tensor(action_high, dtype=torch.float32).expand(action_dim).clone()
         self.register_buffer("action_scale", (high - low) / 2)
         self.register_buffer("action_bias", (high + low) / 2)
-        mean, std = (
-            torch.tensor(x, dtype=torch.float32).expand(obs_dim).clone()
-            for x in (obs_mean, obs_std)
-        )
+        mean = torch.tensor(obs_mean, dtype=torch.float32).expand(obs_dim).clone()
+        std = torch.tensor(obs_std, dtype=torch.float32).expand(obs_dim).clone()
         self.register_buffer("obs_mean", mean)
         self.register_buffer("obs_std", std)
 
@@ -299,9 +295,11 @@ def normalize_observations(data: dict, on: bool):
     it sees. Off (on False), and for a MinAtar grid of 0/1 cells (a cell never set in the data,
     divided by 1e-3, would blow up): mean 0 and std 1."""
     shape = data["obs"].shape[1:]
-    mean, std = data["obs"].mean(0), data["obs"].std(0) + 1e-3
+    mean = data["obs"].mean(0)
+    std = data["obs"].std(0) + 1e-3
     if not on or len(shape) == 3:
-        mean, std = np.zeros(shape, np.float32), np.ones(shape, np.float32)
+        mean = np.zeros(shape, np.float32)
+        std = np.ones(shape, np.float32)
     data["obs"] = (data["obs"] - mean) / std
     data["next_obs"] = (data["next_obs"] - mean) / std
     return mean, std
@@ -322,7 +320,8 @@ def offline_eval(policy, args, dataset, device, video_dir=None) -> dict:
 def normalized_scores(returns, dataset) -> list:
     """D4RL's normalised score of each return, 100 * (R - random) / (expert - random), with the
     dataset's reference returns (ref_min_score, ref_max_score); [] for a dataset without them."""
-    low, high = (dataset.storage.metadata.get(k) for k in ("ref_min_score", "ref_max_score"))
+    low = dataset.storage.metadata.get("ref_min_score")
+    high = dataset.storage.metadata.get("ref_max_score")
     return [] if low is None or high is None else [100 * (r - low) / (high - low) for r in returns]
 
 
@@ -336,7 +335,8 @@ class OfflineBuffer:
     def __init__(self, arrays: dict, device, rng: np.random.Generator):
         for name in self.FIELDS:
             setattr(self, name, torch.as_tensor(arrays[name], device=device))
-        self.size, self.rng = len(arrays["rewards"]), rng
+        self.size = len(arrays["rewards"])
+        self.rng = rng
 
     def sample(self, batch_size: int):
         idx = torch.as_tensor(self.rng.integers(0, self.size, batch_size), device=self.obs.device)
@@ -351,15 +351,19 @@ class OfflineBuffer:
 def evaluate(actor, env_id, episodes, seed, device="cpu", video_dir=None):
     """Deterministic episodes (actor.get_greedy_action, no noise) on a fresh env; returns the
     episodic returns."""
-    env, returns = make_env(env_id, video_dir), []
+    env = make_env(env_id, video_dir)
+    returns = []
     for ep in range(episodes):
-        (obs, _), done, total = env.reset(seed=seed + ep), False, 0.0
+        obs, _ = env.reset(seed=seed + ep)
+        done = False
+        total = 0.0
         while not done:
             action = actor.get_greedy_action(
                 torch.as_tensor(obs, dtype=torch.float32, device=device)[None]
             )
             obs, reward, terminated, truncated, _ = env.step(action[0].cpu().numpy())
-            total, done = total + float(reward), terminated or truncated
+            total = total + float(reward)
+            done = terminated or truncated
         returns.append(total)
     env.close()
     return returns
@@ -382,16 +386,17 @@ def main(args: Args):
     dataset = open_dataset(args.dataset)
     data = dataset_arrays(dataset)
     obs_mean, obs_std = normalize_observations(data, args.normalize_obs)
-    obs_dim, action_dim = data["obs"].shape[1], data["actions"].shape[1]
-    low, high = dataset.action_space.low, dataset.action_space.high
+    obs_dim = data["obs"].shape[1]
+    action_dim = data["actions"].shape[1]
+    low = dataset.action_space.low
+    high = dataset.action_space.high
     if args.normalize_reward:
         data["rewards"] = data["rewards"] * reward_scale(dataset)
     actor = Actor(obs_dim, action_dim, low, high, obs_mean, obs_std).to(device)
-    qf1, qf2 = QNetwork(obs_dim, action_dim).to(device), QNetwork(obs_dim, action_dim).to(device)
-    qf1_target, qf2_target = (
-        QNetwork(obs_dim, action_dim).to(device),
-        QNetwork(obs_dim, action_dim).to(device),
-    )
+    qf1 = QNetwork(obs_dim, action_dim).to(device)
+    qf2 = QNetwork(obs_dim, action_dim).to(device)
+    qf1_target = QNetwork(obs_dim, action_dim).to(device)
+    qf2_target = QNetwork(obs_dim, action_dim).to(device)
     qf1_target.load_state_dict(qf1.state_dict())
     qf2_target.load_state_dict(qf2.state_dict())
     vf = ValueNetwork(obs_dim).to(device)
@@ -437,7 +442,8 @@ def main(args: Args):
 
         # Q: r + gamma V(s'), no policy action
         target = b_rewards + args.gamma * (1.0 - b_terminated) * next_v
-        q1, q2 = qf1(b_obs, b_actions), qf2(b_obs, b_actions)
+        q1 = qf1(b_obs, b_actions)
+        q2 = qf2(b_obs, b_actions)
         qf_loss = (F.mse_loss(q1, target) + F.mse_loss(q2, target)) / 2
         q_optimizer.zero_grad()
         qf_loss.backward()

@@ -157,41 +157,42 @@ class MPEEnvs:
             )
             for i in range(num_envs)
         ]
-        self.agents, env = self.envs[0].possible_agents, self.envs[0]
-        self.n_agents, self.device, self.auto_reset = len(self.agents), device, auto_reset
-        spaces, self.continuous_actions = (
-            [env.action_space(a) for a in self.agents],
-            continuous_actions,
-        )
+        self.agents = self.envs[0].possible_agents
+        env = self.envs[0]
+        self.n_agents = len(self.agents)
+        self.device = device
+        self.auto_reset = auto_reset
+        spaces = [env.action_space(a) for a in self.agents]
+        self.continuous_actions = continuous_actions
         self.obs_dims = [env.observation_space(a).shape[0] for a in self.agents]
         # discrete: the actions
         self.action_dims = [s.shape[0] if continuous_actions else int(s.n) for s in spaces]
-        self.low, self.high = (
-            np.concatenate([getattr(s, x) for s in spaces]) if continuous_actions else None
-            for x in ("low", "high")
+        self.low = (
+            np.concatenate([getattr(s, "low") for s in spaces]) if continuous_actions else None
+        )
+        self.high = (
+            np.concatenate([getattr(s, "high") for s in spaces]) if continuous_actions else None
         )
         self.adversary = np.array([a.split("_")[0] in ADVERSARIES for a in self.agents])
         # where each agent's action starts in a continuous joint action
         self.splits = np.cumsum(self.action_dims)[:-1]
-        self.seed, self.episodes = 0, np.zeros(num_envs, dtype=np.int64)
+        self.seed = 0
+        self.episodes = np.zeros(num_envs, dtype=np.int64)
         self.obs = np.zeros((num_envs, sum(self.obs_dims)), dtype=np.float32)
-        self.returns, self.lengths = (
-            np.zeros((num_envs, self.n_agents)),
-            np.zeros(num_envs, dtype=np.int64),
-        )
+        self.returns = np.zeros((num_envs, self.n_agents))
+        self.lengths = np.zeros(num_envs, dtype=np.int64)
 
     def _reset(self, i: int):
         obs, _ = self.envs[i].reset(seed=self.seed + i + len(self.envs) * int(self.episodes[i]))
-        self.obs[i], self.returns[i], self.lengths[i] = (
-            np.concatenate([obs[a] for a in self.agents]),
-            0.0,
-            0,
-        )
+        self.obs[i] = np.concatenate([obs[a] for a in self.agents])
+        self.returns[i] = 0.0
+        self.lengths[i] = 0
         self.episodes[i] += 1
 
     def reset(self, seed: int):
         """Start every env anew (env i with seed + i); returns the joint observations."""
-        self.seed, self.episodes[:] = seed, 0
+        self.seed = seed
+        self.episodes[:] = 0
         for i in range(len(self.envs)):
             self._reset(i)
         return torch.as_tensor(self.obs.copy(), device=self.device)
@@ -204,12 +205,12 @@ class MPEEnvs:
         final_obs (the true last joint observation where done), episode_return (num_envs, n_agents:
         each agent's return of the finished episode) and episode_length, which hold where done."""
         n = len(self.envs)
-        reward, terminated, done = (
-            np.zeros((n, self.n_agents), np.float32),
-            np.zeros(n, bool),
-            np.zeros(n, bool),
-        )
-        final_obs, ep_return, ep_length = self.obs.copy(), np.zeros((n, self.n_agents)), np.zeros(n)
+        reward = np.zeros((n, self.n_agents), np.float32)
+        terminated = np.zeros(n, bool)
+        done = np.zeros(n, bool)
+        final_obs = self.obs.copy()
+        ep_return = np.zeros((n, self.n_agents))
+        ep_length = np.zeros(n)
         for i, env in enumerate(self.envs):
             if not env.agents:  # finished, and not reset (evaluation)
                 continue
@@ -223,12 +224,11 @@ class MPEEnvs:
             reward[i] = [rew[a] for a in self.agents]
             self.returns[i] += reward[i]
             self.lengths[i] += 1
-            terminated[i], done[i] = (
-                any(term.values()),
-                all(term[a] or trunc[a] for a in self.agents),
-            )
+            terminated[i] = any(term.values())
+            done[i] = all(term[a] or trunc[a] for a in self.agents)
             if done[i]:
-                ep_return[i], ep_length[i] = self.returns[i], self.lengths[i]
+                ep_return[i] = self.returns[i]
+                ep_length[i] = self.lengths[i]
                 if self.auto_reset:
                     self._reset(i)
         info = {"final_obs": final_obs, "episode_return": ep_return, "episode_length": ep_length}
@@ -334,25 +334,22 @@ class ReplayBuffer:
     def __init__(
         self, size: int, obs_dim: int, action_dim: int, n_agents: int, rng: np.random.Generator
     ):
-        self.obs, self.next_obs = (
-            np.zeros((size, obs_dim), np.float32),
-            np.zeros((size, obs_dim), np.float32),
-        )
-        self.actions, self.rewards = (
-            np.zeros((size, action_dim), np.float32),
-            np.zeros((size, n_agents), np.float32),
-        )
+        self.obs = np.zeros((size, obs_dim), np.float32)
+        self.next_obs = np.zeros((size, obs_dim), np.float32)
+        self.actions = np.zeros((size, action_dim), np.float32)
+        self.rewards = np.zeros((size, n_agents), np.float32)
         self.terminated = np.zeros(size, np.float32)
-        self.size, self.pos, self.full, self.rng = size, 0, False, rng
+        self.size = size
+        self.pos = 0
+        self.full = False
+        self.rng = rng
 
     def add(self, obs, next_obs, actions, rewards, terminated):
         idx = (self.pos + np.arange(len(obs))) % self.size
         for name, value in zip(self.FIELDS, (obs, next_obs, actions, rewards, terminated)):
             getattr(self, name)[idx] = value
-        self.full, self.pos = (
-            self.full or self.pos + len(obs) >= self.size,
-            (self.pos + len(obs)) % self.size,
-        )
+        self.full = self.full or self.pos + len(obs) >= self.size
+        self.pos = (self.pos + len(obs)) % self.size
 
     def sample(self, batch_size: int, device):
         """A uniform minibatch (obs, next_obs, actions, rewards, terminated) as tensors on
@@ -372,7 +369,8 @@ class ReplayBuffer:
         for name in self.FIELDS:
             value = state[name].numpy() if torch.is_tensor(state[name]) else state[name]
             getattr(self, name)[: len(value)] = value
-        self.pos, self.full = state["pos"], state["full"]
+        self.pos = state["pos"]
+        self.full = state["full"]
 
 
 def episode_metrics(prefix: str, returns, adversary) -> dict:
@@ -401,7 +399,8 @@ def evaluate(actors, env_id, episodes, seed, device="cpu", frames=None):
     )
     if episodes == 0:
         return {k: [] for k in episode_metrics("eval", np.zeros((0, env.n_agents)), env.adversary)}
-    obs, finished = env.reset(seed), np.zeros(episodes, dtype=bool)
+    obs = env.reset(seed)
+    finished = np.zeros(episodes, dtype=bool)
     returns = np.zeros((episodes, env.n_agents))
     if frames is not None:
         frames.append(env.render()[::2, ::2])  # 350 x 350 pixels
@@ -426,8 +425,12 @@ def main(args: Args):
     args, ckpt, run_dir = start_run(args, check_args)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     env = MPEEnvs(args.env_id, args.num_envs, device, continuous_actions=True)
-    N, A, obs_dims, action_dims = args.num_envs, env.n_agents, env.obs_dims, env.action_dims
-    low, high = np.split(env.low, env.splits), np.split(env.high, env.splits)
+    N = args.num_envs
+    A = env.n_agents
+    obs_dims = env.obs_dims
+    action_dims = env.action_dims
+    low = np.split(env.low, env.splits)
+    high = np.split(env.high, env.splits)
     make_actors = lambda: nn.ModuleList(  # noqa: E731
         Actor(o, a, args.hidden_dim, lo, hi)
         for o, a, lo, hi in zip(obs_dims, action_dims, low, high)
@@ -436,8 +439,10 @@ def main(args: Args):
         Critic(sum(obs_dims), sum(action_dims), args.hidden_dim) for _ in range(A)
     ).to(device)
     # agent i: actors[i], critics[i]; nothing is shared
-    actors, critics = make_actors(), make_critics()
-    actors_target, critics_target = make_actors(), make_critics()
+    actors = make_actors()
+    critics = make_critics()
+    actors_target = make_actors()
+    critics_target = make_critics()
     actors_target.load_state_dict(actors.state_dict())
     critics_target.load_state_dict(critics.state_dict())
     actor_optimizers = [torch.optim.Adam(a.parameters(), lr=args.learning_rate) for a in actors]
@@ -503,7 +508,9 @@ def main(args: Args):
             f"losses/q_values_{i}": q.mean(),
         }
 
-    obs, stats = env.reset(seed=args.seed + global_step), {}  # a resumed run starts fresh episodes
+    obs = env.reset(seed=args.seed + global_step)  # a resumed run starts fresh episodes
+
+    stats = {}
     for iteration in range(iteration, num_iterations):
         with torch.no_grad():
             actions = joint_action(actors, obs, obs_dims).cpu().numpy()
@@ -605,9 +612,10 @@ def check_task(env_id: str, *single_agent_scripts: str):
             f"mpe2 task '{env_id}' is not supported by {SCRIPT} "
             f"({NOT_SUPPORTED[env_id]}); the tasks: {', '.join(TASKS)}"
         )
-    if (
-        scripts := other_family(env_id) or (single_agent_scripts if env_id in gym.registry else ())
-    ) and (not re.fullmatch(r"(simple\w*|collect_treasure)_v\d+", env_id)):
+    scripts = other_family(env_id)
+    if not scripts and env_id in gym.registry:
+        scripts = single_agent_scripts
+    if scripts and not re.fullmatch(r"(simple\w*|collect_treasure)_v\d+", env_id):
         fail(f"{env_id} is not an mpe2 task (the tasks of {SCRIPT}: {', '.join(TASKS)})", *scripts)
     close = difflib.get_close_matches(env_id, [*TASKS, *NOT_SUPPORTED], n=1)
     fail(

@@ -165,41 +165,42 @@ class MPEEnvs:
             )
             for i in range(num_envs)
         ]
-        self.agents, env = self.envs[0].possible_agents, self.envs[0]
-        self.n_agents, self.device, self.auto_reset = len(self.agents), device, auto_reset
-        spaces, self.continuous_actions = (
-            [env.action_space(a) for a in self.agents],
-            continuous_actions,
-        )
+        self.agents = self.envs[0].possible_agents
+        env = self.envs[0]
+        self.n_agents = len(self.agents)
+        self.device = device
+        self.auto_reset = auto_reset
+        spaces = [env.action_space(a) for a in self.agents]
+        self.continuous_actions = continuous_actions
         self.obs_dims = [env.observation_space(a).shape[0] for a in self.agents]
         # discrete: the actions
         self.action_dims = [s.shape[0] if continuous_actions else int(s.n) for s in spaces]
-        self.low, self.high = (
-            np.concatenate([getattr(s, x) for s in spaces]) if continuous_actions else None
-            for x in ("low", "high")
+        self.low = (
+            np.concatenate([getattr(s, "low") for s in spaces]) if continuous_actions else None
+        )
+        self.high = (
+            np.concatenate([getattr(s, "high") for s in spaces]) if continuous_actions else None
         )
         self.adversary = np.array([a.split("_")[0] in ADVERSARIES for a in self.agents])
         # where each agent's action starts in a continuous joint action
         self.splits = np.cumsum(self.action_dims)[:-1]
-        self.seed, self.episodes = 0, np.zeros(num_envs, dtype=np.int64)
+        self.seed = 0
+        self.episodes = np.zeros(num_envs, dtype=np.int64)
         self.obs = np.zeros((num_envs, sum(self.obs_dims)), dtype=np.float32)
-        self.returns, self.lengths = (
-            np.zeros((num_envs, self.n_agents)),
-            np.zeros(num_envs, dtype=np.int64),
-        )
+        self.returns = np.zeros((num_envs, self.n_agents))
+        self.lengths = np.zeros(num_envs, dtype=np.int64)
 
     def _reset(self, i: int):
         obs, _ = self.envs[i].reset(seed=self.seed + i + len(self.envs) * int(self.episodes[i]))
-        self.obs[i], self.returns[i], self.lengths[i] = (
-            np.concatenate([obs[a] for a in self.agents]),
-            0.0,
-            0,
-        )
+        self.obs[i] = np.concatenate([obs[a] for a in self.agents])
+        self.returns[i] = 0.0
+        self.lengths[i] = 0
         self.episodes[i] += 1
 
     def reset(self, seed: int):
         """Start every env anew (env i with seed + i); returns the joint observations."""
-        self.seed, self.episodes[:] = seed, 0
+        self.seed = seed
+        self.episodes[:] = 0
         for i in range(len(self.envs)):
             self._reset(i)
         return torch.as_tensor(self.obs.copy(), device=self.device)
@@ -212,12 +213,12 @@ class MPEEnvs:
         final_obs (the true last joint observation where done), episode_return (num_envs, n_agents:
         each agent's return of the finished episode) and episode_length, which hold where done."""
         n = len(self.envs)
-        reward, terminated, done = (
-            np.zeros((n, self.n_agents), np.float32),
-            np.zeros(n, bool),
-            np.zeros(n, bool),
-        )
-        final_obs, ep_return, ep_length = self.obs.copy(), np.zeros((n, self.n_agents)), np.zeros(n)
+        reward = np.zeros((n, self.n_agents), np.float32)
+        terminated = np.zeros(n, bool)
+        done = np.zeros(n, bool)
+        final_obs = self.obs.copy()
+        ep_return = np.zeros((n, self.n_agents))
+        ep_length = np.zeros(n)
         for i, env in enumerate(self.envs):
             if not env.agents:  # finished, and not reset (evaluation)
                 continue
@@ -231,12 +232,11 @@ class MPEEnvs:
             reward[i] = [rew[a] for a in self.agents]
             self.returns[i] += reward[i]
             self.lengths[i] += 1
-            terminated[i], done[i] = (
-                any(term.values()),
-                all(term[a] or trunc[a] for a in self.agents),
-            )
+            terminated[i] = any(term.values())
+            done[i] = all(term[a] or trunc[a] for a in self.agents)
             if done[i]:
-                ep_return[i], ep_length[i] = self.returns[i], self.lengths[i]
+                ep_return[i] = self.returns[i]
+                ep_length[i] = self.lengths[i]
                 if self.auto_reset:
                     self._reset(i)
         info = {"final_obs": final_obs, "episode_return": ep_return, "episode_length": ep_length}
@@ -282,7 +282,8 @@ class Agent(nn.Module):
     def actor_step(self, actor_in, hidden, start):
         """One GRU step of every agent (inputs (..., agents, features)); memory is zeroed where an
         episode starts."""
-        x, hidden = self.actor_in(actor_in), hidden * (1.0 - start)[..., None, None]
+        x = self.actor_in(actor_in)
+        hidden = hidden * (1.0 - start)[..., None, None]
         return self.gru(x.flatten(0, -2), hidden.flatten(0, -2)).view_as(hidden)
 
     def policy(self, hidden):
@@ -318,7 +319,8 @@ class ValueNorm(nn.Module):
         self.register_buffer("count", torch.tensor(1e-4))
 
     def update(self, x):  # the parallel update of Chan et al., as gymnasium's RunningMeanStd
-        delta, n = x.mean() - self.mean, x.numel()
+        delta = x.mean() - self.mean
+        n = x.numel()
         total = self.count + n
         self.var.copy_(
             (self.var * self.count + x.var(correction=0) * n + delta**2 * self.count * n / total)
@@ -339,12 +341,11 @@ def compute_gae(rewards, values, dones, next_value, gamma, gae_lambda):
     """GAE (Schulman et al. 2016, eq. 16) on tensors of shape (T, N). dones[t]: the episode ended at
     step t (terminated or truncated; a truncation was already bootstrapped into rewards[t]). Returns
     (advantages, returns)."""
-    advantages, last = torch.zeros_like(rewards), torch.zeros_like(next_value)
+    advantages = torch.zeros_like(rewards)
+    last = torch.zeros_like(next_value)
     for t in reversed(range(len(rewards))):
-        next_values, nonterminal = (
-            next_value if t == len(rewards) - 1 else values[t + 1],
-            1.0 - dones[t],
-        )
+        next_values = next_value if t == len(rewards) - 1 else values[t + 1]
+        nonterminal = 1.0 - dones[t]
         delta = rewards[t] + gamma * next_values * nonterminal - values[t]
         advantages[t] = last = delta + gamma * gae_lambda * nonterminal * last
     return advantages, advantages + values
@@ -389,7 +390,8 @@ def ppo_loss(
             v_error,
             (old_values + (value - old_values).clamp(-clip_vloss, clip_vloss) - returns) ** 2,
         )
-    v_loss, entropy = 0.5 * mean(v_error), mean(entropy)
+    v_loss = 0.5 * mean(v_error)
+    entropy = mean(entropy)
     loss = pg_loss + vf_coef * v_loss - ent_coef * entropy
     # approx_kl: the k3 estimator of Schulman's note "Approximating KL divergence"
     with torch.no_grad():
@@ -421,9 +423,11 @@ def evaluate(agent, env_id, episodes, seed, device="cpu", frames=None):
         auto_reset=False,
         render_env0=frames is not None,
     )
-    state, agent_ids = env.reset(seed), torch.eye(env.n_agents, device=device)
+    state = env.reset(seed)
+    agent_ids = torch.eye(env.n_agents, device=device)
     hidden = torch.zeros(episodes, env.n_agents, agent.gru.hidden_size, device=device)
-    finished, returns = np.zeros(episodes, dtype=bool), np.zeros(episodes, dtype=np.float32)
+    finished = np.zeros(episodes, dtype=bool)
+    returns = np.zeros(episodes, dtype=np.float32)
     no_start = torch.zeros(episodes, device=device)
     if frames is not None:
         frames.append(env.render()[::2, ::2])  # 350 x 350 pixels
@@ -443,19 +447,21 @@ def main(args: Args):
     args, ckpt, run_dir = start_run(args, check_args)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     env = MPEEnvs(args.env_id, args.num_envs, device, continuous_actions=False)
-    N, A, T = args.num_envs, env.n_agents, args.num_steps
+    N = args.num_envs
+    A = env.n_agents
+    T = args.num_steps
     # the same for every agent
-    obs_dim, state_dim, n_actions = env.obs_dims[0], sum(env.obs_dims), env.action_dims[0]
+    obs_dim = env.obs_dims[0]
+    state_dim = sum(env.obs_dims)
+    n_actions = env.action_dims[0]
     agent_ids = torch.eye(A, device=device)  # row i: agent i's one-hot id
     agent = Agent(obs_dim, state_dim, A, n_actions, args.hidden_dim).to(device)
     value_norm = ValueNorm().to(device)
     # fused: faster
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
-    batch_size, mb_envs, num_iterations = (
-        N * T,
-        N // args.num_minibatches,
-        args.total_timesteps // (N * T),
-    )
+    batch_size = N * T
+    mb_envs = N // args.num_minibatches
+    num_iterations = args.total_timesteps // (N * T)
     iteration = 0
 
     def run_eval(frames=None):  # evaluation episodes are seeded apart from training
@@ -472,14 +478,17 @@ def main(args: Args):
     actor_in = torch.zeros((T, N, A, obs_dim + A), device=device)
     critic_in = torch.zeros((T, N, A, agent.critic[0].in_features), device=device)
     actions = torch.zeros((T, N, A), dtype=torch.long, device=device)
-    logprobs, rewards, values = (torch.zeros((T, N, A), device=device) for _ in range(3))
-    starts, dones, ep_return, ep_length = (torch.zeros((T, N), device=device) for _ in range(4))
+    logprobs = torch.zeros((T, N, A), device=device)
+    rewards = torch.zeros((T, N, A), device=device)
+    values = torch.zeros((T, N, A), device=device)
+    starts = torch.zeros((T, N), device=device)
+    dones = torch.zeros((T, N), device=device)
+    ep_return = torch.zeros((T, N), device=device)
+    ep_length = torch.zeros((T, N), device=device)
     state = env.reset(seed=args.seed + global_step)  # a resumed run starts fresh episodes
     obs = state.view(N, A, obs_dim)  # the joint observation is the global state
-    hidden, start = (
-        torch.zeros((N, A, args.hidden_dim), device=device),
-        torch.ones(N, device=device),
-    )
+    hidden = torch.zeros((N, A, args.hidden_dim), device=device)
+    start = torch.ones(N, device=device)
     for iteration in range(iteration + 1, num_iterations + 1):
         frac = 1.0 - (iteration - 1.0) / num_iterations
         optimizer.param_groups[0]["lr"] = (
@@ -487,12 +496,11 @@ def main(args: Args):
         )
         clip_coef = frac * args.clip_coef if args.anneal_clip else args.clip_coef
         # the update replays the GRU from here
-        first_hidden, first_step = hidden.clone(), global_step
+        first_hidden = hidden.clone()
+        first_step = global_step
         for step in range(T):
-            actor_in[step], critic_in[step] = (
-                actor_inputs(obs, agent_ids),
-                critic_inputs(state, obs, agent_ids),
-            )
+            actor_in[step] = actor_inputs(obs, agent_ids)
+            critic_in[step] = critic_inputs(state, obs, agent_ids)
             starts[step] = start
             with torch.no_grad():
                 hidden = agent.actor_step(actor_in[step], hidden, start)
@@ -501,10 +509,8 @@ def main(args: Args):
                 logprobs[step] = dist.log_prob(actions[step])
                 values[step] = value_norm.denormalize(agent.get_value(critic_in[step]))
             state, reward, terminated, done, info = env.step(actions[step].cpu().numpy())
-            obs, final_state = (
-                state.view(N, A, obs_dim),
-                torch.as_tensor(info["final_obs"], device=device),
-            )
+            obs = state.view(N, A, obs_dim)
+            final_state = torch.as_tensor(info["final_obs"], device=device)
             # a time limit is not part of the task: bootstrap with V(final state)
             with torch.no_grad():
                 final_value = value_norm.denormalize(
@@ -541,10 +547,13 @@ def main(args: Args):
             perm = torch.randperm(N, device=device)
             # whole env sequences: the GRU is replayed from first_hidden
             for mb in perm.split(mb_envs):
-                h, hiddens = first_hidden[mb], []
+                h = first_hidden[mb]
+                hiddens = []
                 for t in range(T):
-                    hiddens.append(h := agent.actor_step(actor_in[t, mb], h, starts[t, mb]))
-                dist, value = agent.policy(torch.stack(hiddens)), agent.get_value(critic_in[:, mb])
+                    h = agent.actor_step(actor_in[t, mb], h, starts[t, mb])
+                    hiddens.append(h)
+                dist = agent.policy(torch.stack(hiddens))
+                value = agent.get_value(critic_in[:, mb])
                 mb_advantages = advantages[:, mb]
                 loss, stats = ppo_loss(
                     dist.log_prob(actions[:, mb]),
@@ -563,7 +572,9 @@ def main(args: Args):
                 nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
                 optimizer.step()
         # one copy
-        ended, ret, length = (x.cpu().numpy() for x in (dones > 0, ep_return, ep_length))
+        ended = (dones > 0).cpu().numpy()
+        ret = ep_return.cpu().numpy()
+        length = ep_length.cpu().numpy()
         for t, i in zip(*np.nonzero(ended)):  # every episode that ended in the rollout
             logger.log(
                 first_step + (t + 1) * N,
@@ -659,9 +670,10 @@ def check_task(env_id: str, *single_agent_scripts: str):
             f"mpe2 task '{env_id}' is not supported by {SCRIPT} "
             f"({NOT_SUPPORTED[env_id]}); the tasks: {', '.join(TASKS)}"
         )
-    if (
-        scripts := other_family(env_id) or (single_agent_scripts if env_id in gym.registry else ())
-    ) and (not re.fullmatch(r"(simple\w*|collect_treasure)_v\d+", env_id)):
+    scripts = other_family(env_id)
+    if not scripts and env_id in gym.registry:
+        scripts = single_agent_scripts
+    if scripts and not re.fullmatch(r"(simple\w*|collect_treasure)_v\d+", env_id):
         fail(f"{env_id} is not an mpe2 task (the tasks of {SCRIPT}: {', '.join(TASKS)})", *scripts)
     close = difflib.get_close_matches(env_id, [*TASKS, *NOT_SUPPORTED], n=1)
     fail(

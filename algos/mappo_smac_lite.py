@@ -140,7 +140,8 @@ class Agent(nn.Module):
     def actor_step(self, actor_in, hidden, start):
         """One GRU step of every agent (inputs (..., agents, features)); memory is zeroed where an
         episode starts."""
-        x, hidden = self.actor_in(actor_in), hidden * (1.0 - start)[..., None, None]
+        x = self.actor_in(actor_in)
+        hidden = hidden * (1.0 - start)[..., None, None]
         return self.gru(x.flatten(0, -2), hidden.flatten(0, -2)).view_as(hidden)
 
     def policy(self, hidden, avail):
@@ -184,7 +185,8 @@ class ValueNorm(nn.Module):
         self.register_buffer("count", torch.tensor(1e-4))
 
     def update(self, x):  # the parallel update of Chan et al., as gymnasium's RunningMeanStd
-        delta, n = x.mean() - self.mean, x.numel()
+        delta = x.mean() - self.mean
+        n = x.numel()
         total = self.count + n
         self.var.copy_(
             (self.var * self.count + x.var(correction=0) * n + delta**2 * self.count * n / total)
@@ -205,12 +207,11 @@ def compute_gae(rewards, values, dones, next_value, gamma, gae_lambda):
     """GAE (Schulman et al. 2016, eq. 16) on tensors of shape (T, N). dones[t]: the episode ended at
     step t (terminated or truncated; a truncation was already bootstrapped into rewards[t]). Returns
     (advantages, returns)."""
-    advantages, last = torch.zeros_like(rewards), torch.zeros_like(next_value)
+    advantages = torch.zeros_like(rewards)
+    last = torch.zeros_like(next_value)
     for t in reversed(range(len(rewards))):
-        next_values, nonterminal = (
-            next_value if t == len(rewards) - 1 else values[t + 1],
-            1.0 - dones[t],
-        )
+        next_values = next_value if t == len(rewards) - 1 else values[t + 1]
+        nonterminal = 1.0 - dones[t]
         delta = rewards[t] + gamma * next_values * nonterminal - values[t]
         advantages[t] = last = delta + gamma * gae_lambda * nonterminal * last
     return advantages, advantages + values
@@ -255,7 +256,8 @@ def ppo_loss(
             v_error,
             (old_values + (value - old_values).clamp(-clip_vloss, clip_vloss) - returns) ** 2,
         )
-    v_loss, entropy = 0.5 * mean(v_error), mean(entropy)
+    v_loss = 0.5 * mean(v_error)
+    entropy = mean(entropy)
     loss = pg_loss + vf_coef * v_loss - ent_coef * entropy
     # approx_kl: the k3 estimator of Schulman's note "Approximating KL divergence"
     with torch.no_grad():
@@ -282,24 +284,23 @@ def evaluate(agent, map_name, battles, seed, device="cpu", frames=None):
     env = smac_lite.BatchedSMAC(
         map_name, num_envs=battles, device=device, seed=seed, auto_reset=False
     )
-    (obs, _, avail), agent_ids = env.reset(), torch.eye(env.n_agents, device=device)
+    obs, _, avail = env.reset()
+    agent_ids = torch.eye(env.n_agents, device=device)
     hidden = torch.zeros(battles, env.n_agents, agent.gru.hidden_size, device=device)
-    finished, won = (
-        torch.zeros(battles, dtype=torch.bool, device=device),
-        torch.zeros(battles, device=device),
-    )
-    returns, no_start = torch.zeros(battles, device=device), torch.zeros(battles, device=device)
+    finished = torch.zeros(battles, dtype=torch.bool, device=device)
+    won = torch.zeros(battles, device=device)
+    returns = torch.zeros(battles, device=device)
+    no_start = torch.zeros(battles, device=device)
     for _ in range(env.episode_limit):
         hidden = agent.actor_step(actor_inputs(obs, agent_ids), hidden, no_start)
         obs, _, avail, _, done, info = env.step(agent.get_greedy_action(hidden, avail))
         new = done & ~finished  # each battle's first episode; finished battles are left as they are
-        returns, won = (
-            torch.where(new, info["episode_return"], returns),
-            torch.where(new, info["won"].float(), won),
-        )
+        returns = torch.where(new, info["episode_return"], returns)
+        won = torch.where(new, info["won"].float(), won)
         if frames is not None and not finished[0]:
             frames.append(render_frame(env, 0, 384))
-        if (finished := finished | done).all():
+        finished = finished | done
+        if finished.all():
             break
     return {"eval/episodic_return_team": returns.tolist(), "eval/win_rate": won.tolist()}
 
@@ -310,18 +311,20 @@ def main(args: Args):
     env = smac_lite.BatchedSMAC(
         args.env_id, num_envs=args.num_envs, device=device, seed=args.seed, return_final=True
     )
-    N, A, T = args.num_envs, env.n_agents, args.num_steps
-    obs_dim, state_dim, n_actions = env.obs_dim, env.state_dim, env.n_actions
+    N = args.num_envs
+    A = env.n_agents
+    T = args.num_steps
+    obs_dim = env.obs_dim
+    state_dim = env.state_dim
+    n_actions = env.n_actions
     agent_ids = torch.eye(A, device=device)  # row i: agent i's one-hot id
     agent = Agent(obs_dim, state_dim, A, n_actions, args.hidden_dim).to(device)
     value_norm = ValueNorm().to(device)
     # fused: faster
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
-    batch_size, mb_battles, num_iterations = (
-        N * T,
-        N // args.num_minibatches,
-        args.total_timesteps // (N * T),
-    )
+    batch_size = N * T
+    mb_battles = N // args.num_minibatches
+    num_iterations = args.total_timesteps // (N * T)
     iteration = 0
 
     def run_eval(frames=None):  # evaluation battles are seeded apart from training
@@ -339,16 +342,18 @@ def main(args: Args):
     critic_in = torch.zeros((T, N, A, agent.critic[0].in_features), device=device)
     avails = torch.zeros((T, N, A, n_actions), device=device)
     actions = torch.zeros((T, N, A), dtype=torch.long, device=device)
-    logprobs, rewards, values = (torch.zeros((T, N, A), device=device) for _ in range(3))
-    starts, dones, won, ep_return, ep_length = (
-        torch.zeros((T, N), device=device) for _ in range(5)
-    )
+    logprobs = torch.zeros((T, N, A), device=device)
+    rewards = torch.zeros((T, N, A), device=device)
+    values = torch.zeros((T, N, A), device=device)
+    starts = torch.zeros((T, N), device=device)
+    dones = torch.zeros((T, N), device=device)
+    won = torch.zeros((T, N), device=device)
+    ep_return = torch.zeros((T, N), device=device)
+    ep_length = torch.zeros((T, N), device=device)
     # a resumed run starts fresh battles
     obs, state, avail = env.reset(seed=args.seed + global_step)
-    hidden, start = (
-        torch.zeros((N, A, args.hidden_dim), device=device),
-        torch.ones(N, device=device),
-    )
+    hidden = torch.zeros((N, A, args.hidden_dim), device=device)
+    start = torch.ones(N, device=device)
     for iteration in range(iteration + 1, num_iterations + 1):
         frac = 1.0 - (iteration - 1.0) / num_iterations
         optimizer.param_groups[0]["lr"] = (
@@ -356,13 +361,13 @@ def main(args: Args):
         )
         clip_coef = frac * args.clip_coef if args.anneal_clip else args.clip_coef
         # the update replays the GRU from here
-        first_hidden, first_step = hidden.clone(), global_step
+        first_hidden = hidden.clone()
+        first_step = global_step
         for step in range(T):
-            actor_in[step], critic_in[step] = (
-                actor_inputs(obs, agent_ids),
-                critic_inputs(state, obs, agent_ids),
-            )
-            avails[step], starts[step] = avail, start
+            actor_in[step] = actor_inputs(obs, agent_ids)
+            critic_in[step] = critic_inputs(state, obs, agent_ids)
+            avails[step] = avail
+            starts[step] = start
             with torch.no_grad():
                 hidden = agent.actor_step(actor_in[step], hidden, start)
                 dist = agent.policy(hidden, avail)
@@ -378,10 +383,11 @@ def main(args: Args):
                     )
                 )
             rewards[step] = reward[:, None] + args.gamma * final_value * info["truncated"][:, None]
-            dones[step], start = done.float(), done.float()
-            won[step], ep_return[step], ep_length[step] = (
-                info[k] for k in ("won", "episode_return", "episode_length")
-            )
+            dones[step] = done.float()
+            start = done.float()
+            won[step] = info["won"]
+            ep_return[step] = info["episode_return"]
+            ep_length[step] = info["episode_length"]
             global_step += N
         with torch.no_grad():
             next_value = value_norm.denormalize(
@@ -397,18 +403,17 @@ def main(args: Args):
             perm = torch.randperm(N, device=device)
             # whole battle sequences: the GRU is replayed from first_hidden
             for mb in perm.split(mb_battles):
-                h, hiddens = first_hidden[mb], []
+                h = first_hidden[mb]
+                hiddens = []
                 for t in range(T):
-                    hiddens.append(h := agent.actor_step(actor_in[t, mb], h, starts[t, mb]))
-                dist, value = (
-                    agent.policy(torch.stack(hiddens), avails[:, mb]),
-                    agent.get_value(critic_in[:, mb]),
-                )
-                mb_active, mb_advantages = active[:, mb], advantages[:, mb]
-                adv_mean, adv_std = (
-                    mb_advantages[mb_active > 0].mean(),
-                    mb_advantages[mb_active > 0].std(),
-                )
+                    h = agent.actor_step(actor_in[t, mb], h, starts[t, mb])
+                    hiddens.append(h)
+                dist = agent.policy(torch.stack(hiddens), avails[:, mb])
+                value = agent.get_value(critic_in[:, mb])
+                mb_active = active[:, mb]
+                mb_advantages = advantages[:, mb]
+                adv_mean = mb_advantages[mb_active > 0].mean()
+                adv_std = mb_advantages[mb_active > 0].std()
                 loss, stats = ppo_loss(
                     dist.log_prob(actions[:, mb]),
                     dist.entropy(),
@@ -427,7 +432,10 @@ def main(args: Args):
                 nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
                 optimizer.step()
         # one copy
-        ended, ret, length, win = (x.cpu().numpy() for x in (dones > 0, ep_return, ep_length, won))
+        ended = (dones > 0).cpu().numpy()
+        ret = ep_return.cpu().numpy()
+        length = ep_length.cpu().numpy()
+        win = won.cpu().numpy()
         for t, i in zip(*np.nonzero(ended)):  # every battle that ended in the rollout
             logger.log(
                 first_step + (t + 1) * N,
@@ -516,7 +524,10 @@ def check_map(env_id: str, *single_agent_scripts: str):
     (single_agent_scripts: those suggested for a Gymnasium id)."""
     if env_id in smac_lite.MAPS:
         return
-    if scripts := other_family(env_id) or (single_agent_scripts if env_id in gym.registry else ()):
+    scripts = other_family(env_id)
+    if not scripts and env_id in gym.registry:
+        scripts = single_agent_scripts
+    if scripts:
         fail(f"{env_id} is not a smac_lite map (the maps: {', '.join(smac_lite.MAPS)})", *scripts)
     close = difflib.get_close_matches(env_id, list(smac_lite.MAPS), n=1)
     fail(

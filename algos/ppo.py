@@ -243,12 +243,11 @@ def compute_gae(rewards, values, dones, next_value, gamma, gae_lambda):
     """GAE (Schulman et al. 2016, eq. 16) on tensors of shape (T, N). dones[t]: the episode ended at
     step t (terminated or truncated; a truncation was already bootstrapped into rewards[t]). Returns
     (advantages, returns)."""
-    advantages, last = torch.zeros_like(rewards), torch.zeros_like(next_value)
+    advantages = torch.zeros_like(rewards)
+    last = torch.zeros_like(next_value)
     for t in reversed(range(len(rewards))):
-        next_values, nonterminal = (
-            next_value if t == len(rewards) - 1 else values[t + 1],
-            1.0 - dones[t],
-        )
+        next_values = next_value if t == len(rewards) - 1 else values[t + 1]
+        nonterminal = 1.0 - dones[t]
         delta = rewards[t] + gamma * next_values * nonterminal - values[t]
         advantages[t] = last = delta + gamma * gae_lambda * nonterminal * last
     return advantages, advantages + values
@@ -309,7 +308,8 @@ def ppo_loss(
             v_error,
             (old_values + (value - old_values).clamp(-clip_vloss, clip_vloss) - returns) ** 2,
         )
-    v_loss, entropy = 0.5 * mean(v_error), mean(entropy)
+    v_loss = 0.5 * mean(v_error)
+    entropy = mean(entropy)
     loss = pg_loss + vf_coef * v_loss - ent_coef * entropy
     # approx_kl: the k3 estimator of Schulman's note "Approximating KL divergence"
     with torch.no_grad():
@@ -329,15 +329,19 @@ def ppo_loss(
 @torch.no_grad()
 def evaluate(agent, env_id, episodes, seed, device="cpu", video_dir=None):
     """Greedy (argmax) episodes on a fresh env; returns the list of episodic returns."""
-    env, returns = make_env(env_id, video_dir), []
+    env = make_env(env_id, video_dir)
+    returns = []
     for ep in range(episodes):
-        (obs, _), done, total = env.reset(seed=seed + ep), False, 0.0
+        obs, _ = env.reset(seed=seed + ep)
+        done = False
+        total = 0.0
         while not done:
             action = agent.get_greedy_action(
                 torch.as_tensor(obs, dtype=torch.float32, device=device)
             )
             obs, reward, terminated, truncated, _ = env.step(int(action))
-            total, done = total + float(reward), terminated or truncated
+            total = total + float(reward)
+            done = terminated or truncated
         returns.append(total)
     env.close()
     return returns
@@ -351,7 +355,8 @@ def main(args: Args):
         [lambda: make_env(args.env_id)] * args.num_envs,
         autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
     )
-    obs_dim, n_actions = envs.single_observation_space.shape[0], int(envs.single_action_space.n)
+    obs_dim = envs.single_observation_space.shape[0]
+    n_actions = int(envs.single_action_space.n)
     agent = Agent(obs_dim, n_actions).to(device)
     optimizer = (
         torch.optim.RMSprop(agent.parameters(), lr=args.learning_rate, alpha=0.99, eps=1e-5)
@@ -359,10 +364,8 @@ def main(args: Args):
         else torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
     )
     batch_size = args.num_envs * args.num_steps
-    minibatch_size, num_iterations = (
-        batch_size // args.num_minibatches,
-        args.total_timesteps // batch_size,
-    )
+    minibatch_size = batch_size // args.num_minibatches
+    num_iterations = args.total_timesteps // batch_size
     iteration = 0
 
     def run_eval(video_dir=None):  # evaluation episodes are seeded apart from training
@@ -386,14 +389,13 @@ def main(args: Args):
 
     obs = torch.zeros((args.num_steps, args.num_envs, obs_dim), device=device)
     actions = torch.zeros((args.num_steps, args.num_envs), dtype=torch.long, device=device)
-    logprobs, rewards, dones, values = (
-        torch.zeros((args.num_steps, args.num_envs), device=device) for _ in range(4)
-    )
+    logprobs = torch.zeros((args.num_steps, args.num_envs), device=device)
+    rewards = torch.zeros((args.num_steps, args.num_envs), device=device)
+    dones = torch.zeros((args.num_steps, args.num_envs), device=device)
+    values = torch.zeros((args.num_steps, args.num_envs), device=device)
     next_obs, _ = envs.reset(seed=args.seed + global_step)  # a resumed run starts fresh episodes
-    episode_return, episode_length = (
-        np.zeros(args.num_envs),
-        np.zeros(args.num_envs, dtype=np.int64),
-    )
+    episode_return = np.zeros(args.num_envs)
+    episode_length = np.zeros(args.num_envs, dtype=np.int64)
     for iteration in range(iteration + 1, num_iterations + 1):
         frac = 1.0 - (iteration - 1.0) / num_iterations
         optimizer.param_groups[0]["lr"] = (
@@ -407,15 +409,14 @@ def main(args: Args):
                     obs[step]
                 )
             next_obs, reward, terminated, truncated, infos = envs.step(actions[step].cpu().numpy())
-            episode_return, episode_length = episode_return + reward, episode_length + 1
+            episode_return = episode_return + reward
+            episode_length = episode_length + 1
             global_step += args.num_envs
             reward = bootstrap_time_limits(
                 reward, terminated, truncated, infos, value_fn, args.gamma
             )
-            rewards[step], dones[step] = (
-                torch.as_tensor(reward),
-                torch.as_tensor(terminated | truncated),
-            )
+            rewards[step] = torch.as_tensor(reward)
+            dones[step] = torch.as_tensor(terminated | truncated)
             # every finished episode of every sub-env
             for i in np.flatnonzero(terminated | truncated):
                 logger.last_return = episode_return[i]
@@ -426,22 +427,19 @@ def main(args: Args):
                         "train/episodic_length": episode_length[i],
                     },
                 )
-                episode_return[i], episode_length[i] = 0.0, 0
+                episode_return[i] = 0.0
+                episode_length[i] = 0
         with torch.no_grad():
             next_value = agent.get_value(torch.as_tensor(next_obs, device=device))
         advantages, returns = compute_gae(
             rewards, values, dones, next_value, args.gamma, args.gae_lambda
         )
-        b_obs, b_actions, b_logprobs = (
-            obs.flatten(0, 1),
-            actions.flatten(0, 1),
-            logprobs.flatten(0, 1),
-        )
-        b_advantages, b_returns, b_values = (
-            advantages.flatten(0, 1),
-            returns.flatten(0, 1),
-            values.flatten(0, 1),
-        )
+        b_obs = obs.flatten(0, 1)
+        b_actions = actions.flatten(0, 1)
+        b_logprobs = logprobs.flatten(0, 1)
+        b_advantages = advantages.flatten(0, 1)
+        b_returns = returns.flatten(0, 1)
+        b_values = values.flatten(0, 1)
         for epoch in range(args.update_epochs):
             perm = torch.randperm(batch_size, device=device)
             for start in range(0, batch_size, minibatch_size):

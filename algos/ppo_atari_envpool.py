@@ -194,12 +194,11 @@ def compute_gae(rewards, values, dones, next_value, gamma, gae_lambda):
     """GAE (Schulman et al. 2016, eq. 16) on tensors of shape (T, N). dones[t]: the episode ended at
     step t (terminated or truncated; a truncation was already bootstrapped into rewards[t]). Returns
     (advantages, returns)."""
-    advantages, last = torch.zeros_like(rewards), torch.zeros_like(next_value)
+    advantages = torch.zeros_like(rewards)
+    last = torch.zeros_like(next_value)
     for t in reversed(range(len(rewards))):
-        next_values, nonterminal = (
-            next_value if t == len(rewards) - 1 else values[t + 1],
-            1.0 - dones[t],
-        )
+        next_values = next_value if t == len(rewards) - 1 else values[t + 1]
+        nonterminal = 1.0 - dones[t]
         delta = rewards[t] + gamma * next_values * nonterminal - values[t]
         advantages[t] = last = delta + gamma * gae_lambda * nonterminal * last
     return advantages, advantages + values
@@ -256,7 +255,8 @@ def ppo_loss(
             v_error,
             (old_values + (value - old_values).clamp(-clip_vloss, clip_vloss) - returns) ** 2,
         )
-    v_loss, entropy = 0.5 * mean(v_error), mean(entropy)
+    v_loss = 0.5 * mean(v_error)
+    entropy = mean(entropy)
     loss = pg_loss + vf_coef * v_loss - ent_coef * entropy
     # approx_kl: the k3 estimator of Schulman's note "Approximating KL divergence"
     with torch.no_grad():
@@ -316,16 +316,17 @@ def evaluate(agent, env_id, episodes, seed, device="cpu"):
     returns = []
     for ep in range(episodes):
         env = make_env(env_id, 1, seed + ep)
-        (obs, _), total, game_over, steps_to_fire = env.reset(), 0.0, False, 0
+        obs, _ = env.reset()
+        total = 0.0
+        game_over = False
+        steps_to_fire = 0
         while not game_over:
             action = agent.get_greedy_action(torch.as_tensor(obs, device=device)).cpu().numpy()
             if steps_to_fire == 0 and fire is not None:
                 action[0] = fire
             obs, _, terminated, truncated, info = env.step(action)
-            total, game_over = (
-                total + float(info["reward"][0]),
-                bool(info["terminated"][0] or truncated[0]),
-            )
+            total = total + float(info["reward"][0])
+            game_over = bool(info["terminated"][0] or truncated[0])
             # after a lost life, envpool's reset step first
             steps_to_fire = 1 if terminated[0] else steps_to_fire - 1
         returns.append(total)
@@ -339,7 +340,8 @@ def main(args: Args):
     start_step = ckpt["global_step"] if ckpt is not None else 0
     # a resumed run starts fresh games
     envs = make_env(args.env_id, args.num_envs, args.seed + start_step)
-    obs_shape, n_actions = envs.observation_space.shape, int(envs.action_space.n)  # of one env
+    obs_shape = envs.observation_space.shape  # of one env
+    n_actions = int(envs.action_space.n)
     agent = Agent(n_actions).to(device)
     # fused: 4x faster
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
@@ -367,9 +369,10 @@ def main(args: Args):
 
     obs = torch.zeros((args.num_steps, args.num_envs, *obs_shape), dtype=torch.uint8, device=device)
     actions = torch.zeros((args.num_steps, args.num_envs), dtype=torch.long, device=device)
-    logprobs, rewards, dones, values = (
-        torch.zeros((args.num_steps, args.num_envs), device=device) for _ in range(4)
-    )
+    logprobs = torch.zeros((args.num_steps, args.num_envs), device=device)
+    rewards = torch.zeros((args.num_steps, args.num_envs), device=device)
+    dones = torch.zeros((args.num_steps, args.num_envs), device=device)
+    values = torch.zeros((args.num_steps, args.num_envs), device=device)
     # not an envpool reset step
     valid = torch.zeros((args.num_steps, args.num_envs), dtype=torch.bool, device=device)
     next_obs, _ = envs.reset()
@@ -384,10 +387,8 @@ def main(args: Args):
         )
         clip_coef = frac * args.clip_coef if args.anneal_clip else args.clip_coef
         for step in range(args.num_steps):
-            obs[step], valid[step] = (
-                torch.as_tensor(next_obs, device=device),
-                torch.as_tensor(~resetting),
-            )
+            obs[step] = torch.as_tensor(next_obs, device=device)
+            valid[step] = torch.as_tensor(~resetting)
             with torch.no_grad():
                 actions[step], logprobs[step], _, values[step] = agent.get_action_and_value(
                     obs[step]
@@ -397,10 +398,8 @@ def main(args: Args):
             reward = bootstrap_time_limits(
                 reward, terminated, truncated, next_obs, value_fn, args.gamma
             )
-            rewards[step], dones[step] = (
-                torch.as_tensor(reward),
-                torch.as_tensor(terminated | truncated),
-            )
+            rewards[step] = torch.as_tensor(reward)
+            dones[step] = torch.as_tensor(terminated | truncated)
             resetting = terminated | truncated
             game_score += infos["reward"]  # envpool's unclipped reward
             # game over, not a lost life
@@ -419,16 +418,12 @@ def main(args: Args):
         advantages, returns = compute_gae(
             rewards, values, dones, next_value, args.gamma, args.gae_lambda
         )
-        b_obs, b_actions, b_logprobs = (
-            obs.flatten(0, 1),
-            actions.flatten(0, 1),
-            logprobs.flatten(0, 1),
-        )
-        b_advantages, b_returns, b_values = (
-            advantages.flatten(0, 1),
-            returns.flatten(0, 1),
-            values.flatten(0, 1),
-        )
+        b_obs = obs.flatten(0, 1)
+        b_actions = actions.flatten(0, 1)
+        b_logprobs = logprobs.flatten(0, 1)
+        b_advantages = advantages.flatten(0, 1)
+        b_returns = returns.flatten(0, 1)
+        b_values = values.flatten(0, 1)
         # the steps whose action the env took
         b_valid = torch.nonzero(valid.flatten(0, 1)).squeeze(1)
         for epoch in range(args.update_epochs):
@@ -456,7 +451,8 @@ def main(args: Args):
                 optimizer.step()
             if args.target_kl is not None and stats["approx_kl"] > args.target_kl:
                 break
-        b_returns, b_values = b_returns[b_valid], b_values[b_valid]
+        b_returns = b_returns[b_valid]
+        b_values = b_values[b_valid]
         # nan: constant returns
         stats["explained_variance"] = 1 - (b_returns - b_values).var() / b_returns.var()
         logger.log(

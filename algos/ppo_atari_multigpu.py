@@ -183,12 +183,11 @@ def compute_gae(rewards, values, dones, next_value, gamma, gae_lambda):
     """GAE (Schulman et al. 2016, eq. 16) on tensors of shape (T, N). dones[t]: the episode ended at
     step t (terminated or truncated; a truncation was already bootstrapped into rewards[t]). Returns
     (advantages, returns)."""
-    advantages, last = torch.zeros_like(rewards), torch.zeros_like(next_value)
+    advantages = torch.zeros_like(rewards)
+    last = torch.zeros_like(next_value)
     for t in reversed(range(len(rewards))):
-        next_values, nonterminal = (
-            next_value if t == len(rewards) - 1 else values[t + 1],
-            1.0 - dones[t],
-        )
+        next_values = next_value if t == len(rewards) - 1 else values[t + 1]
+        nonterminal = 1.0 - dones[t]
         delta = rewards[t] + gamma * next_values * nonterminal - values[t]
         advantages[t] = last = delta + gamma * gae_lambda * nonterminal * last
     return advantages, advantages + values
@@ -249,7 +248,8 @@ def ppo_loss(
             v_error,
             (old_values + (value - old_values).clamp(-clip_vloss, clip_vloss) - returns) ** 2,
         )
-    v_loss, entropy = 0.5 * mean(v_error), mean(entropy)
+    v_loss = 0.5 * mean(v_error)
+    entropy = mean(entropy)
     loss = pg_loss + vf_coef * v_loss - ent_coef * entropy
     # approx_kl: the k3 estimator of Schulman's note "Approximating KL divergence"
     with torch.no_grad():
@@ -300,7 +300,8 @@ def minibatch_loss(
 def evaluate(agent, env_id, episodes, seed, device="cpu", video_dir=None):
     """Greedy (argmax) whole games (all lives) on a fresh env preprocessed as in training; returns
     the list of unclipped game scores."""
-    env, returns = make_env(env_id, video_dir), []
+    env = make_env(env_id, video_dir)
+    returns = []
     for ep in range(episodes):
         obs, info = env.reset(seed=seed + ep)
         while "episode" not in info:  # RecordEpisodeStatistics's record of the game, when it ends
@@ -314,7 +315,8 @@ def evaluate(agent, env_id, episodes, seed, device="cpu", video_dir=None):
 
 
 def main(args: Args):
-    rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     # torchrun's environment; without torchrun: one process
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     # bad input stops every rank before the process group starts; rank 0 alone says why
@@ -343,17 +345,16 @@ def main(args: Args):
         [lambda: make_env(args.env_id)] * args.num_envs,
         autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
     )
-    obs_shape, n_actions = envs.single_observation_space.shape, int(envs.single_action_space.n)
+    obs_shape = envs.single_observation_space.shape
+    n_actions = int(envs.single_action_space.n)
     agent = Agent(n_actions).to(device)
     # fused: 4x faster
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
     loss_fn = torch.compile(minibatch_loss) if args.compile else minibatch_loss
     batch_size = args.num_envs * args.num_steps  # each rank's rollout
     global_batch = world_size * batch_size  # the steps of one update, all ranks together
-    minibatch_size, num_iterations = (
-        batch_size // args.num_minibatches,
-        args.total_timesteps // global_batch,
-    )
+    minibatch_size = batch_size // args.num_minibatches
+    num_iterations = args.total_timesteps // global_batch
     iteration = 0
 
     def run_eval(video_dir=None):  # evaluation games are seeded apart from training
@@ -393,9 +394,10 @@ def main(args: Args):
 
     obs = torch.zeros((args.num_steps, args.num_envs, *obs_shape), dtype=torch.uint8, device=device)
     actions = torch.zeros((args.num_steps, args.num_envs), dtype=torch.long, device=device)
-    logprobs, rewards, dones, values = (
-        torch.zeros((args.num_steps, args.num_envs), device=device) for _ in range(4)
-    )
+    logprobs = torch.zeros((args.num_steps, args.num_envs), device=device)
+    rewards = torch.zeros((args.num_steps, args.num_envs), device=device)
+    dones = torch.zeros((args.num_steps, args.num_envs), device=device)
+    values = torch.zeros((args.num_steps, args.num_envs), device=device)
     # a resumed run: fresh episodes
     next_obs, _ = envs.reset(seed=args.seed + global_step + rank * args.num_envs)
     # steps of the game (all its lives) each env is playing
@@ -417,10 +419,8 @@ def main(args: Args):
             reward = bootstrap_time_limits(
                 reward, terminated, truncated, infos, value_fn, args.gamma
             )
-            rewards[step], dones[step] = (
-                torch.as_tensor(reward),
-                torch.as_tensor(terminated | truncated),
-            )
+            rewards[step] = torch.as_tensor(reward)
+            dones[step] = torch.as_tensor(terminated | truncated)
             game_length += 1
             # RecordEpisodeStatistics's unclipped score of each game that ended
             games = infos.get("final_info", {})
@@ -440,16 +440,12 @@ def main(args: Args):
         advantages, returns = compute_gae(
             rewards, values, dones, next_value, args.gamma, args.gae_lambda
         )
-        b_obs, b_actions, b_logprobs = (
-            obs.flatten(0, 1),
-            actions.flatten(0, 1),
-            logprobs.flatten(0, 1),
-        )
-        b_advantages, b_returns, b_values = (
-            advantages.flatten(0, 1),
-            returns.flatten(0, 1),
-            values.flatten(0, 1),
-        )
+        b_obs = obs.flatten(0, 1)
+        b_actions = actions.flatten(0, 1)
+        b_logprobs = logprobs.flatten(0, 1)
+        b_advantages = advantages.flatten(0, 1)
+        b_returns = returns.flatten(0, 1)
+        b_values = values.flatten(0, 1)
         for epoch in range(args.update_epochs):
             perm = torch.randperm(batch_size, device=device)
             for start in range(0, batch_size, minibatch_size):
@@ -624,7 +620,8 @@ class QuietLogger:
     rank) stops the run as on rank 0."""
 
     def __init__(self):
-        self.stop_requested, self.last_return = False, float("nan")
+        self.stop_requested = False
+        self.last_return = float("nan")
         signal.signal(signal.SIGINT, self.request_stop)
 
     def request_stop(self, *_):
@@ -673,7 +670,8 @@ def check_args(args: Args):
             "target_kl": "x > 0",
         },
     )
-    batch, world_size = args.num_envs * args.num_steps, int(os.environ.get("WORLD_SIZE", "1"))
+    batch = args.num_envs * args.num_steps
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if batch % args.num_minibatches:
         fail(
             f"--num-minibatches {args.num_minibatches} does "

@@ -199,7 +199,8 @@ def normalize_observation(env, obs_rms: RunningMeanStd, update: bool):
     (CleanRL, SB3's VecNormalize). update=False freezes the statistics (evaluation). One obs_rms
     serves every env that uses it."""
     env = gym.wrappers.NormalizeObservation(env)
-    env.obs_rms, env.update_running_mean = obs_rms, update
+    env.obs_rms = obs_rms
+    env.update_running_mean = update
     return gym.wrappers.TransformObservation(
         env, lambda obs: np.clip(obs, -10, 10), env.observation_space
     )
@@ -284,12 +285,11 @@ def compute_gae(rewards, values, dones, next_value, gamma, gae_lambda):
     """GAE (Schulman et al. 2016, eq. 16) on tensors of shape (T, N). dones[t]: the episode ended at
     step t (terminated or truncated; a truncation was already bootstrapped into rewards[t]). Returns
     (advantages, returns)."""
-    advantages, last = torch.zeros_like(rewards), torch.zeros_like(next_value)
+    advantages = torch.zeros_like(rewards)
+    last = torch.zeros_like(next_value)
     for t in reversed(range(len(rewards))):
-        next_values, nonterminal = (
-            next_value if t == len(rewards) - 1 else values[t + 1],
-            1.0 - dones[t],
-        )
+        next_values = next_value if t == len(rewards) - 1 else values[t + 1]
+        nonterminal = 1.0 - dones[t]
         delta = rewards[t] + gamma * next_values * nonterminal - values[t]
         advantages[t] = last = delta + gamma * gae_lambda * nonterminal * last
     return advantages, advantages + values
@@ -350,7 +350,8 @@ def ppo_loss(
             v_error,
             (old_values + (value - old_values).clamp(-clip_vloss, clip_vloss) - returns) ** 2,
         )
-    v_loss, entropy = 0.5 * mean(v_error), mean(entropy)
+    v_loss = 0.5 * mean(v_error)
+    entropy = mean(entropy)
     loss = pg_loss + vf_coef * v_loss - ent_coef * entropy
     # approx_kl: the k3 estimator of Schulman's note "Approximating KL divergence"
     with torch.no_grad():
@@ -376,13 +377,16 @@ def evaluate(agent, obs_rms, env_id, episodes, seed, device="cpu", video_dir=Non
     )
     returns = []
     for ep in range(episodes):
-        (obs, _), done, total = env.reset(seed=seed + ep), False, 0.0
+        obs, _ = env.reset(seed=seed + ep)
+        done = False
+        total = 0.0
         while not done:
             action = agent.get_greedy_action(
                 torch.as_tensor(obs, dtype=torch.float32, device=device)[None]
             )
             obs, reward, terminated, truncated, _ = env.step(action[0].cpu().numpy())
-            total, done = total + float(reward), terminated or truncated
+            total = total + float(reward)
+            done = terminated or truncated
         returns.append(total)
     env.close()
     return returns
@@ -392,24 +396,21 @@ def main(args: Args):
     args, ckpt, run_dir = start_run(args, check_args)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     # one set of normalisation statistics for all envs: the set that is saved and used at evaluation
-    obs_rms, return_rms = (
-        RunningMeanStd(shape=env_spaces(args.env_id)[0].shape),
-        RunningMeanStd(shape=()),
-    )
+    obs_rms = RunningMeanStd(shape=env_spaces(args.env_id)[0].shape)
+    return_rms = RunningMeanStd(shape=())
     # same-step autoreset: a finished episode's last observation is in infos
     envs = gym.vector.SyncVectorEnv(
         [lambda: make_train_env(args.env_id, obs_rms, return_rms, args.gamma)] * args.num_envs,
         autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
     )
-    obs_dim, action_dim = envs.single_observation_space.shape[0], envs.single_action_space.shape[0]
+    obs_dim = envs.single_observation_space.shape[0]
+    action_dim = envs.single_action_space.shape[0]
     agent = Agent(obs_dim, action_dim).to(device)
     # fused: 4x faster
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
     batch_size = args.num_envs * args.num_steps
-    minibatch_size, num_iterations = (
-        batch_size // args.num_minibatches,
-        args.total_timesteps // batch_size,
-    )
+    minibatch_size = batch_size // args.num_minibatches
+    num_iterations = args.total_timesteps // batch_size
     iteration = 0
 
     def run_eval(video_dir=None):  # evaluation episodes are seeded apart from training
@@ -439,9 +440,10 @@ def main(args: Args):
 
     obs = torch.zeros((args.num_steps, args.num_envs, obs_dim), device=device)
     actions = torch.zeros((args.num_steps, args.num_envs, action_dim), device=device)
-    logprobs, rewards, dones, values = (
-        torch.zeros((args.num_steps, args.num_envs), device=device) for _ in range(4)
-    )
+    logprobs = torch.zeros((args.num_steps, args.num_envs), device=device)
+    rewards = torch.zeros((args.num_steps, args.num_envs), device=device)
+    dones = torch.zeros((args.num_steps, args.num_envs), device=device)
+    values = torch.zeros((args.num_steps, args.num_envs), device=device)
     next_obs, _ = envs.reset(seed=args.seed + global_step)  # a resumed run starts fresh episodes
     for iteration in range(iteration + 1, num_iterations + 1):
         frac = 1.0 - (iteration - 1.0) / num_iterations
@@ -460,10 +462,8 @@ def main(args: Args):
             reward = bootstrap_time_limits(
                 reward, terminated, truncated, infos, value_fn, args.gamma
             )
-            rewards[step], dones[step] = (
-                torch.as_tensor(reward),
-                torch.as_tensor(terminated | truncated),
-            )
+            rewards[step] = torch.as_tensor(reward)
+            dones[step] = torch.as_tensor(terminated | truncated)
             # RecordEpisodeStatistics's unnormalised return of each that ended
             episodes = infos.get("final_info", {})
             # every finished episode of every sub-env
@@ -481,16 +481,12 @@ def main(args: Args):
         advantages, returns = compute_gae(
             rewards, values, dones, next_value, args.gamma, args.gae_lambda
         )
-        b_obs, b_actions, b_logprobs = (
-            obs.flatten(0, 1),
-            actions.flatten(0, 1),
-            logprobs.flatten(0, 1),
-        )
-        b_advantages, b_returns, b_values = (
-            advantages.flatten(0, 1),
-            returns.flatten(0, 1),
-            values.flatten(0, 1),
-        )
+        b_obs = obs.flatten(0, 1)
+        b_actions = actions.flatten(0, 1)
+        b_logprobs = logprobs.flatten(0, 1)
+        b_advantages = advantages.flatten(0, 1)
+        b_returns = returns.flatten(0, 1)
+        b_values = values.flatten(0, 1)
         for epoch in range(args.update_epochs):
             perm = torch.randperm(batch_size, device=device)
             for start in range(0, batch_size, minibatch_size):

@@ -202,7 +202,8 @@ def normalize_observation(env, obs_rms: RunningMeanStd, update: bool):
     (CleanRL, SB3's VecNormalize). update=False freezes the statistics (evaluation). One obs_rms
     serves every env that uses it."""
     env = gym.wrappers.NormalizeObservation(env)
-    env.obs_rms, env.update_running_mean = obs_rms, update
+    env.obs_rms = obs_rms
+    env.update_running_mean = update
     return gym.wrappers.TransformObservation(
         env, lambda obs: np.clip(obs, -10, 10), env.observation_space
     )
@@ -303,12 +304,11 @@ def compute_gae(rewards, values, dones, next_value, gamma, gae_lambda):
     """GAE (Schulman et al. 2016, eq. 16) on tensors of shape (T, N). dones[t]: the episode ended at
     step t (terminated or truncated; a truncation was already bootstrapped into rewards[t]). Returns
     (advantages, returns)."""
-    advantages, last = torch.zeros_like(rewards), torch.zeros_like(next_value)
+    advantages = torch.zeros_like(rewards)
+    last = torch.zeros_like(next_value)
     for t in reversed(range(len(rewards))):
-        next_values, nonterminal = (
-            next_value if t == len(rewards) - 1 else values[t + 1],
-            1.0 - dones[t],
-        )
+        next_values = next_value if t == len(rewards) - 1 else values[t + 1]
+        nonterminal = 1.0 - dones[t]
         delta = rewards[t] + gamma * next_values * nonterminal - values[t]
         advantages[t] = last = delta + gamma * gae_lambda * nonterminal * last
     return advantages, advantages + values
@@ -364,7 +364,8 @@ def ppo_loss(
             v_error,
             (old_values + (value - old_values).clamp(-clip_vloss, clip_vloss) - returns) ** 2,
         )
-    v_loss, entropy = 0.5 * mean(v_error), mean(entropy)
+    v_loss = 0.5 * mean(v_error)
+    entropy = mean(entropy)
     loss = pg_loss + vf_coef * v_loss - ent_coef * entropy
     # approx_kl: the k3 estimator of Schulman's note "Approximating KL divergence"
     with torch.no_grad():
@@ -390,14 +391,17 @@ def evaluate(agent, obs_rms, env_id, episodes, seed, device="cpu", video_dir=Non
     returns = []
     no_start = torch.zeros(1, device=device)  # the state is zeroed below, at each reset
     for ep in range(episodes):
-        (obs, _), done, total = env.reset(seed=seed + ep), False, 0.0
+        obs, _ = env.reset(seed=seed + ep)
+        done = False
+        total = 0.0
         lstm_state = agent.initial_state(1, device)
         while not done:
             action, lstm_state = agent.get_greedy_action(
                 torch.as_tensor(obs, dtype=torch.float32, device=device), lstm_state, no_start
             )
             obs, reward, terminated, truncated, _ = env.step(action[0].cpu().numpy())
-            total, done = total + float(reward), terminated or truncated
+            total = total + float(reward)
+            done = terminated or truncated
         returns.append(total)
     env.close()
     return returns
@@ -485,7 +489,8 @@ def main(args: Args):
                     agent.get_action_and_value(obs[step], lstm_state, starts[step])
                 )
             next_obs, reward, terminated, truncated, infos = envs.step(actions[step].cpu().numpy())
-            episode_return, episode_length = episode_return + reward, episode_length + 1
+            episode_return = episode_return + reward
+            episode_length = episode_length + 1
             global_step += args.num_envs
             if args.norm_reward:
                 discounted_return = discounted_return * args.gamma + reward
@@ -508,7 +513,8 @@ def main(args: Args):
                         "train/episodic_length": episode_length[i],
                     },
                 )
-                episode_return[i], episode_length[i] = 0.0, 0
+                episode_return[i] = 0.0
+                episode_length[i] = 0
         with torch.no_grad():
             next_value = agent.get_value(
                 torch.as_tensor(next_obs, device=device), lstm_state, next_start

@@ -163,7 +163,8 @@ class QNetwork(nn.Module):
 
     def __init__(self, obs_shape: tuple, n_actions: int):
         super().__init__()
-        torso, features = [], obs_shape[0]
+        torso = []
+        features = obs_shape[0]
         if len(obs_shape) == 3:
             c, h, w = obs_shape
             # Flatten(-3): one unbatched observation too, as evaluate() passes
@@ -202,11 +203,13 @@ def q_lambda_returns(rewards, q_max, dones, next_q_max, gamma, q_lambda):
     was already bootstrapped into rewards[t]), which cuts both terms. lambda 0 gives one-step
     Q-learning targets, lambda 1 discounted returns bootstrapped only at the rollout's end."""
     returns = torch.zeros_like(rewards)
-    next_return, next_value = next_q_max, next_q_max
+    next_return = next_q_max
+    next_value = next_q_max
     for t in reversed(range(len(rewards))):
         future = q_lambda * next_return + (1.0 - q_lambda) * next_value
         returns[t] = rewards[t] + gamma * (1.0 - dones[t]) * future
-        next_return, next_value = returns[t], q_max[t]
+        next_return = returns[t]
+        next_value = q_max[t]
     return returns
 
 
@@ -229,15 +232,19 @@ def bootstrap_time_limits(reward, terminated, truncated, infos, value_fn, gamma)
 @torch.no_grad()
 def evaluate(q_network, env_id, episodes, seed, device="cpu", video_dir=None):
     """Greedy (argmax Q) episodes on a fresh env; returns the list of episodic returns."""
-    env, returns = make_env(env_id, video_dir), []
+    env = make_env(env_id, video_dir)
+    returns = []
     for ep in range(episodes):
-        (obs, _), done, total = env.reset(seed=seed + ep), False, 0.0
+        obs, _ = env.reset(seed=seed + ep)
+        done = False
+        total = 0.0
         while not done:
             action = q_network.get_greedy_action(
                 torch.as_tensor(obs, dtype=torch.float32, device=device)
             )
             obs, reward, terminated, truncated, _ = env.step(int(action))
-            total, done = total + float(reward), terminated or truncated
+            total = total + float(reward)
+            done = terminated or truncated
         returns.append(total)
     env.close()
     return returns
@@ -251,14 +258,13 @@ def main(args: Args):
         [lambda: make_env(args.env_id)] * args.num_envs,
         autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
     )
-    obs_shape, n_actions = envs.single_observation_space.shape, int(envs.single_action_space.n)
+    obs_shape = envs.single_observation_space.shape
+    n_actions = int(envs.single_action_space.n)
     q_network = QNetwork(obs_shape, n_actions).to(device)
     optimizer = torch.optim.RAdam(q_network.parameters(), lr=args.learning_rate)
     batch_size = args.num_envs * args.num_steps
-    minibatch_size, num_iterations = (
-        batch_size // args.num_minibatches,
-        args.total_timesteps // batch_size,
-    )
+    minibatch_size = batch_size // args.num_minibatches
+    num_iterations = args.total_timesteps // batch_size
     iteration = 0
 
     def run_eval(video_dir=None):  # evaluation episodes are seeded apart from training
@@ -281,12 +287,11 @@ def main(args: Args):
 
     obs = torch.zeros((args.num_steps, args.num_envs, *obs_shape), device=device)
     actions = torch.zeros((args.num_steps, args.num_envs), dtype=torch.long, device=device)
-    rewards, dones = (torch.zeros((args.num_steps, args.num_envs), device=device) for _ in range(2))
+    rewards = torch.zeros((args.num_steps, args.num_envs), device=device)
+    dones = torch.zeros((args.num_steps, args.num_envs), device=device)
     next_obs, _ = envs.reset(seed=args.seed + global_step)  # a resumed run starts fresh episodes
-    episode_return, episode_length = (
-        np.zeros(args.num_envs),
-        np.zeros(args.num_envs, dtype=np.int64),
-    )
+    episode_return = np.zeros(args.num_envs)
+    episode_length = np.zeros(args.num_envs, dtype=np.int64)
     for iteration in range(iteration + 1, num_iterations + 1):
         if args.anneal_lr:
             frac = 1.0 - (iteration - 1.0) / num_iterations
@@ -305,15 +310,14 @@ def main(args: Args):
             random_actions = torch.randint(n_actions, (args.num_envs,), device=device)
             actions[step] = torch.where(explore, random_actions, greedy)
             next_obs, reward, terminated, truncated, infos = envs.step(actions[step].cpu().numpy())
-            episode_return, episode_length = episode_return + reward, episode_length + 1
+            episode_return = episode_return + reward
+            episode_length = episode_length + 1
             global_step += args.num_envs
             reward = bootstrap_time_limits(
                 reward, terminated, truncated, infos, value_fn, args.gamma
             )
-            rewards[step], dones[step] = (
-                torch.as_tensor(reward),
-                torch.as_tensor(terminated | truncated),
-            )
+            rewards[step] = torch.as_tensor(reward)
+            dones[step] = torch.as_tensor(terminated | truncated)
             # every finished episode of every sub-env
             for i in np.flatnonzero(terminated | truncated):
                 logger.last_return = episode_return[i]
@@ -324,8 +328,10 @@ def main(args: Args):
                         "train/episodic_length": episode_length[i],
                     },
                 )
-                episode_return[i], episode_length[i] = 0.0, 0
-        b_obs, b_actions = obs.flatten(0, 1), actions.flatten(0, 1)
+                episode_return[i] = 0.0
+                episode_length[i] = 0
+        b_obs = obs.flatten(0, 1)
+        b_actions = actions.flatten(0, 1)
         # the targets come from the network that collected the rollout, once, before the epochs
         with torch.no_grad():
             q_max = q_network(b_obs).max(dim=-1).values.view(args.num_steps, args.num_envs)

@@ -248,7 +248,8 @@ class QNetwork(nn.Module):
         sigma0: float = 0.5,
     ):
         super().__init__()
-        self.n_actions, self.n_atoms = n_actions, n_atoms
+        self.n_actions = n_actions
+        self.n_atoms = n_atoms
         self.register_buffer("atoms", torch.linspace(v_min, v_max, n_atoms))
         self.network = nn.Sequential(
             nn.Conv2d(4, 32, 8, stride=4),
@@ -302,11 +303,14 @@ def categorical_projection(next_pmfs, rewards, terminated, gamma, atoms):
     future), clipped to [v_min, v_max], and its mass is split between the two atoms around Tz_j in
     proportion to closeness (all of it to one atom when Tz_j lands on it: floor == ceil). (batch,
     atoms) pmfs in, (batch, atoms) pmfs out."""
-    v_min, v_max, n_atoms = atoms[0], atoms[-1], len(atoms)
+    v_min = atoms[0]
+    v_max = atoms[-1]
+    n_atoms = len(atoms)
     tz = (rewards[:, None] + gamma * (1.0 - terminated[:, None]) * atoms).clamp(v_min, v_max)
     # index of Tz_j (clamp: rounding)
     b = ((tz - v_min) / ((v_max - v_min) / (n_atoms - 1))).clamp(0, n_atoms - 1)
-    lower, upper = b.floor().long(), b.ceil().long()
+    lower = b.floor().long()
+    upper = b.ceil().long()
     target = torch.zeros_like(next_pmfs)
     # lower == upper: all to that atom
     target.scatter_add_(1, lower, next_pmfs * (upper - b + (lower == upper)))
@@ -399,26 +403,32 @@ class ReplayBuffer:
     FIELDS = ("frames", "steps", "actions", "rewards", "terminated", "valid")
 
     def __init__(self, size: int, num_envs: int, obs_shape: tuple, rng: np.random.Generator):
-        self.size, self.n_stack = size // num_envs, obs_shape[0]  # slots per env, frames per stack
+        self.size = size // num_envs  # slots per env
+        self.n_stack = obs_shape[0]  # frames per stack
         self.frames = np.zeros((num_envs, self.size, *obs_shape[1:]), np.uint8)
-        self.steps, self.actions = (np.zeros((num_envs, self.size), np.int64) for _ in range(2))
-        self.rewards, self.terminated = (
-            np.zeros((num_envs, self.size), np.float32) for _ in range(2)
-        )
+        self.steps = np.zeros((num_envs, self.size), np.int64)
+        self.actions = np.zeros((num_envs, self.size), np.int64)
+        self.rewards = np.zeros((num_envs, self.size), np.float32)
+        self.terminated = np.zeros((num_envs, self.size), np.float32)
         # a step was taken from the slot and all its frames are kept
         self.valid = np.zeros((num_envs, self.size), bool)
-        self.pos, self.full, self.rng = np.zeros(num_envs, np.int64), np.zeros(num_envs, bool), rng
+        self.pos = np.zeros(num_envs, np.int64)
+        self.full = np.zeros(num_envs, bool)
+        self.rng = rng
 
     def write(self, env: int, frame, step: int):
         """Store a frame at env's cursor; the stacks of the oldest steps that reached back to the
         frame it held go."""
-        p, k = self.pos[env], np.arange(1, self.n_stack)
+        p = self.pos[env]
+        k = np.arange(1, self.n_stack)
         # the stacks of the steps k slots on reach back to p if their episode was k old
         ahead = (p + k) % self.size
         self.valid[env, p] = False  # no step taken from p yet
         self.valid[env, ahead] &= self.steps[env, ahead] < k
-        self.frames[env, p], self.steps[env, p] = frame, step
-        self.pos[env], self.full[env] = (p + 1) % self.size, self.full[env] or p + 1 == self.size
+        self.frames[env, p] = frame
+        self.steps[env, p] = step
+        self.pos[env] = (p + 1) % self.size
+        self.full[env] = self.full[env] or p + 1 == self.size
 
     def add(self, obs, next_obs, actions, rewards, terminated, first):
         """One step of every env. obs[i]'s newest frame is stored already (as the last next_obs)
@@ -427,11 +437,9 @@ class ReplayBuffer:
             if first[i]:
                 self.write(i, obs[i, -1], 0)
             t = (self.pos[i] - 1) % self.size  # the slot of obs[i]
-            self.actions[i, t], self.rewards[i, t], self.terminated[i, t] = (
-                actions[i],
-                rewards[i],
-                terminated[i],
-            )
+            self.actions[i, t] = actions[i]
+            self.rewards[i, t] = rewards[i]
+            self.terminated[i, t] = terminated[i]
             self.write(i, next_obs[i, -1], self.steps[i, t] + 1)
             self.valid[i, t] = True
 
@@ -449,8 +457,10 @@ class ReplayBuffer:
         filled = np.where(self.full, self.size, self.pos)[env]
         slot = self.rng.integers(0, filled)
         # draw again where no step starts (episodes' last slots)
-        while not (ok := self.valid[env, slot]).all():
+        ok = self.valid[env, slot]
+        while not ok.all():
             slot[~ok] = self.rng.integers(0, filled[~ok])
+            ok = self.valid[env, slot]
         batch = (
             self.stacks(env, slot),
             self.stacks(env, (slot + 1) % self.size),
@@ -498,13 +508,17 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         eps: float,
     ):
         super().__init__(size, num_envs, obs_shape, rng)
-        self.n_step, self.gamma, self.alpha, self.eps = n_step, gamma, alpha, eps
+        self.n_step = n_step
+        self.gamma = gamma
+        self.alpha = alpha
+        self.eps = eps
         # per slot: the n-step return, its steps k and whether a termination ended it
         self.returns = np.zeros((num_envs, self.size), np.float32)
         self.horizon = np.zeros((num_envs, self.size), np.int64)
         self.done = np.zeros((num_envs, self.size), np.float32)
         # leaf env * size + slot: a slot's priority^alpha, 0 where no transition may be drawn
-        self.tree, self.max_priority = SumTree(num_envs * self.size), 1.0
+        self.tree = SumTree(num_envs * self.size)
+        self.max_priority = 1.0
 
     def write(self, env: int, frame, step: int):
         """ReplayBuffer.write; the slot overwritten and the transitions whose stacks reached back to
@@ -529,7 +543,8 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             t = (self.pos[i] - 2) % self.size  # the slot of this step
             k = np.arange(min(self.n_step, self.steps[i, t] + 1))  # it is step k of the windows
             window = (t - k) % self.size
-            self.returns[i, t], self.horizon[i, t] = 0.0, 0
+            self.returns[i, t] = 0.0
+            self.horizon[i, t] = 0
             self.returns[i, window] += self.gamma**k * rewards[i]
             self.horizon[i, window] += 1
             self.done[i, window] = terminated[i]
@@ -552,8 +567,10 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             (np.arange(batch_size) + self.rng.random(batch_size)) / batch_size * total
         )
         # draw again where float rounding at the end of a part found an empty leaf
-        while not (ok := self.tree.nodes[self.tree.n + leaves] > 0).all():
+        ok = self.tree.nodes[self.tree.n + leaves] > 0
+        while not ok.all():
             leaves[~ok] = self.tree.find(self.rng.random((~ok).sum()) * total)
+            ok = self.tree.nodes[self.tree.n + leaves] > 0
         env, slot = np.divmod(leaves, self.size)
         probs = self.tree.leaves[leaves] / total
         # (N P(i))^-beta / max_j (N P(j))^-beta: N (the transitions stored) cancels
@@ -600,7 +617,9 @@ def evaluate(
     probability epsilon (--eval-epsilon: 0.05, Nature DQN's evaluation, in the Q-learning scripts; 0
     in sac_atari.py), else agent.get_greedy_action; returns the list of unclipped game scores. With
     video_dir, game 0 is recorded there."""
-    env, rng, returns = make_env(env_id, video_dir), np.random.default_rng(seed), []
+    env = make_env(env_id, video_dir)
+    rng = np.random.default_rng(seed)
+    returns = []
     for ep in range(episodes):
         obs, info = env.reset(seed=seed + ep)
         while "episode" not in info:  # RecordEpisodeStatistics's record of the game, when it ends
@@ -635,7 +654,8 @@ def main(args: Args):
         [lambda: make_env(args.env_id)] * args.num_envs,
         autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
     )
-    obs_shape, n_actions = envs.single_observation_space.shape, int(envs.single_action_space.n)
+    obs_shape = envs.single_observation_space.shape
+    n_actions = int(envs.single_action_space.n)
     support = (args.n_atoms, args.v_min, args.v_max, args.noisy_sigma0)
     q_network = QNetwork(n_actions, *support).to(device)
     target_network = QNetwork(n_actions, *support).to(device)
@@ -705,7 +725,8 @@ def main(args: Args):
         # right after rb.add: on Ctrl-C the steps counted are the steps stored
         global_step += args.num_envs
         # an episode ends with a life; a game with the last one
-        obs, first = next_obs, terminated | truncated
+        obs = next_obs
+        first = terminated | truncated
         game_length += 1
         # RecordEpisodeStatistics's unclipped score of each game that ended
         games = infos.get("final_info", {})

@@ -267,26 +267,32 @@ class ReplayBuffer:
     FIELDS = ("frames", "steps", "actions", "rewards", "terminated", "valid")
 
     def __init__(self, size: int, num_envs: int, obs_shape: tuple, rng: np.random.Generator):
-        self.size, self.n_stack = size // num_envs, obs_shape[0]  # slots per env, frames per stack
+        self.size = size // num_envs  # slots per env
+        self.n_stack = obs_shape[0]  # frames per stack
         self.frames = np.zeros((num_envs, self.size, *obs_shape[1:]), np.uint8)
-        self.steps, self.actions = (np.zeros((num_envs, self.size), np.int64) for _ in range(2))
-        self.rewards, self.terminated = (
-            np.zeros((num_envs, self.size), np.float32) for _ in range(2)
-        )
+        self.steps = np.zeros((num_envs, self.size), np.int64)
+        self.actions = np.zeros((num_envs, self.size), np.int64)
+        self.rewards = np.zeros((num_envs, self.size), np.float32)
+        self.terminated = np.zeros((num_envs, self.size), np.float32)
         # a step was taken from the slot and all its frames are kept
         self.valid = np.zeros((num_envs, self.size), bool)
-        self.pos, self.full, self.rng = np.zeros(num_envs, np.int64), np.zeros(num_envs, bool), rng
+        self.pos = np.zeros(num_envs, np.int64)
+        self.full = np.zeros(num_envs, bool)
+        self.rng = rng
 
     def write(self, env: int, frame, step: int):
         """Store a frame at env's cursor; the stacks of the oldest steps that reached back to the
         frame it held go."""
-        p, k = self.pos[env], np.arange(1, self.n_stack)
+        p = self.pos[env]
+        k = np.arange(1, self.n_stack)
         # the stacks of the steps k slots on reach back to p if their episode was k old
         ahead = (p + k) % self.size
         self.valid[env, p] = False  # no step taken from p yet
         self.valid[env, ahead] &= self.steps[env, ahead] < k
-        self.frames[env, p], self.steps[env, p] = frame, step
-        self.pos[env], self.full[env] = (p + 1) % self.size, self.full[env] or p + 1 == self.size
+        self.frames[env, p] = frame
+        self.steps[env, p] = step
+        self.pos[env] = (p + 1) % self.size
+        self.full[env] = self.full[env] or p + 1 == self.size
 
     def add(self, obs, next_obs, actions, rewards, terminated, first):
         """One step of every env. obs[i]'s newest frame is stored already (as the last next_obs)
@@ -295,11 +301,9 @@ class ReplayBuffer:
             if first[i]:
                 self.write(i, obs[i, -1], 0)
             t = (self.pos[i] - 1) % self.size  # the slot of obs[i]
-            self.actions[i, t], self.rewards[i, t], self.terminated[i, t] = (
-                actions[i],
-                rewards[i],
-                terminated[i],
-            )
+            self.actions[i, t] = actions[i]
+            self.rewards[i, t] = rewards[i]
+            self.terminated[i, t] = terminated[i]
             self.write(i, next_obs[i, -1], self.steps[i, t] + 1)
             self.valid[i, t] = True
 
@@ -317,8 +321,10 @@ class ReplayBuffer:
         filled = np.where(self.full, self.size, self.pos)[env]
         slot = self.rng.integers(0, filled)
         # draw again where no step starts (episodes' last slots)
-        while not (ok := self.valid[env, slot]).all():
+        ok = self.valid[env, slot]
+        while not ok.all():
             slot[~ok] = self.rng.integers(0, filled[~ok])
+            ok = self.valid[env, slot]
         batch = (
             self.stacks(env, slot),
             self.stacks(env, (slot + 1) % self.size),
@@ -351,7 +357,9 @@ def evaluate(
     probability epsilon (--eval-epsilon: 0.05, Nature DQN's evaluation, in the Q-learning scripts; 0
     in sac_atari.py), else agent.get_greedy_action; returns the list of unclipped game scores. With
     video_dir, game 0 is recorded there."""
-    env, rng, returns = make_env(env_id, video_dir), np.random.default_rng(seed), []
+    env = make_env(env_id, video_dir)
+    rng = np.random.default_rng(seed)
+    returns = []
     for ep in range(episodes):
         obs, info = env.reset(seed=seed + ep)
         while "episode" not in info:  # RecordEpisodeStatistics's record of the game, when it ends
@@ -386,10 +394,13 @@ def main(args: Args):
         [lambda: make_env(args.env_id)] * args.num_envs,
         autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
     )
-    obs_shape, n_actions = envs.single_observation_space.shape, int(envs.single_action_space.n)
+    obs_shape = envs.single_observation_space.shape
+    n_actions = int(envs.single_action_space.n)
     actor = Actor(n_actions).to(device)
-    qf1, qf2 = QNetwork(n_actions).to(device), QNetwork(n_actions).to(device)
-    qf1_target, qf2_target = QNetwork(n_actions).to(device), QNetwork(n_actions).to(device)
+    qf1 = QNetwork(n_actions).to(device)
+    qf2 = QNetwork(n_actions).to(device)
+    qf1_target = QNetwork(n_actions).to(device)
+    qf2_target = QNetwork(n_actions).to(device)
     qf1_target.load_state_dict(qf1.state_dict())
     qf2_target.load_state_dict(qf2.state_dict())
     q_optimizer = torch.optim.Adam(
@@ -464,7 +475,8 @@ def main(args: Args):
         # right after rb.add: on Ctrl-C the steps counted are the steps stored
         global_step += args.num_envs
         # an episode ends with a life; a game with the last one
-        obs, first = next_obs, terminated | truncated
+        obs = next_obs
+        first = terminated | truncated
         game_length += 1
         # RecordEpisodeStatistics's unclipped score of each game that ended
         games = infos.get("final_info", {})
@@ -500,8 +512,10 @@ def main(args: Args):
                         args.gamma,
                         alpha,
                     )
-                q1, q2 = qf1(b_obs), qf2(b_obs)
-                q1_taken, q2_taken = (q.gather(1, b_actions[:, None]).squeeze(1) for q in (q1, q2))
+                q1 = qf1(b_obs)
+                q2 = qf2(b_obs)
+                q1_taken = q1.gather(1, b_actions[:, None]).squeeze(1)
+                q2_taken = q2.gather(1, b_actions[:, None]).squeeze(1)
                 qf_loss = F.mse_loss(q1_taken, target) + F.mse_loss(q2_taken, target)
                 q_optimizer.zero_grad()
                 qf_loss.backward()

@@ -160,16 +160,12 @@ class Actor(nn.Module):
             nn.Linear(256, action_dim),
             nn.Tanh(),
         )
-        low, high = (
-            torch.tensor(x, dtype=torch.float32).expand(action_dim).clone()
-            for x in (action_low, action_high)
-        )
+        low = torch.tensor(action_low, dtype=torch.float32).expand(action_dim).clone()
+        high = torch.tensor(action_high, dtype=torch.float32).expand(action_dim).clone()
         self.register_buffer("action_scale", (high - low) / 2)
         self.register_buffer("action_bias", (high + low) / 2)
-        mean, std = (
-            torch.tensor(x, dtype=torch.float32).expand(obs_dim).clone()
-            for x in (obs_mean, obs_std)
-        )
+        mean = torch.tensor(obs_mean, dtype=torch.float32).expand(obs_dim).clone()
+        std = torch.tensor(obs_std, dtype=torch.float32).expand(obs_dim).clone()
         self.register_buffer("obs_mean", mean)
         self.register_buffer("obs_std", std)
 
@@ -267,9 +263,11 @@ def normalize_observations(data: dict, on: bool):
     it sees. Off (on False), and for a MinAtar grid of 0/1 cells (a cell never set in the data,
     divided by 1e-3, would blow up): mean 0 and std 1."""
     shape = data["obs"].shape[1:]
-    mean, std = data["obs"].mean(0), data["obs"].std(0) + 1e-3
+    mean = data["obs"].mean(0)
+    std = data["obs"].std(0) + 1e-3
     if not on or len(shape) == 3:
-        mean, std = np.zeros(shape, np.float32), np.ones(shape, np.float32)
+        mean = np.zeros(shape, np.float32)
+        std = np.ones(shape, np.float32)
     data["obs"] = (data["obs"] - mean) / std
     data["next_obs"] = (data["next_obs"] - mean) / std
     return mean, std
@@ -290,7 +288,8 @@ def offline_eval(policy, args, dataset, device, video_dir=None) -> dict:
 def normalized_scores(returns, dataset) -> list:
     """D4RL's normalised score of each return, 100 * (R - random) / (expert - random), with the
     dataset's reference returns (ref_min_score, ref_max_score); [] for a dataset without them."""
-    low, high = (dataset.storage.metadata.get(k) for k in ("ref_min_score", "ref_max_score"))
+    low = dataset.storage.metadata.get("ref_min_score")
+    high = dataset.storage.metadata.get("ref_max_score")
     return [] if low is None or high is None else [100 * (r - low) / (high - low) for r in returns]
 
 
@@ -304,7 +303,8 @@ class OfflineBuffer:
     def __init__(self, arrays: dict, device, rng: np.random.Generator):
         for name in self.FIELDS:
             setattr(self, name, torch.as_tensor(arrays[name], device=device))
-        self.size, self.rng = len(arrays["rewards"]), rng
+        self.size = len(arrays["rewards"])
+        self.rng = rng
 
     def sample(self, batch_size: int):
         idx = torch.as_tensor(self.rng.integers(0, self.size, batch_size), device=self.obs.device)
@@ -319,15 +319,19 @@ class OfflineBuffer:
 def evaluate(actor, env_id, episodes, seed, device="cpu", video_dir=None):
     """Deterministic episodes (actor.get_greedy_action, no noise) on a fresh env; returns the
     episodic returns."""
-    env, returns = make_env(env_id, video_dir), []
+    env = make_env(env_id, video_dir)
+    returns = []
     for ep in range(episodes):
-        (obs, _), done, total = env.reset(seed=seed + ep), False, 0.0
+        obs, _ = env.reset(seed=seed + ep)
+        done = False
+        total = 0.0
         while not done:
             action = actor.get_greedy_action(
                 torch.as_tensor(obs, dtype=torch.float32, device=device)[None]
             )
             obs, reward, terminated, truncated, _ = env.step(action[0].cpu().numpy())
-            total, done = total + float(reward), terminated or truncated
+            total = total + float(reward)
+            done = terminated or truncated
         returns.append(total)
     env.close()
     return returns
@@ -350,16 +354,17 @@ def main(args: Args):
     dataset = open_dataset(args.dataset)
     data = dataset_arrays(dataset)
     obs_mean, obs_std = normalize_observations(data, args.normalize_obs)
-    obs_dim, action_dim = data["obs"].shape[1], data["actions"].shape[1]
-    low, high = dataset.action_space.low, dataset.action_space.high
+    obs_dim = data["obs"].shape[1]
+    action_dim = data["actions"].shape[1]
+    low = dataset.action_space.low
+    high = dataset.action_space.high
     actor = Actor(obs_dim, action_dim, low, high, obs_mean, obs_std).to(device)
     actor_target = Actor(obs_dim, action_dim, low, high, obs_mean, obs_std).to(device)
     actor_target.load_state_dict(actor.state_dict())
-    qf1, qf2 = QNetwork(obs_dim, action_dim).to(device), QNetwork(obs_dim, action_dim).to(device)
-    qf1_target, qf2_target = (
-        QNetwork(obs_dim, action_dim).to(device),
-        QNetwork(obs_dim, action_dim).to(device),
-    )
+    qf1 = QNetwork(obs_dim, action_dim).to(device)
+    qf2 = QNetwork(obs_dim, action_dim).to(device)
+    qf1_target = QNetwork(obs_dim, action_dim).to(device)
+    qf2_target = QNetwork(obs_dim, action_dim).to(device)
     qf1_target.load_state_dict(qf1.state_dict())
     qf2_target.load_state_dict(qf2.state_dict())
     q_optimizer = torch.optim.Adam(
@@ -409,8 +414,10 @@ def main(args: Args):
                 b_terminated,
                 args.gamma,
             )
-        q1, q2 = qf1(b_obs, b_actions), qf2(b_obs, b_actions)
-        qf1_loss, qf2_loss = F.mse_loss(q1, target), F.mse_loss(q2, target)
+        q1 = qf1(b_obs, b_actions)
+        q2 = qf2(b_obs, b_actions)
+        qf1_loss = F.mse_loss(q1, target)
+        qf2_loss = F.mse_loss(q2, target)
         q_optimizer.zero_grad()
         (qf1_loss + qf2_loss).backward()
         q_optimizer.step()

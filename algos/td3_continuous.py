@@ -159,10 +159,8 @@ class Actor(nn.Module):
             nn.Linear(256, action_dim),
             nn.Tanh(),
         )
-        low, high = (
-            torch.tensor(x, dtype=torch.float32).expand(action_dim).clone()
-            for x in (action_low, action_high)
-        )
+        low = torch.tensor(action_low, dtype=torch.float32).expand(action_dim).clone()
+        high = torch.tensor(action_high, dtype=torch.float32).expand(action_dim).clone()
         self.register_buffer("action_scale", (high - low) / 2)
         self.register_buffer("action_bias", (high + low) / 2)
 
@@ -198,25 +196,22 @@ class ReplayBuffer:
     FIELDS = ("obs", "next_obs", "actions", "rewards", "terminated")
 
     def __init__(self, size: int, obs_dim: int, action_dim: int, rng: np.random.Generator):
-        self.obs, self.next_obs = (
-            np.zeros((size, obs_dim), np.float32),
-            np.zeros((size, obs_dim), np.float32),
-        )
-        self.actions, self.rewards, self.terminated = (
-            np.zeros((size, action_dim), np.float32),
-            np.zeros(size, np.float32),
-            np.zeros(size, np.float32),
-        )
-        self.size, self.pos, self.full, self.rng = size, 0, False, rng
+        self.obs = np.zeros((size, obs_dim), np.float32)
+        self.next_obs = np.zeros((size, obs_dim), np.float32)
+        self.actions = np.zeros((size, action_dim), np.float32)
+        self.rewards = np.zeros(size, np.float32)
+        self.terminated = np.zeros(size, np.float32)
+        self.size = size
+        self.pos = 0
+        self.full = False
+        self.rng = rng
 
     def add(self, obs, next_obs, actions, rewards, terminated):
         idx = (self.pos + np.arange(len(obs))) % self.size
         for name, value in zip(self.FIELDS, (obs, next_obs, actions, rewards, terminated)):
             getattr(self, name)[idx] = value
-        self.full, self.pos = (
-            self.full or self.pos + len(obs) >= self.size,
-            (self.pos + len(obs)) % self.size,
-        )
+        self.full = self.full or self.pos + len(obs) >= self.size
+        self.pos = (self.pos + len(obs)) % self.size
 
     def sample(self, batch_size: int, device):
         """A uniform minibatch (obs, next_obs, actions, rewards, terminated) as tensors on
@@ -240,15 +235,19 @@ class ReplayBuffer:
 def evaluate(actor, env_id, episodes, seed, device="cpu", video_dir=None):
     """Deterministic episodes (actor.get_greedy_action, no noise) on a fresh env; returns the
     episodic returns."""
-    env, returns = make_env(env_id, video_dir), []
+    env = make_env(env_id, video_dir)
+    returns = []
     for ep in range(episodes):
-        (obs, _), done, total = env.reset(seed=seed + ep), False, 0.0
+        obs, _ = env.reset(seed=seed + ep)
+        done = False
+        total = 0.0
         while not done:
             action = actor.get_greedy_action(
                 torch.as_tensor(obs, dtype=torch.float32, device=device)[None]
             )
             obs, reward, terminated, truncated, _ = env.step(action[0].cpu().numpy())
-            total, done = total + float(reward), terminated or truncated
+            total = total + float(reward)
+            done = terminated or truncated
         returns.append(total)
     env.close()
     return returns
@@ -273,16 +272,17 @@ def main(args: Args):
         [lambda: make_env(args.env_id)] * args.num_envs,
         autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
     )
-    obs_dim, action_dim = envs.single_observation_space.shape[0], envs.single_action_space.shape[0]
-    low, high = envs.single_action_space.low, envs.single_action_space.high
+    obs_dim = envs.single_observation_space.shape[0]
+    action_dim = envs.single_action_space.shape[0]
+    low = envs.single_action_space.low
+    high = envs.single_action_space.high
     actor = Actor(obs_dim, action_dim, low, high).to(device)
     actor_target = Actor(obs_dim, action_dim, low, high).to(device)
     actor_target.load_state_dict(actor.state_dict())
-    qf1, qf2 = QNetwork(obs_dim, action_dim).to(device), QNetwork(obs_dim, action_dim).to(device)
-    qf1_target, qf2_target = (
-        QNetwork(obs_dim, action_dim).to(device),
-        QNetwork(obs_dim, action_dim).to(device),
-    )
+    qf1 = QNetwork(obs_dim, action_dim).to(device)
+    qf2 = QNetwork(obs_dim, action_dim).to(device)
+    qf1_target = QNetwork(obs_dim, action_dim).to(device)
+    qf2_target = QNetwork(obs_dim, action_dim).to(device)
     qf1_target.load_state_dict(qf1.state_dict())
     qf2_target.load_state_dict(qf2.state_dict())
     q_optimizer = torch.optim.Adam(
@@ -318,10 +318,8 @@ def main(args: Args):
     global_step = iteration * args.num_envs
     logger = RunLogger(args, run_dir, num_iterations * args.num_envs, global_step, ckpt=ckpt)
     obs, _ = envs.reset(seed=args.seed + global_step)  # a resumed run starts fresh episodes
-    episode_return, episode_length = (
-        np.zeros(args.num_envs),
-        np.zeros(args.num_envs, dtype=np.int64),
-    )
+    episode_return = np.zeros(args.num_envs)
+    episode_length = np.zeros(args.num_envs, dtype=np.int64)
     actor_loss = torch.tensor(float("nan"))  # logged before the first delayed actor update
     for iteration in range(iteration, num_iterations):
         if global_step < args.learning_starts:  # uniform random actions fill the buffer first
@@ -344,7 +342,8 @@ def main(args: Args):
         # right after rb.add: on Ctrl-C the steps counted are the steps stored
         global_step += args.num_envs
         obs = next_obs
-        episode_return, episode_length = episode_return + rewards, episode_length + 1
+        episode_return = episode_return + rewards
+        episode_length = episode_length + 1
         for i in np.flatnonzero(terminated | truncated):  # every finished episode of every sub-env
             logger.last_return = episode_return[i]
             logger.log(
@@ -354,7 +353,8 @@ def main(args: Args):
                     "train/episodic_length": episode_length[i],
                 },
             )
-            episode_return[i], episode_length[i] = 0.0, 0
+            episode_return[i] = 0.0
+            episode_length[i] = 0
         # ---- end shared: continuous/step ----
 
         if global_step > args.learning_starts:
@@ -380,8 +380,10 @@ def main(args: Args):
                         b_terminated,
                         args.gamma,
                     )
-                q1, q2 = qf1(b_obs, b_actions), qf2(b_obs, b_actions)
-                qf1_loss, qf2_loss = F.mse_loss(q1, target), F.mse_loss(q2, target)
+                q1 = qf1(b_obs, b_actions)
+                q2 = qf2(b_obs, b_actions)
+                qf1_loss = F.mse_loss(q1, target)
+                qf2_loss = F.mse_loss(q2, target)
                 q_optimizer.zero_grad()
                 (qf1_loss + qf2_loss).backward()
                 q_optimizer.step()

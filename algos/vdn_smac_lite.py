@@ -117,11 +117,9 @@ class RNNAgent(nn.Module):
 
     def __init__(self, input_dim: int, n_actions: int, hidden: int):
         super().__init__()
-        self.fc1, self.gru, self.fc2 = (
-            nn.Linear(input_dim, hidden),
-            nn.GRUCell(hidden, hidden),
-            nn.Linear(hidden, n_actions),
-        )
+        self.fc1 = nn.Linear(input_dim, hidden)
+        self.gru = nn.GRUCell(hidden, hidden)
+        self.fc2 = nn.Linear(hidden, n_actions)
 
     def forward(self, inputs, hidden):
         """One step of every agent of every battle: inputs (..., agents, features), hidden (...,
@@ -191,18 +189,21 @@ class EpisodeBuffer:
 
     def __init__(self, size, num_envs, steps, n_agents, obs_dim, state_dim, n_actions, device):
         shapes = self.step_fields(n_agents, obs_dim, state_dim, n_actions)
-        self.episodes, self.staging = (
-            {
-                k: torch.zeros((n, steps + 1, *shape), dtype=dtype, device=device)
-                for k, (shape, dtype) in shapes.items()
-            }
-            for n in (size + 1, num_envs)
-        )
+        self.episodes = {
+            k: torch.zeros(((size + 1), steps + 1, *shape), dtype=dtype, device=device)
+            for k, (shape, dtype) in shapes.items()
+        }
+        self.staging = {
+            k: torch.zeros((num_envs, steps + 1, *shape), dtype=dtype, device=device)
+            for k, (shape, dtype) in shapes.items()
+        }
         # each battle's step in its episode
         self.t = torch.zeros(num_envs, dtype=torch.long, device=device)
         # next row, stored
-        self.pos, self.count = (torch.zeros((), dtype=torch.long, device=device) for _ in range(2))
-        self.size, self.battles = size, torch.arange(num_envs, device=device)
+        self.pos = torch.zeros((), dtype=torch.long, device=device)
+        self.count = torch.zeros((), dtype=torch.long, device=device)
+        self.size = size
+        self.battles = torch.arange(num_envs, device=device)
 
     @staticmethod
     def step_fields(n_agents, obs_dim, state_dim, n_actions) -> dict:
@@ -251,10 +252,8 @@ class EpisodeBuffer:
         dest = torch.where(done, (self.pos + done.cumsum(0) - 1) % self.size, self.size)
         for name, episodes in self.episodes.items():
             episodes.index_copy_(0, dest, self.staging[name])
-        self.pos, self.count = (
-            (self.pos + done.sum()) % self.size,
-            (self.count + done.sum()).clamp(max=self.size),
-        )
+        self.pos = (self.pos + done.sum()) % self.size
+        self.count = (self.count + done.sum()).clamp(max=self.size)
         # a new episode starts empty (its padding stays unfilled)
         self.staging["filled"].mul_((~done)[:, None])
         self.t = torch.where(done, 0, self.t + 1)
@@ -330,7 +329,8 @@ def td_loss(
             target_mixer(q_next, batch["state"][:, 1:]),
             gamma,
         )
-    q_tot, mask = mixer(chosen, batch["state"][:, :-1]), batch["filled"][:, :-1]
+    q_tot = mixer(chosen, batch["state"][:, :-1])
+    mask = batch["filled"][:, :-1]
     n = mask.sum().clamp(min=1)
     return (((q_tot - targets) * mask) ** 2).sum() / n, (q_tot * mask).sum().detach() / n
 
@@ -345,13 +345,12 @@ def evaluate(agent, map_name, battles, seed, device="cpu", frames=None):
     env = smac_lite.BatchedSMAC(
         map_name, num_envs=battles, device=device, seed=seed, auto_reset=False
     )
-    (obs, _, avail), agent_ids = env.reset(), torch.eye(env.n_agents, device=device)
+    obs, _, avail = env.reset()
+    agent_ids = torch.eye(env.n_agents, device=device)
     hidden = torch.zeros(battles, env.n_agents, agent.gru.hidden_size, device=device)
     last_actions = torch.zeros(battles, env.n_agents, env.n_actions, device=device)
-    finished, won = (
-        torch.zeros(battles, dtype=torch.bool, device=device),
-        torch.zeros(battles, device=device),
-    )
+    finished = torch.zeros(battles, dtype=torch.bool, device=device)
+    won = torch.zeros(battles, device=device)
     returns = torch.zeros(battles, device=device)
     for _ in range(env.episode_limit):
         actions, hidden = agent.get_greedy_action(
@@ -360,13 +359,12 @@ def evaluate(agent, map_name, battles, seed, device="cpu", frames=None):
         obs, _, avail, _, done, info = env.step(actions)
         last_actions = F.one_hot(actions, env.n_actions).float()
         new = done & ~finished  # each battle's first episode; finished battles are left as they are
-        returns, won = (
-            torch.where(new, info["episode_return"], returns),
-            torch.where(new, info["won"].float(), won),
-        )
+        returns = torch.where(new, info["episode_return"], returns)
+        won = torch.where(new, info["won"].float(), won)
         if frames is not None and not finished[0]:
             frames.append(render_frame(env, 0, 384))
-        if (finished := finished | done).all():
+        finished = finished | done
+        if finished.all():
             break
     return {"eval/episodic_return_team": returns.tolist(), "eval/win_rate": won.tolist()}
 
@@ -389,7 +387,9 @@ def main(args: Args):
     env = smac_lite.BatchedSMAC(
         args.env_id, num_envs=args.num_envs, device=device, seed=args.seed, return_final=True
     )
-    N, A, n_actions = args.num_envs, env.n_agents, env.n_actions
+    N = args.num_envs
+    A = env.n_agents
+    n_actions = env.n_actions
     agent_ids = torch.eye(A, device=device)  # row i: agent i's one-hot id
     input_dim = env.obs_dim + n_actions + A
     agent = RNNAgent(input_dim, n_actions, args.hidden_dim).to(device)
@@ -405,7 +405,8 @@ def main(args: Args):
     )
     num_iterations = args.total_timesteps // N  # one iteration = one step of every battle
     # iterations between logs (and host copies of the episodes' results)
-    iteration, log_every = 0, max(1, 1000 // N)
+    iteration = 0
+    log_every = max(1, 1000 // N)
 
     def run_eval(frames=None):  # evaluation battles are seeded apart from training
         return evaluate(agent, args.env_id, args.eval_episodes, args.seed + 100_000, device, frames)
@@ -450,11 +451,11 @@ def main(args: Args):
 
     # a resumed run starts fresh battles
     obs, state, avail = env.reset(seed=args.seed + global_step)
-    hidden, last_actions = (
-        torch.zeros((N, A, args.hidden_dim), device=device),
-        torch.zeros((N, A, n_actions), device=device),
-    )
-    ended, first_step, stats = [], global_step, {}
+    hidden = torch.zeros((N, A, args.hidden_dim), device=device)
+    last_actions = torch.zeros((N, A, n_actions), device=device)
+    ended = []
+    first_step = global_step
+    stats = {}
     for iteration in range(iteration, num_iterations):
         epsilon = linear_schedule(args.start_e, args.end_e, args.exploration_steps, global_step)
         with torch.no_grad():
@@ -487,11 +488,14 @@ def main(args: Args):
                 0,
             )
         )
-        obs, state, avail = next_obs, next_state, next_avail
+        obs = next_obs
+        state = next_state
+        avail = next_avail
         # a battle that ended starts a new episode: memory and
         going_on = (~done).float()[:, None, None]
         # last action 0
-        hidden, last_actions = hidden * going_on, F.one_hot(actions, n_actions).float() * going_on
+        hidden = hidden * going_on
+        last_actions = F.one_hot(actions, n_actions).float() * going_on
 
         if global_step > args.learning_starts and iteration % args.train_frequency == 0:
             batch = rb.sample(args.batch_size)
@@ -616,9 +620,11 @@ def check_buffer_memory(args):
         env.episode_limit, env.n_agents, env.obs_dim, env.state_dim, env.n_actions
     )
     if args.cuda and torch.cuda.is_available():
-        free, where = torch.cuda.mem_get_info()[0], "GPU"
+        free = torch.cuda.mem_get_info()[0]
+        where = "GPU"
     else:
-        free, where = available_memory(), "CPU"
+        free = available_memory()
+        where = "CPU"
     episodes = args.buffer_size + 1 + args.num_envs
     if episodes * per_episode > free / 2:
         fits = int(free / 2 / per_episode) - 1 - args.num_envs
@@ -648,7 +654,10 @@ def check_map(env_id: str, *single_agent_scripts: str):
     (single_agent_scripts: those suggested for a Gymnasium id)."""
     if env_id in smac_lite.MAPS:
         return
-    if scripts := other_family(env_id) or (single_agent_scripts if env_id in gym.registry else ()):
+    scripts = other_family(env_id)
+    if not scripts and env_id in gym.registry:
+        scripts = single_agent_scripts
+    if scripts:
         fail(f"{env_id} is not a smac_lite map (the maps: {', '.join(smac_lite.MAPS)})", *scripts)
     close = difflib.get_close_matches(env_id, list(smac_lite.MAPS), n=1)
     fail(

@@ -137,7 +137,8 @@ class BatchedSMAC:
         self.energy_per_hp = col("energy_per_hp")
         # Units that can win a fight (SMAC: a side with only medivacs left has lost).
         attacker = torch.tensor([s["damage"] > 0 for s in stats], dtype=torch.float32, device=dev)
-        self.attacker_a, self.attacker_e = attacker[:A], attacker[A:]
+        self.attacker_a = attacker[:A]
+        self.attacker_e = attacker[A:]
 
         # Pair tables (U, n_points) attacker a -> target column t (t < U: a unit, U <= t < U + A: an
         # agent's move goal, U + A: the enemies' attack-move point), flattened so that an (N, U)
@@ -297,7 +298,8 @@ class BatchedSMAC:
         # and stays 1 for the other points.
         self.point_x = torch.zeros(N, n_points, **f32)
         self.point_y = torch.zeros(N, n_points, **f32)
-        self.x, self.y = self.point_x[:, :U], self.point_y[:, :U]
+        self.x = self.point_x[:, :U]
+        self.y = self.point_y[:, :U]
         self.point_alive = torch.ones(N, n_points, **f32)
         self.alive = self.point_alive[:, :U]
         # The enemies' single attack-move order goes to the allies' start (the centre of their
@@ -325,7 +327,8 @@ class BatchedSMAC:
 
     # ------------------------------------------------------------------ setup helpers
     def _formation(self, spec):
-        xs, ys = [], []
+        xs = []
+        ys = []
         for side, groups in ((0, spec["agents"]), (1, spec["enemies"])):
             names = expand_units(groups)
             n = len(names)
@@ -386,7 +389,8 @@ class BatchedSMAC:
         return self._observe()
 
     def step(self, actions):
-        A, U = self.n_agents, self.n_units
+        A = self.n_agents
+        U = self.n_units
         actions = actions.to(self.device, torch.long)
         alive_a = self.alive[:, :A] > 0
         # SMAC's reward looks at the enemies' hp + shields before and after the step.
@@ -493,7 +497,9 @@ class BatchedSMAC:
         returns the closest enemy of every agent (N, A) and whether each enemy may fire (N, E): not
         while heading for the point."""
         A = self.n_agents
-        x, y, alive = self.x, self.y, self.alive
+        x = self.x
+        y = self.y
+        alive = self.alive
         dx = x[:, None, A:] - x[:, :A, None]
         dy = y[:, None, A:] - y[:, :A, None]
         dist2 = dx * dx + dy * dy  # (N, A, E)
@@ -527,7 +533,9 @@ class BatchedSMAC:
         medivac, or its move goal); idle (N, A): stop / no-op / invalid order; fire_ok (N, U);
         chase_e (N, E); closest_enemy (N, A) and target_e (N, E) from _retarget."""
         U = self.n_units
-        x, y, alive = self.x, self.y, self.alive
+        x = self.x
+        y = self.y
+        alive = self.alive
         # (N, A): no live order -> act as stopped
         auto = idle | (self.point_alive.gather(1, ordered) == 0)
         # (N, U) column in point_x
@@ -606,7 +614,9 @@ class BatchedSMAC:
     def _separate(self):
         """Push overlapping living ground units apart, each by half the overlap (one relaxation pass
         per loop), so that a swarm surrounds its target instead of stacking on one spot."""
-        x, y, alive = self.x, self.y, self.alive
+        x = self.x
+        y = self.y
+        alive = self.alive
         dx = x[:, :, None] - x[:, None, :]  # (N, U, U)
         dy = y[:, :, None] - y[:, None, :]
         d = torch.sqrt(dx * dx + dy * dy).clamp(min=1e-4)
@@ -658,9 +668,15 @@ class BatchedSMAC:
 
     # ------------------------------------------------------------------ observations
     def _observe(self):
-        A, E, U, N = self.n_agents, self.n_enemies, self.n_units, self.num_envs
-        x, y, alive = self.x, self.y, self.alive
-        xa, ya = x[:, :A], y[:, :A]
+        A = self.n_agents
+        E = self.n_enemies
+        U = self.n_units
+        N = self.num_envs
+        x = self.x
+        y = self.y
+        alive = self.alive
+        xa = x[:, :A]
+        ya = y[:, :A]
         alive_a = alive[:, :A]
         dx = x[:, None, :] - xa[:, :, None]  # (N, A, U)
         dy = y[:, None, :] - ya[:, :, None]

@@ -232,7 +232,9 @@ def unit_stats(name):
 # would cost speed. pursue: an enemy keeps chasing its target when the target steps out of its
 # weapon range (while it is within sight range 9) instead of turning to the closest ally. Off on
 # every SMAC map here (see smac_lite/README.md, Rules).
-_T, _P, _Z = "T", "P", "Z"
+_T = "T"
+_P = "P"
+_Z = "Z"
 
 
 def _m(

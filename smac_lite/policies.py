@@ -17,7 +17,8 @@ def random_policy(env, avail, generator=None):
 def focus_fire_policy(env, avail):
     """Every agent attacks the available enemy with the least hp + shields (medivacs heal the most
     damaged available ally); an agent with no target moves toward the closest living enemy."""
-    A, E = env.n_agents, env.n_enemies
+    A = env.n_agents
+    E = env.n_enemies
     hs_e = (env.hp[:, A:] + env.sh[:, A:])[:, None, :].expand(-1, A, -1)
     score = hs_e
     if env.has_agent_healer:
@@ -34,7 +35,8 @@ def focus_fire_policy(env, avail):
     dy = env.y[:, None, A:] - env.y[:, :A, None]
     d2 = dx * dx + dy * dy + (1.0 - env.alive[:, None, A:]) * 1e9
     j = d2.argmin(2, keepdim=True)
-    mx, my = dx.gather(2, j).squeeze(2), dy.gather(2, j).squeeze(2)
+    mx = dx.gather(2, j).squeeze(2)
+    my = dy.gather(2, j).squeeze(2)
     move = torch.where(mx.abs() > my.abs(), torch.where(mx > 0, 4, 5), torch.where(my > 0, 2, 3))
     act = torch.where(has_target, target, move)
     # blocked move: stop

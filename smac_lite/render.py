@@ -11,8 +11,10 @@ _DEAD = (80, 80, 80)
 
 def _disc(img, cx, cy, r, color):
     h, w, _ = img.shape
-    x0, x1 = max(int(cx - r - 1), 0), min(int(cx + r + 2), w)
-    y0, y1 = max(int(cy - r - 1), 0), min(int(cy + r + 2), h)
+    x0 = max(int(cx - r - 1), 0)
+    x1 = min(int(cx + r + 2), w)
+    y0 = max(int(cy - r - 1), 0)
+    y1 = min(int(cy + r + 2), h)
     if x0 >= x1 or y0 >= y1:
         return
     yy, xx = np.mgrid[y0:y1, x0:x1]
@@ -22,11 +24,14 @@ def _disc(img, cx, cy, r, color):
 
 def _bar(img, cx, top, width, frac, color):
     h, w, _ = img.shape
-    x0, x1 = int(cx - width / 2), int(cx + width / 2)
-    y0, y1 = int(top), int(top) + 2
+    x0 = int(cx - width / 2)
+    x1 = int(cx + width / 2)
+    y0 = int(top)
+    y1 = int(top) + 2
     if y0 < 0 or y1 > h:
         return
-    x0, x1 = max(x0, 0), min(x1, w)
+    x0 = max(x0, 0)
+    x1 = min(x1, w)
     img[y0:y1, x0:x1] = (60, 20, 20)
     xf = x0 + int(round((x1 - x0) * float(frac)))
     img[y0:y1, x0:xf] = color
@@ -38,7 +43,8 @@ def render_frame(env, battle=0, size=None, px_per_unit=12):
     if size is not None:
         px_per_unit = size / max(env.map_w, env.map_h)
     s = px_per_unit
-    H, W = int(round(env.map_h * s)), int(round(env.map_w * s))
+    H = int(round(env.map_h * s))
+    W = int(round(env.map_w * s))
     img = np.empty((H, W, 3), dtype=np.uint8)
     img[:] = _BG
     x = env.x[battle].detach().cpu().numpy()
@@ -53,7 +59,8 @@ def render_frame(env, battle=0, size=None, px_per_unit=12):
     order = sorted(range(env.n_units), key=lambda u: hp[u] > 0)
     for u in order:
         ally = u < env.n_agents
-        cx, cy = x[u] * s, H - y[u] * s
+        cx = x[u] * s
+        cy = H - y[u] * s
         r = max(rad[u] * s * 1.15, 3.0)
         if hp[u] <= 0:
             _disc(img, cx, cy, r * 0.5, _DEAD)

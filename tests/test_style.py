@@ -1,6 +1,7 @@
 """style tier: one formatter and one linter for the whole repository (ruff, configured in
 pyproject.toml: line length 100, rules E, W, F, I), plus what ruff has no rule for: no tuple used as
-a statement and no backslash continuation. And the scripts' docstrings stay short and carry no
+a statement and no backslash continuation; in the scripts and smac_lite, one assignment per
+statement (no `a, b = x, y`, no `:=`). And the scripts' docstrings stay short and carry no
 status (gates, seed lists): that lives in benchmark/references.toml and benchmark/RESULTS.md.
 
     ruff format . && ruff check --fix .    # what to run when a test here fails
@@ -28,6 +29,7 @@ SOURCES = sorted(
     if "__pycache__" not in p.parts and p.relative_to(ROOT).as_posix() not in EXCLUDED
 )
 SCRIPTS = [p for p in SOURCES if p.parent == ROOT / "algos"]
+READ = [p for p in SOURCES if p.parent in (ROOT / "algos", ROOT / "smac_lite")]
 
 
 def ruff(*args: str) -> subprocess.CompletedProcess:
@@ -69,10 +71,25 @@ def backslash_continuations(source: str) -> list[int]:
     ]
 
 
+def packed_assignments(source: str) -> list[int]:
+    """Lines that assign several values in one statement, `a, b = x, y` (the values written out
+    as a tuple), or assign inside an expression, `if (n := len(x)) > 3`."""
+    return [
+        node.lineno
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.NamedExpr)
+        or isinstance(node, ast.Assign)
+        and isinstance(node.targets[0], (ast.Tuple, ast.List))
+        and isinstance(node.value, ast.Tuple)
+    ]
+
+
 def test_the_checks_find_what_they_look_for():
     source = 'a, b = [], []\na.append(1), b.append(2)\nx = 1 + \\\n    2\ny = """\\\n"""\n'
     assert tuple_statements(source) == [2]
     assert backslash_continuations(source) == [3]
+    source = "a, b = [], []\nc, d = f()\nif (n := len(a)) > 3:\n    pass\n"
+    assert packed_assignments(source) == [1, 3]
 
 
 @pytest.mark.parametrize("path", SOURCES, ids=lambda p: p.relative_to(ROOT).as_posix())
@@ -80,6 +97,11 @@ def test_one_statement_per_line_without_backslashes(path):
     source = path.read_text()
     assert tuple_statements(source) == [], "a tuple used as a statement: one statement per line"
     assert backslash_continuations(source) == [], "a backslash continuation: use brackets"
+
+
+@pytest.mark.parametrize("path", READ, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_one_assignment_per_statement(path):
+    assert packed_assignments(path.read_text()) == [], "one assignment per line: `a = x`, `b = y`"
 
 
 def string_evaluations(source: str) -> list[int]:
