@@ -1,7 +1,7 @@
 """How much does each of smac_lite's simplified rules matter on a map? Plays the first episode of
 many battles of one map with the scripted focus-fire, pull-back and take-turns policies
-(smac_lite.policies) and, given a mappo_smac_lite.py run, its trained policy (greedy, as its
-evaluation), first under smac_lite's rules and then with one rule changed at a time:
+(smac_lite.policies) and, given a run of mappo, ippo, qmix or vdn_smac_lite.py, its trained policy
+(greedy, as its evaluation), first under smac_lite's rules and then with one rule changed at a time:
 
 - `enemy pursues its target`: an enemy whose target steps out of its weapon range follows it
   (while it is within sight range 9) instead of turning to the closest ally (the map entry
@@ -23,6 +23,7 @@ Writes benchmark/reports/smac_lite-rules/smac_lite-rules-<device>-<date>-<time>-
 
 import argparse
 import contextlib
+import json
 import os
 import sys
 import time
@@ -64,24 +65,46 @@ def constants(**values):
             setattr(core, k, v)
 
 
+# The scripts whose trained policy the tool plays: their greedy evaluate() and how their policy is
+# built from what the run saved.
+TRAINED = {
+    "mappo_smac_lite.py": "MAPPO",
+    "ippo_smac_lite.py": "IPPO",
+    "qmix_smac_lite.py": "QMIX",
+    "vdn_smac_lite.py": "VDN",
+}
+
+
 def trained_policy(run_dir: Path):
-    """The actor of a mappo_smac_lite.py run (its checkpoint.pt, or model.pt) and the script's own
-    evaluate()."""
-    mappo = load_script("mappo_smac_lite.py")
+    """The policy of a mappo/ippo/qmix/vdn_smac_lite.py run (its checkpoint.pt, or model.pt; the
+    script named by its config.json) and the script's own greedy evaluate(). Returns (map, steps,
+    name, policy)."""
+    config = run_dir / "config.json"
+    script = json.loads(config.read_text())["script"] if config.is_file() else "mappo_smac_lite.py"
+    if script not in TRAINED:
+        raise ValueError(f"{run_dir} is a {script} run; give a run of {', '.join(TRAINED)}")
+    module = load_script(script)
     path = (
         run_dir / "checkpoint.pt" if (run_dir / "checkpoint.pt").is_file() else run_dir / "model.pt"
     )
     ckpt = torch.load(path, map_location="cpu", weights_only=True)
     args = ckpt["args"]
     env = core.BatchedSMAC(args["env_id"], num_envs=1)
-    agent = mappo.Agent(env.obs_dim, env.state_dim, env.n_agents, env.n_actions, args["hidden_dim"])
+    if script in ("qmix_smac_lite.py", "vdn_smac_lite.py"):
+        input_dim = ckpt["agent"]["fc1.weight"].shape[1]
+        agent = module.RNNAgent(input_dim, env.n_actions, args["hidden_dim"])
+    else:
+        agent = module.Agent(
+            env.obs_dim, env.state_dim, env.n_agents, env.n_actions, args["hidden_dim"]
+        )
     agent.load_state_dict(ckpt["agent"])
     agent.eval()
     steps = ckpt.get("global_step", args["total_timesteps"])
     return (
         args["env_id"],
         steps,
-        lambda spec, battles, seed: mappo.evaluate(agent, spec, battles, seed),
+        f"trained {TRAINED[script]}",
+        lambda spec, battles, seed: module.evaluate(agent, spec, battles, seed),
     )
 
 
@@ -104,7 +127,7 @@ def main(argv=None):
     p.add_argument(
         "--run-dir",
         type=Path,
-        help="a mappo_smac_lite.py run directory: also play its trained policy",
+        help="a mappo/ippo/qmix/vdn_smac_lite.py run directory: also play its trained policy",
     )
     p.add_argument("--battles", type=int, default=1000)
     p.add_argument("--seed", type=int, default=0)
@@ -118,10 +141,13 @@ def main(argv=None):
     if args.run_dir and not any(
         (args.run_dir / f).is_file() for f in ("checkpoint.pt", "model.pt")
     ):
-        p.error(f"{args.run_dir} holds no checkpoint.pt or model.pt of a mappo_smac_lite.py run")
+        p.error(f"{args.run_dir} holds no checkpoint.pt or model.pt of a smac_lite run")
     if args.run_dir:
-        map_name, steps, policies["trained MAPPO"] = trained_policy(args.run_dir)
-        note = f" `trained MAPPO`: the greedy actor of `{args.run_dir.name}` after {steps:,} steps."
+        try:
+            map_name, steps, name, policies[name] = trained_policy(args.run_dir)
+        except ValueError as e:
+            p.error(str(e))
+        note = f" `{name}`: the greedy policy of `{args.run_dir.name}` after {steps:,} steps."
     load_before, started = os.getloadavg(), datetime.now()
     rows = {}
     for name, (map_changes, consts) in VARIANTS.items():

@@ -1276,6 +1276,27 @@ def test_smac_lite_rules_report(tmp_path):
     assert all(len(r.split(" | ")) == 9 for r in rows) and "trained MAPPO" in report.read_text()
 
 
+def test_smac_lite_rules_plays_a_qmix_run(tmp_path):
+    """A qmix_smac_lite.py run (its config.json names the script) is played by the script's own
+    greedy evaluate(); a run of a script without a smac_lite policy is a one-line error."""
+    from benchmark import smac_lite_rules
+
+    run_dir = tmp_path / "qmix"
+    flags = ["--env-id", "3m", "--total-timesteps", "300", "--num-envs", "4"]
+    flags += ["--learning-starts", "100", "--batch-size", "8", "--buffer-size", "64"]
+    out = run_script("qmix_smac_lite.py", flags + ["--eval-episodes", "2"], run_dir, fork=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    map_name, steps, name, policy = smac_lite_rules.trained_policy(run_dir)
+    assert (map_name, steps, name) == ("3m", 300, "trained QMIX")
+    win, ret = smac_lite_rules.play(smac_lite_rules.MAPS["3m"], policy, 4, 0)
+    assert 0 <= win <= 1 and ret >= 0
+    config = json.loads((run_dir / "config.json").read_text())
+    (run_dir / "config.json").write_text(json.dumps({**config, "script": "ppo.py"}))
+    with pytest.raises(SystemExit) as e:
+        smac_lite_rules.main(["--run-dir", str(run_dir), "--report-dir", str(tmp_path)])
+    assert e.value.code == 2
+
+
 def test_the_ray_backend_does_not_import_the_runner():
     """benchmark/run.py uses ray_backend.py; ray_backend.py takes what both need from runs.py."""
     import ast
