@@ -9,10 +9,12 @@ earlier report is never overwritten).
         --ray-address 127.0.0.1:6379  # a cluster started with `ray start --head`
 
 Runs go to <out>/<script>__<env>__<seed>/ (default out: runs/benchmark/<suite>-<device>). Running
-the same command again resumes: a run whose metrics.csv holds its final evaluation is kept, any
-other run directory is deleted and the run redone from the start. A run that crashes is reported and
-the others go on; its output is in <run_dir>/output.log. Scripts of the suite that do not exist yet
-are listed as missing and skipped. With --backend ray the runs are Ray tasks
+the same command again resumes: a run whose metrics.csv holds its final evaluation is kept, a run
+left half-done (killed, Ctrl-C) goes on from its checkpoint.pt when config.json shows it was started
+with the same script and flags (the script's --resume), any other run directory is deleted and the
+run redone from the start (with --backend ray too: its runs are made elsewhere). A run that crashes
+is reported and the others go on; its output is in <run_dir>/output.log. Scripts of the suite that
+do not exist yet are listed as missing and skipped. With --backend ray the runs are Ray tasks
 (benchmark/ray_backend.py): on a local Ray started here, or with --ray-address (or RAY_ADDRESS) on
 an existing cluster (`ray start --head`), whose workers get this checkout's code and send each run
 directory back to be written under <out>. --seeds-from REPORT.md (repeatable) adds the per-seed

@@ -836,27 +836,110 @@ def keep_or_clear(run_dir: Path) -> bool:
     return False
 
 
-def execute(
-    spec: RunSpec, run_dir: Path, device: str = "cpu", timeout: float | None = None
-) -> Outcome:
-    """Run one spec unless run_dir already holds it finished; a half-done run_dir is deleted and
-    redone."""
-    run_dir = Path(run_dir)
-    if keep_or_clear(run_dir):
-        return Outcome(spec, run_dir, "done")
-    start = time.time()
+def _flag_values(flags: list[str]) -> dict[str, list[str]] | None:
+    """The flags of a command line as {field name: the tokens after it} ("--no-x" is x: ["False"],
+    a flag alone is ["True"]); None for a token that is not a flag and follows none."""
+    values = {}
+    name = None
+    for token in flags:
+        if token.startswith("--"):
+            name = token[2:].replace("-", "_")
+            values[name] = []
+        elif name is None:
+            return None
+        else:
+            values[name].append(token)
+    for name in list(values):
+        if not values[name]:
+            values.pop(name)
+            if name.startswith("no_"):
+                values[name[3:]] = ["False"]
+            else:
+                values[name] = ["True"]
+    return values
+
+
+def _same_value(token: str, value) -> bool:
+    """Whether a command-line token gives the value config.json saved."""
+    if isinstance(value, bool) or value is None:
+        return token == str(value)
+    if isinstance(value, (int, float)):
+        try:
+            return float(token) == float(value)
+        except ValueError:
+            return False
+    return token == str(value)
+
+
+def resumable(spec: RunSpec, run_dir: Path, device: str) -> bool:
+    """True when a half-done run_dir holds a checkpoint of this very run: config.json names the
+    spec's script, and every flag of its command line (env, budget, seed, the suite's flags, the
+    device) has the value the run was started with."""
     try:
-        out = run_script(spec.script, spec.command_flags(device), run_dir, timeout=timeout)
-        stdout, stderr, rc = out.stdout, out.stderr, out.returncode
+        config = json.loads((run_dir / "config.json").read_text())
+        saved = config["args"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    flags = _flag_values(spec.command_flags(device))
+    if flags is None or not (run_dir / "checkpoint.pt").is_file():
+        return False
+    if config.get("script") != spec.script or not isinstance(saved, dict):
+        return False
+    for name, tokens in flags.items():
+        if name not in saved:
+            return False
+        value = saved[name]
+        values = value if isinstance(value, list) else [value]
+        if len(values) != len(tokens):
+            return False
+        if not all(_same_value(t, v) for t, v in zip(tokens, values)):
+            return False
+    return True
+
+
+def _run(script: str, flags: list[str], run_dir: Path | None, timeout: float | None):
+    """(stdout, stderr, exit status) of one script run; a timeout is exit status 124."""
+    try:
+        out = run_script(script, flags, run_dir, timeout=timeout)
+        return out.stdout, out.stderr, out.returncode
     except subprocess.TimeoutExpired as e:
-        stdout, stderr, rc = (
+        return (
             str(e.stdout or ""),
             str(e.stderr or "") + f"\nerror: timed out after {timeout} s",
             124,
         )
+
+
+def execute(
+    spec: RunSpec, run_dir: Path, device: str = "cpu", timeout: float | None = None
+) -> Outcome:
+    """Run one spec unless run_dir already holds it finished. A half-done run_dir that holds a
+    checkpoint of this run (killed, or Ctrl-C) goes on from it with the script's --resume; one that
+    cannot resume (no checkpoint, other flags, a checkpoint the script refuses) is deleted and the
+    run redone from the start. output.log keeps what each attempt printed."""
+    run_dir = Path(run_dir)
+    if run_finished(run_dir):
+        return Outcome(spec, run_dir, "done")
+    start = time.time()
+    log = ""
+    if resumable(spec, run_dir, device):
+        earlier = run_dir / "output.log"
+        log = earlier.read_text(errors="replace") if earlier.is_file() else ""
+        stdout, stderr, rc = _run(spec.script, ["--resume", str(run_dir)], None, timeout)
+        log += f"\n--- resumed from {run_dir / 'checkpoint.pt'} ---\n" + stdout + stderr
+        if rc == 0 and run_finished(run_dir):
+            (run_dir / "output.log").write_text(log)
+            return Outcome(spec, run_dir, "ok", time.time() - start)
+        if rc == 124:
+            (run_dir / "output.log").write_text(log)
+            error = _error_line(stderr, rc)
+            return Outcome(spec, run_dir, "failed", time.time() - start, error)
+        log += "\n--- the resume failed: the run is redone from the start ---\n"
+    keep_or_clear(run_dir)
+    stdout, stderr, rc = _run(spec.script, spec.command_flags(device), run_dir, timeout)
     seconds = time.time() - start
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "output.log").write_text(stdout + stderr)
+    (run_dir / "output.log").write_text(log + stdout + stderr)
     if rc == 0 and run_finished(run_dir):
         return Outcome(spec, run_dir, "ok", seconds)
     error = (

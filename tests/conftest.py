@@ -1,5 +1,7 @@
 import os
 import shutil
+import signal
+import time
 from types import SimpleNamespace
 
 import gymnasium as gym
@@ -8,7 +10,7 @@ import pytest
 import torch
 
 from benchmark.datasets import standard
-from benchmark.runs import ALGOS, run_script
+from benchmark.runs import ALGOS, run_script, start_script
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
@@ -602,3 +604,18 @@ class CountEnv(gym.Env):
 
 
 gym.register("CountEnv-v0", entry_point=CountEnv, max_episode_steps=4)
+
+
+def ctrl_c(script, flags, run_dir) -> int:
+    """Start a run, press Ctrl-C once it has logged losses; returns the step of the checkpoint it
+    left."""
+    proc = start_script(script, flags, run_dir, fork=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not (
+        (run_dir / "metrics.csv").exists() and "losses/" in (run_dir / "metrics.csv").read_text()
+    ):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr[-2000:]
+    return torch.load(run_dir / "checkpoint.pt", weights_only=True)["global_step"]

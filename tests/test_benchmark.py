@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import SMOKE
+from conftest import SMOKE, ctrl_c
 from scipy import stats as scipy_stats
 
 from benchmark import run as bench
@@ -31,7 +31,16 @@ from benchmark.references import (
 )
 from benchmark.report import cells, judge, write_report
 from benchmark.report_path import new_report_path
-from benchmark.runs import ROOT, git_head, read_metrics, read_rows, run_finished, run_script
+from benchmark.runs import (
+    ROOT,
+    RunSpec,
+    execute,
+    git_head,
+    read_metrics,
+    read_rows,
+    run_finished,
+    run_script,
+)
 
 pytestmark = pytest.mark.xdist_group("benchmark")
 
@@ -193,6 +202,61 @@ def test_resume_redoes_only_unfinished_runs(suite_run):
     assert (runs / "ppo__Acrobot-v1__1" / "output.log").stat().st_mtime_ns != crashed_log, (
         "crashed run not retried"
     )
+
+
+HALF_DONE = RunSpec(
+    "ppo.py",
+    "CartPole-v1",
+    seed=1,
+    total_timesteps=10_000,
+    score="final_eval",
+    flags=("--num-envs", "4", "--num-steps", "32", "--update-epochs", "2", "--eval-episodes", "2"),
+)
+
+
+def test_a_run_stopped_halfway_goes_on_from_its_checkpoint(tmp_path):
+    """A run killed or stopped with Ctrl-C is not redone: the suite runner resumes it from its
+    checkpoint, and the rows it had logged stay as they were."""
+    run_dir = tmp_path / HALF_DONE.name
+    step = ctrl_c(HALF_DONE.script, HALF_DONE.command_flags("cpu"), run_dir)
+    assert 0 < step < HALF_DONE.total_timesteps
+    (run_dir / "output.log").write_text("the first attempt\n")
+    before = read_rows(run_dir)
+    outcome = execute(HALF_DONE, run_dir)
+    assert outcome.status == "ok", outcome.error
+    assert run_finished(run_dir)
+    after = read_rows(run_dir)
+    assert [r for r in after if r["global_step"] <= step] == before
+    assert max(r["global_step"] for r in after) > step
+    log = (run_dir / "output.log").read_text()
+    assert log.startswith("the first attempt\n") and "--- resumed from" in log
+    assert "redone from the start" not in log
+
+
+@pytest.mark.parametrize("change", ["other flags", "corrupt checkpoint", "no checkpoint"])
+def test_a_half_done_run_that_cannot_resume_is_redone_from_the_start(change, tmp_path):
+    """A half-done run directory of other flags (here another seed), with a checkpoint the script
+    refuses, or with no checkpoint is deleted and the run made from the start."""
+    run_dir = tmp_path / HALF_DONE.name
+    seed = 2 if change == "other flags" else 1
+    flags = dataclasses.replace(HALF_DONE, seed=seed).command_flags("cpu")
+    ctrl_c(HALF_DONE.script, flags, run_dir)
+    if change == "corrupt checkpoint":
+        data = bytearray((run_dir / "checkpoint.pt").read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        (run_dir / "checkpoint.pt").write_bytes(bytes(data))
+    if change == "no checkpoint":
+        (run_dir / "checkpoint.pt").unlink()
+    first_wall_time = read_rows(run_dir)[0]["wall_time"]
+    outcome = execute(HALF_DONE, run_dir)
+    assert outcome.status == "ok", outcome.error
+    assert json.loads((run_dir / "config.json").read_text())["args"]["seed"] == 1
+    assert read_rows(run_dir)[0]["wall_time"] != first_wall_time
+    log = (run_dir / "output.log").read_text()
+    if change == "corrupt checkpoint":
+        assert "--- the resume failed: the run is redone from the start ---" in log
+    else:
+        assert "--- resumed from" not in log
 
 
 def test_ray_backend(suite_run, tmp_path):

@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pytest
 import torch
-from conftest import SMOKE
+from conftest import SMOKE, ctrl_c
 
 from benchmark.runs import load_script, read_rows, run_script, start_script
 
@@ -223,21 +223,6 @@ def test_an_env_of_another_family_names_its_script(script, env_id, expected, tmp
         and "unknown" not in lines[0]
     ), out.stderr
     assert not (tmp_path / "run").exists()
-
-
-def ctrl_c(script, flags, run_dir) -> int:
-    """Start a run, press Ctrl-C once it has logged losses; returns the step of the checkpoint it
-    left."""
-    proc = start_script(script, flags, run_dir, fork=True)
-    deadline = time.time() + 120
-    while time.time() < deadline and not (
-        (run_dir / "metrics.csv").exists() and "losses/" in (run_dir / "metrics.csv").read_text()
-    ):
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGINT)
-    _, stderr = proc.communicate(timeout=120)
-    assert proc.returncode == 130, stderr[-2000:]
-    return torch.load(run_dir / "checkpoint.pt", weights_only=True)["global_step"]
 
 
 def same_state(a, b) -> bool:
