@@ -12,18 +12,18 @@ Runs go to <out>/<script>__<env>__<seed>/ (default out: runs/benchmark/<suite>-<
 the same command again resumes: a run whose metrics.csv holds its final evaluation is kept, a run
 left half-done (killed, Ctrl-C) goes on from its checkpoint.pt when config.json shows it was started
 with the same script and flags (the script's --resume), any other run directory is deleted and the
-run redone from the start (with --backend ray too: its runs are made elsewhere). A run that crashes
-is reported and the others go on; its output is in <run_dir>/output.log. Scripts of the suite that
-do not exist yet are listed as missing and skipped. With --backend ray the runs are Ray tasks
-(benchmark/ray_backend.py): on a local Ray started here, or with --ray-address (or RAY_ADDRESS) on
-an existing cluster (`ray start --head`), whose workers get this checkout's code and send each run
-directory back to be written under <out>. --seeds-from REPORT.md (repeatable) adds the per-seed
-scores of an earlier report of the same suite for seeds this command does not run, so that a suite
-too long for one sitting is reported whole: use it only where the scripts have not changed since
-that report (the new report names each seed's source; its curves show only the runs made here). Exit
-status: 0 when every run finished, 1 when some crashed (the report is written either way), 2 for bad
-input (an unknown suite, a Ray address that cannot be reached, an earlier report that cannot be
-used).
+run redone from the start (under --backend ray every half-done run is: its runs are made on the
+workers). A run that crashes is reported and the others go on; its output is in
+<run_dir>/output.log. Scripts of the suite that do not exist yet are listed as missing and skipped.
+With --backend ray the runs are Ray tasks (benchmark/ray_backend.py): on a local Ray started here,
+or with --ray-address (or RAY_ADDRESS) on an existing cluster (`ray start --head`), whose workers
+get this checkout's code and send each run directory back to be written under <out>. --seeds-from
+REPORT.md (repeatable) adds the per-seed scores of an earlier report of the same suite for seeds
+this command does not run, so that a suite too long for one sitting is reported whole: use it only
+where the scripts have not changed since that report (the new report names each seed's source; its
+curves show only the runs made here). Exit status: 0 when every run finished, 1 when some crashed
+(the report is written either way), 2 for bad input (an unknown suite, a Ray address that cannot be
+reached, an earlier report that cannot be used).
 """
 
 import argparse
