@@ -507,8 +507,11 @@ def main(args: Args):
         if stop:  # Ctrl-C: the iteration it came in is finished and saved
             logger.exit_interrupted()
     envs.close()
-    # no collective after this: the other ranks end while rank 0 evaluates and saves
+    # no collective after this: the other ranks end while rank 0 evaluates and saves. The barrier
+    # first: a rank that tore the group down while another was still in the last all-reduce was
+    # aborted by gloo now and then ("terminate called without an active exception")
     if world_size > 1:
+        dist.barrier()
         dist.destroy_process_group()
     video_dir = run_dir / "videos" if args.capture_video else None
     eval_returns = logger.evaluate(global_step, lambda: run_eval(video_dir))
