@@ -507,9 +507,8 @@ def main(args: Args):
         if stop:  # Ctrl-C: the iteration it came in is finished and saved
             logger.exit_interrupted()
     envs.close()
-    # no collective after this: the other ranks end while rank 0 evaluates and saves. The barrier
-    # first: a rank that tore the group down while another was still in the last all-reduce was
-    # aborted by gloo now and then ("terminate called without an active exception")
+    # the barrier: no rank tears the group down while another is still in the last all-reduce
+    # (gloo aborts it then). No collective after it: the other ranks end while rank 0 evaluates
     if world_size > 1:
         dist.barrier()
         dist.destroy_process_group()
