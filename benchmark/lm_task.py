@@ -1,4 +1,4 @@
-"""The language-model task and the small base model that algos/*_lm.py train (DESIGN.md section 7b).
+"""The language-model task and the small base model that algos/*_lm.py train.
 
 Task addition-v0: two 3-digit numbers and their sum, each written least significant digit first
 (the order a carry is computed in), then the end token: "321+654=" (123 + 456) -> "975" (579).
@@ -17,6 +17,7 @@ the train prompts, a correct completion chosen over a wrong one of the same prom
 import argparse
 import hashlib
 import json
+import math
 import random
 import subprocess
 import sys
@@ -218,7 +219,7 @@ def commit() -> str:
     return head.stdout.strip() + ("-dirty" if diff.stdout.strip() else "")
 
 
-def main():
+def main(argv: list[str] | None = None):
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -237,18 +238,31 @@ def main():
     p.add_argument("--batch-size", type=int, default=64, help="examples per SFT step")
     p.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate")
     p.add_argument("--seed", type=int, default=1, help="seed of the initialisation and batches")
-    a = p.parse_args()
+    p.add_argument(
+        "--replace",
+        action="store_true",
+        help="--out: replace the base in a folder this tool wrote (its base.json), and resample "
+        "the preferences.json there from the new base; --pairs: replace preferences.json",
+    )
+    a = p.parse_args(argv)
+    check_flags(p, a)
     torch.set_num_threads(1)
     if a.pairs:
-        if not (a.pairs / "task.json").is_file() or a.samples < 2:
-            p.error("--pairs needs a model directory with task.json, and --samples >= 2")
-        prefs = make_pairs(a.pairs, a.samples, a.seed)
         out = a.pairs / "preferences.json"
-        out.write_text(json.dumps(prefs, separators=(",", ":")) + "\n")
-        print(f"{len(prefs['pairs'])} preference pairs written to {out}")
+        if out.exists() and not a.replace:
+            p.error(f"{out} exists; pass --replace to write new pairs over it")
+        write_pairs(a.pairs, a.samples, a.seed)
         return
     if a.out is None:
         p.error("pass --out DIR (a new task and base) or --pairs MODEL_DIR")
+    prefs = a.out / "preferences.json"
+    resample = None
+    if prefs.exists():  # the pairs of the base replaced, made again from the new one
+        try:
+            old = json.loads(prefs.read_text())
+            resample = (int(old["samples_per_prompt"]), int(old["seed"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            resample = (4, 1)
     start = time.time()
     model, tokenizer, steps = train_base(a.steps, a.batch_size, a.lr, a.seed, a.target)
     seconds = time.time() - start
@@ -281,6 +295,44 @@ def main():
     }
     (a.out / "base.json").write_text(json.dumps(recipe, indent=2) + "\n")
     print(f"greedy held-out accuracy {accuracy:.3f} after {steps} SFT steps ({seconds:.0f} s)")
+    if resample is not None:
+        write_pairs(a.out, *resample)
+
+
+def write_pairs(model_dir: Path, samples: int, seed: int):
+    prefs = make_pairs(model_dir, samples, seed)
+    out = model_dir / "preferences.json"
+    out.write_text(json.dumps(prefs, separators=(",", ":")) + "\n")
+    print(f"{len(prefs['pairs'])} preference pairs written to {out}")
+
+
+def check_flags(p: argparse.ArgumentParser, a):
+    """Bad flags and folders that are not this tool's: one error line before anything is written
+    (no base and no preference file is replaced without --replace)."""
+    if a.steps < 1 or not 1 <= a.batch_size <= 4096 or a.samples < 2:
+        p.error("--steps must be >= 1, --batch-size from 1 to 4096 and --samples >= 2")
+    if not (math.isfinite(a.lr) and a.lr > 0) or not 0 < a.target <= 1:
+        p.error("--lr must be a finite number > 0 and --target within (0, 1]")
+    if a.pairs is not None:
+        try:
+            task = json.loads((a.pairs / "task.json").read_text())
+            ok = isinstance(task, dict) and (a.pairs / "model.safetensors").is_file()
+        except (OSError, ValueError):
+            ok = False
+        if not ok:
+            p.error(f"--pairs {a.pairs} is not a model folder of this tool (task.json, weights)")
+    if a.out is None:
+        return
+    if a.out.exists() and not a.out.is_dir():
+        p.error(f"--out {a.out} is a file; pass a new directory")
+    if a.out.is_dir() and any(a.out.iterdir()):
+        if not a.replace:
+            p.error(
+                f"--out {a.out} is not empty; choose a new directory, or pass --replace to "
+                "replace the base this tool wrote there"
+            )
+        if not (a.out / "base.json").is_file():
+            p.error(f"--out {a.out} holds no base.json: not a base of this tool, left as it is")
 
 
 if __name__ == "__main__":

@@ -84,7 +84,7 @@ def lm_random_returns(episodes: int, seed: int) -> np.ndarray:
     from transformers import AutoTokenizer
 
     base = ROOT / "benchmark" / "policies" / "lm-addition-base"
-    tokenizer = AutoTokenizer.from_pretrained(base)
+    tokenizer = AutoTokenizer.from_pretrained(base, trust_remote_code=False)
     task = json.loads((base / "task.json").read_text())
     rng, eos, returns = random.Random(seed), tokenizer.eos_token_id, []
     for i in range(episodes):

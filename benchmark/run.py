@@ -49,6 +49,7 @@ from benchmark.runs import (  # noqa: E402
     RunSpec,
     Unreachable,
     execute,
+    not_a_run,
 )
 
 SUITES = Path(__file__).resolve().parent / "suites.toml"
@@ -383,6 +384,14 @@ def _main(p: argparse.ArgumentParser, args: argparse.Namespace, command: str) ->
         except (ValueError, OSError, KeyError) as e:
             p.error(f"--seeds-from: {e}")
     out = args.out or ROOT / "runs" / "benchmark" / f"{args.suite}-{args.device}"
+    if out.exists() and not out.is_dir():
+        p.error(f"--out {out} is a file; pass a directory")
+    # a half-done run is redone from the start, its folder cleared: never a folder of someone's
+    if foreign := [spec.name for spec in specs if not_a_run(out / spec.name)]:
+        p.error(
+            f"--out {out}: {out / foreign[0]} holds files that are not a run, and would be "
+            "replaced; move it or choose another --out"
+        )
     # the datasets that the chosen offline runs read under runs/datasets/ (made once, from the
     # committed policies)
     if read := [

@@ -162,6 +162,7 @@ FORK_PRELOAD = (
     "smac_lite",
     "imageio.v2",
     "envpool",
+    "canonrl.run",
 )
 FORK_IMPORT_ENV = (
     "OMP_NUM_THREADS",
@@ -826,49 +827,29 @@ def _error_line(stderr: str, returncode: int) -> str:
     return f"exit {returncode}: " + ((flagged or lines or ["(no output)"])[-1])[:300]
 
 
+def not_a_run(run_dir: Path) -> bool:
+    """True when run_dir holds files that no run of a script or of the benchmark wrote (no
+    config.json naming a script, no output.log): a folder of someone's, never deleted."""
+    if not run_dir.is_dir() or not any(run_dir.iterdir()):
+        return run_dir.exists() and not run_dir.is_dir()
+    if (run_dir / "output.log").is_file():
+        return False
+    try:
+        return not isinstance(json.loads((run_dir / "config.json").read_text())["script"], str)
+    except (OSError, ValueError, KeyError, TypeError):
+        return True
+
+
 def keep_or_clear(run_dir: Path) -> bool:
     """True when run_dir holds its run finished (kept); otherwise deletes what a half-done run left
-    there."""
+    there. A folder that holds no run (not_a_run) is never deleted: ValueError."""
     if run_finished(run_dir):
         return True
+    if not_a_run(run_dir):
+        raise ValueError(f"{run_dir} holds files that are not a run; it is left as it is")
     if run_dir.exists():
         shutil.rmtree(run_dir)
     return False
-
-
-def _flag_values(flags: list[str]) -> dict[str, list[str]] | None:
-    """The flags of a command line as {field name: the tokens after it} ("--no-x" is x: ["False"],
-    a flag alone is ["True"]); None for a token that is not a flag and follows none."""
-    values = {}
-    name = None
-    for token in flags:
-        if token.startswith("--"):
-            name = token[2:].replace("-", "_")
-            values[name] = []
-        elif name is None:
-            return None
-        else:
-            values[name].append(token)
-    for name in list(values):
-        if not values[name]:
-            values.pop(name)
-            if name.startswith("no_"):
-                values[name[3:]] = ["False"]
-            else:
-                values[name] = ["True"]
-    return values
-
-
-def _same_value(token: str, value) -> bool:
-    """Whether a command-line token gives the value config.json saved."""
-    if isinstance(value, bool) or value is None:
-        return token == str(value)
-    if isinstance(value, (int, float)):
-        try:
-            return float(token) == float(value)
-        except ValueError:
-            return False
-    return token == str(value)
 
 
 def resumable(spec: RunSpec, run_dir: Path, device: str) -> bool:
@@ -880,7 +861,9 @@ def resumable(spec: RunSpec, run_dir: Path, device: str) -> bool:
         saved = config["args"]
     except (OSError, ValueError, KeyError, TypeError):
         return False
-    flags = _flag_values(spec.command_flags(device))
+    from canonrl.run import flag_values, same_value  # (torch: imported only when needed)
+
+    flags = flag_values(spec.command_flags(device))
     if flags is None or not (run_dir / "checkpoint.pt").is_file():
         return False
     if config.get("script") != spec.script or not isinstance(saved, dict):
@@ -892,7 +875,7 @@ def resumable(spec: RunSpec, run_dir: Path, device: str) -> bool:
         values = value if isinstance(value, list) else [value]
         if len(values) != len(tokens):
             return False
-        if not all(_same_value(t, v) for t, v in zip(tokens, values)):
+        if not all(same_value(t, v) for t, v in zip(tokens, values)):
             return False
     return True
 

@@ -358,7 +358,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(1)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer, set_seed
+    from transformers import set_seed
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
@@ -374,8 +374,11 @@ def main(argv=None) -> int:
     max_new_tokens = ours.max_new_tokens or task["max_new_tokens"]
     heldout = task["heldout"][: ours.eval_prompts]
     set_seed(a.seed)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    # the scripts' loader: trust_remote_code=False (a model folder is data, its code never runs),
+    # and the scripts' one-line errors for a folder that does not load
+    lm.check_task(ours)
+    policy, tokenizer = lm.load_policy(model_dir)
+    model = policy.lm
     out_dir = tempfile.mkdtemp(prefix="trl-out-")
     counters: dict = {}
     if a.same_as == "grpo_lm.py":

@@ -58,12 +58,6 @@ FAMILIES = {
     "classic": {"dqn.py", "c51.py", "qrdqn.py"},
     "continuous": {"ddpg_continuous.py", "sac_continuous.py", "td3_continuous.py"},
     "mpe": {"mappo_mpe.py", "ippo_mpe.py", "maddpg_mpe.py"},
-    "smac_lite": {
-        "mappo_smac_lite.py",
-        "ippo_smac_lite.py",
-        "qmix_smac_lite.py",
-        "vdn_smac_lite.py",
-    },
     "qmix": {"qmix_smac_lite.py", "vdn_smac_lite.py"},
     "lm": {"grpo_lm.py", "dpo_lm.py", "ppo_lm.py"},
     "offline": {
@@ -90,21 +84,6 @@ FAMILIES = {
         "ppo_atari.py",
         "ppo_atari_multigpu.py",
         "ppo_continuous.py",
-    },
-    # the scripts that register the memory envs (<Env>NoVel ids, RepeatFirst-v0)
-    "memory": {"ppo.py", "ppo_lstm.py", "ppo_continuous.py"},
-    # the scripts that take MinAtar/<Game>-v1 ids
-    "minatar": {
-        "dqn_atari.py",
-        "rainbow_atari.py",
-        "ddqn_atari.py",
-        "c51_atari.py",
-        "iqn_atari.py",
-        "sac_atari.py",
-        "impala.py",
-        "pqn.py",
-        "bc_discrete.py",
-        "cql_discrete.py",
     },
     # the scripts that scale rewards by the dataset's spread of episode returns
     "offline_reward": {"iql_continuous.py", "cql_continuous.py"},

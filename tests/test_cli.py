@@ -8,6 +8,7 @@ script holds is run on every script: its --help (its own Args), its own ranges, 
 check."""
 
 import ast
+import dataclasses
 
 import pytest
 import tyro
@@ -32,6 +33,7 @@ SHARED_FLAGS = [
     "--resume",
 ]
 REPRESENTATIVES = sorted(REPRESENTATIVE.values())
+NO_LM_FLAGS = {"--capture-video", "--eval-episodes"}  # absent from the language-model scripts
 ENV_CHECKS = {"env_spaces", "check_map", "check_task"}  # gymnasium ids; smac_lite maps; mpe2 tasks
 
 
@@ -55,9 +57,31 @@ def test_help_lists_every_flag(script):
     script's."""
     out = run_script(script, ["--help"], fork=True)
     assert out.returncode == 0, out.stderr
-    flags = SHARED_FLAGS + [f"--{name.replace('_', '-')}" for name in args_fields(script)]
+    shared = [f for f in SHARED_FLAGS if FAMILY[script] != "lm" or f not in NO_LM_FLAGS]
+    flags = shared + [f"--{name.replace('_', '-')}" for name in args_fields(script)]
     missing = [f for f in flags if f not in out.stdout]
     assert not missing, f"{script} lacks {missing}"
+    if FAMILY[script] == "lm":  # no envs, so no episodes and no video
+        assert not [f for f in NO_LM_FLAGS if f in out.stdout], out.stdout
+        assert "the envs" not in out.stdout
+
+
+@pytest.mark.parametrize("script", ["grpo_lm.py", "ppo_lm.py", "dpo_lm.py"])
+def test_a_language_model_script_never_imports_gymnasium(script):
+    import subprocess
+    import sys
+
+    code = (
+        "import runpy, sys\n"
+        f"sys.argv = [{str(ALGOS / script)!r}, '--help']\n"
+        "try:\n"
+        f"    runpy.run_path({str(ALGOS / script)!r}, run_name='__main__')\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "print('gymnasium' in sys.modules, file=sys.stderr)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.stderr.strip().splitlines()[-1] == "False", proc.stderr[-2000:]
 
 
 def call_graph(script: str) -> tuple[dict[str, set[str]], list[ast.Call]]:
@@ -88,15 +112,15 @@ def reaches(graph: dict[str, set[str]], start: str) -> set[str]:
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_every_script_calls_the_shared_checks(script):
     """The representatives' runs below stand for every script because each one runs the same shared
-    code: its main starts with start_run(args, check_args) (the run directory, --resume, seeding),
-    and its check_args calls check_ranges (the shared ranges) and its family's env check
-    (env_spaces, check_map or check_task)."""
+    code: its main starts with canonrl.run's start_run(args, check_args, __file__) (the run
+    directory, --resume, seeding), and its check_args calls check_ranges (the shared ranges) and its
+    family's env check (env_spaces, check_map or check_task)."""
     graph, calls = call_graph(script)
-    assert {"start_run", "check_ranges", "check_args", "main"} <= set(graph), (
-        f"{script} lacks a shared function"
-    )
+    assert {"check_args", "main"} <= set(graph), f"{script} lacks main or check_args"
+    assert not {"start_run", "check_ranges"} & set(graph), f"{script} redefines the run contract"
     starts = [c for c in calls if isinstance(c.func, ast.Name) and c.func.id == "start_run"]
-    assert len(starts) == 1 and [ast.unparse(a) for a in starts[0].args] == ["args", "check_args"]
+    assert len(starts) == 1
+    assert [ast.unparse(a) for a in starts[0].args] == ["args", "check_args", "__file__"]
     assert "start_run" in reaches(graph, "main"), f"{script}: main does not call start_run"
     checks = reaches(graph, "check_args")
     assert "check_ranges" in checks, f"{script}: check_args does not call check_ranges"
@@ -141,6 +165,8 @@ def test_own_ranges(script, flags, expected, tmp_path):
 )
 def test_shared_bad_input(script, flags, expected, tmp_path):
     """The env-id check and the ranges of the shared blocks, on one script per family."""
+    if FAMILY[script] == "lm" and flags[0] in NO_LM_FLAGS:
+        pytest.skip(f"{script} has no {flags[0]}")
     # multi-agent: their env ids are smac_lite maps or mpe2 tasks
     if script in ENV_TYPO and "CartPol-v1" in flags:
         typo, meant = ENV_TYPO[script]
@@ -236,12 +262,13 @@ def test_the_docstring_shows_a_short_command(script):
     flags the script has: the default budgets are the papers' (hours to days on a CPU)."""
     flags = quick_command(script)
     names = [f[2:].replace("-", "_") for f in flags if f.startswith("--")]
-    assert names and set(names) <= set(args_fields(script)), names
+    module = load_script(script)
+    fields = {f.name for f in dataclasses.fields(module.Args)}  # the shared ones included
+    assert names and set(names) <= fields, names
     budget = int(flags[flags.index("--total-timesteps") + 1])
     assert budget <= 20_480, f"{script}: --total-timesteps {budget} is not a short run"
     if FAMILY[script] == "offline":  # its dataset is made by the docstring's Run: command first
         return
-    module = load_script(script)
     try:
         # flags that fit together (an error exits)
         module.check_args(tyro.cli(module.Args, args=flags))
@@ -264,3 +291,18 @@ def test_episode_bytes_is_what_the_buffer_allocates():
     per_row = sum(t[0].numel() * t.element_size() for t in rb.episodes.values())
     assert qmix.EpisodeBuffer.episode_bytes(60, 3, 30, 48, 9) == per_row
     assert all(len(t) == 8 for t in rb.episodes.values())
+
+
+def test_the_map_pattern_that_words_errors_knows_every_smac_lite_map():
+    """canonrl.run tells a smac_lite map id given to another script by a pattern of SMAC's map
+    names, so that a CartPole script need not import smac_lite: every map matches it, no gymnasium
+    id does."""
+    import re
+
+    import gymnasium as gym
+
+    from canonrl.run import SMAC_MAP
+    from smac_lite.maps import MAPS
+
+    assert all(re.fullmatch(SMAC_MAP, name) for name in MAPS)
+    assert not [env_id for env_id in gym.registry if re.fullmatch(SMAC_MAP, env_id)]

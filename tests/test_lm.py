@@ -190,8 +190,6 @@ def test_keep_groups_drops_groups_and_fills_the_batch(grpo):
         (["--group-size", "1"], "--group-size 1"),
         (["--model", "/nonexistent/model"], "does not load"),
         (["--max-new-tokens", "30"], "context of 32"),
-        (["--capture-video"], "--capture-video"),
-        (["--eval-episodes", "3"], "--eval-prompts"),
     ],
 )
 def test_bad_input_is_one_line(flags, expected, tmp_path):

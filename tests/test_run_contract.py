@@ -15,7 +15,7 @@ import pytest
 import torch
 from conftest import SMOKE, ctrl_c
 
-from benchmark.runs import load_script, read_rows, run_script, start_script
+from benchmark.runs import ALGOS, load_script, read_rows, run_script, start_script
 
 PPO = SMOKE["ppo.py"]  # 4 envs x 32 steps: one iteration is 128 steps
 DQN = SMOKE["dqn.py"]
@@ -502,3 +502,30 @@ def test_the_end_of_a_run_says_where_it_stands_against_the_reference_of_its_data
         "this run: 105.00, below every seed of the reference",
         "this run: 410.00, above every seed of the reference",
     ]
+
+
+def test_the_closing_verdict_compares_only_with_a_reference_of_the_same_flags(capsys):
+    """The end-of-run lines name the reference of this script, env and flags (the evaluation
+    schedule aside) and say where the run lies; with a hyperparameter the references were not made
+    with, they say there is none with these flags."""
+    from canonrl.run import RunLogger
+
+    ppo = load_script("ppo.py")
+    for args, expected in (
+        (ppo.Args(total_timesteps=100_000, eval_every=5000), "reference ours-ppo-CartPole-v1-100k"),
+        (ppo.Args(total_timesteps=100_000), "reference ours-ppo-CartPole-v1-100k"),
+        (ppo.Args(total_timesteps=100_000, learning_rate=1e-3), "no reference with these flags"),
+        (ppo.Args(env_id="Acrobot-v1"), "no reference for ppo.py on Acrobot-v1"),
+    ):
+        logger = object.__new__(RunLogger)  # only what the comparison reads
+        logger.args = args
+        logger.script = ALGOS / "ppo.py"
+        logger.compare_with_reference({"eval/episodic_return": [500.0]})
+        assert capsys.readouterr().out.startswith(expected), args
+    dqn = load_script("dqn.py")
+    logger = object.__new__(RunLogger)
+    logger.args = dqn.Args(total_timesteps=100_000, learning_rate=2.3e-3)
+    logger.script = ALGOS / "dqn.py"
+    logger.compare_with_reference({"eval/episodic_return": [500.0]})
+    out = capsys.readouterr().out
+    assert out.startswith("reference ours-dqn-CartPole-v1-100k") and "within" in out, out

@@ -1,41 +1,75 @@
-"""The blocks every script shares (the shared Args fields, errors, the env check, the run's files,
-checkpoints, progress and evaluation plumbing) are byte-identical in every file of algos/, and one
-command copies them."""
+"""The family blocks (algorithm code that several scripts hold, such as compute_gae or the Atari
+replay buffer) are byte-identical in every script of their family, and one command copies them. The
+run contract (the shared flags, errors, the env check, the run's files, checkpoints, progress and
+evaluation) is not copied: every script imports it from canonrl.run."""
 
+import ast
+import dataclasses
 import shutil
 import subprocess
 import sys
 
 import shared_blocks
-from shared_blocks import ALGOS, blocks, copy_differences, differences, fix, scripts
+from shared_blocks import copy_differences, differences, fix, scripts
 
-REQUIRED = {"args", "helpers"}
+from canonrl.run import LMRunArgs, RunArgs
+
+# what canonrl.run holds, never defined again in a script
+RUN_CONTRACT = {
+    "RunLogger",
+    "start_run",
+    "fail",
+    "check_ranges",
+    "env_spaces",
+    "RNGs",
+    "RunArgs",
+    "LMRunArgs",
+    "SharedArgs",
+}
 
 
 def test_every_script_holds_the_same_blocks():
-    paths = scripts()
-    for p in paths:
-        assert REQUIRED <= set(blocks(p.read_text())), f"{p.name} lacks a shared block"
-    assert differences(paths) == [], (
+    assert differences(scripts()) == [], (
         "run `python tests/shared_blocks.py --fix algos/<the script you edited>.py`"
     )
+
+
+def test_every_script_imports_the_run_contract_and_defines_none_of_it():
+    for p in scripts():
+        tree = ast.parse(p.read_text())
+        defined = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))} | {
+            t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets
+        }
+        assert not defined & RUN_CONTRACT, f"{p.name} defines {sorted(defined & RUN_CONTRACT)}"
+        imported = {
+            a.name
+            for n in tree.body
+            if isinstance(n, ast.ImportFrom) and n.module == "canonrl.run"
+            for a in n.names
+        }
+        base = "LMRunArgs" if p.name.endswith("_lm.py") else "RunArgs"
+        assert {base, "start_run", "RunLogger", "fail"} <= imported, p.name
+        args = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Args")
+        assert [ast.unparse(b) for b in args.bases] == [base], p.name
 
 
 def test_a_hand_made_difference_fails_and_fix_repairs_it(tmp_path):
     for p in scripts():
         shutil.copy(p, tmp_path / p.name)
-    original = (tmp_path / "dqn.py").read_text()
-    (tmp_path / "dqn.py").write_text(original.replace("exit status 2", "exit status 3", 1))
+    original = (tmp_path / "a2c.py").read_text()
+    (tmp_path / "a2c.py").write_text(
+        original.replace("(Schulman et al. 2016, eq. 16)", "(eq. 17)", 1)
+    )
     problems = differences(scripts(tmp_path))
     assert (
         len(problems) == 1
-        and "'helpers' differs" in problems[0]
-        and {"dqn.py", "ppo.py"} <= set(problems[0].replace("|", " ").replace(",", " ").split())
+        and "'gae/compute_gae' differs" in problems[0]
+        and {"a2c.py", "ppo.py"} <= set(problems[0].replace("|", " ").replace(",", " ").split())
     )
     cli = [sys.executable, shared_blocks.__file__, "--algos", str(tmp_path)]
     assert subprocess.run(cli, capture_output=True).returncode == 1
-    assert fix(tmp_path / "ppo.py", scripts(tmp_path)) == [tmp_path / "dqn.py"]
-    assert (tmp_path / "dqn.py").read_text() == original and differences(scripts(tmp_path)) == []
+    assert fix(tmp_path / "ppo.py", scripts(tmp_path)) == [tmp_path / "a2c.py"]
+    assert (tmp_path / "a2c.py").read_text() == original and differences(scripts(tmp_path)) == []
     assert subprocess.run(cli, capture_output=True).returncode == 0
 
 
@@ -44,18 +78,18 @@ def test_a_missing_block_is_reported(tmp_path):
         shutil.copy(p, tmp_path / p.name)
     text = (tmp_path / "ppo.py").read_text()
     start, end = (
-        text.index("    # ---- shared: args ----"),
-        text.index("    # ---- end shared: args ----\n"),
+        text.index("# ---- shared: gae/compute_gae ----"),
+        text.index("# ---- end shared: gae/compute_gae ----\n"),
     )
     (tmp_path / "ppo.py").write_text(
-        text[:start] + text[end + len("    # ---- end shared: args ----\n") :]
+        text[:start] + text[end + len("# ---- end shared: gae/compute_gae ----\n") :]
     )
-    assert "ppo.py: lacks shared block 'args'" in differences(scripts(tmp_path))
+    assert "ppo.py: lacks shared block 'gae/compute_gae'" in differences(scripts(tmp_path))
 
 
-def test_the_blocks_hold_the_shared_flags():
-    args_block = blocks((ALGOS / "ppo.py").read_text())["args"]
-    for field in (
+def test_the_base_holds_the_shared_flags_and_no_script_redefines_one():
+    shared = {f.name for f in dataclasses.fields(RunArgs)}
+    assert shared == {
         "seed",
         "cuda",
         "torch_deterministic",
@@ -69,14 +103,22 @@ def test_the_blocks_hold_the_shared_flags():
         "run_dir",
         "resume",
         "checkpoint_every",
-    ):
-        assert f"    {field}:" in args_block
+    }
+    assert {f.name for f in dataclasses.fields(LMRunArgs)} == shared - {
+        "capture_video",
+        "eval_episodes",
+    }
+    for p in scripts():
+        tree = ast.parse(p.read_text())
+        args = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Args")
+        own = {n.target.id for n in args.body if isinstance(n, ast.AnnAssign)}
+        assert not own & shared, f"{p.name} redefines {sorted(own & shared)}"
 
 
 def test_every_script_reads_algorithm_first():
-    """The order a reader meets: Args, the env, networks, losses and buffer, main(); the run
-    plumbing (check_args and the shared helpers) below main(). The first network class sits within
-    the first third of the file."""
+    """The order a reader meets: Args, the env, networks, losses and buffer, main(); the input
+    checks (check_args) below main(). The first network class sits within the first 40% of the
+    file."""
     import re
 
     for p in scripts():
@@ -84,27 +126,18 @@ def test_every_script_reads_algorithm_first():
         where = {
             name: next((i for i, line in enumerate(lines) if re.match(pattern, line)), None)
             for name, pattern in {
-                "args": r"class Args:",
+                "args": r"class Args\(",
                 "net": r"class \w+\(nn\.Module\)",
                 "main": r"def main\(",
                 "check": r"def check_args\(",
-                "helpers": r"# ---- shared: helpers ----",
                 "run": r"if __name__ ==",
             }.items()
         }
         assert None not in where.values(), f"{p.name}: {where}"
-        assert (
-            where["args"]
-            < where["net"]
-            < where["main"]
-            < where["check"]
-            < where["helpers"]
-            < where["run"]
-        ), (
-            f"{p.name}: the order is Args, networks, main(), "
-            f"check_args(), the shared helpers ({where})"
+        assert where["args"] < where["net"] < where["main"] < where["check"] < where["run"], (
+            f"{p.name}: the order is Args, networks, main(), check_args() ({where})"
         )
-        assert where["net"] < len(lines) / 3, (
+        assert where["net"] < 0.4 * len(lines), (
             f"{p.name}: the first network is at line {where['net'] + 1} of {len(lines)}"
         )
 

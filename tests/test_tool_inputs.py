@@ -171,3 +171,50 @@ def test_reevaluate_refuses_bad_input(script, case, smoke_runs, tmp_path, capsys
     }[case]
     assert reevaluate.main(argv) == 2
     assert expected in one_line_error(capsys)
+
+
+def digests(folder) -> dict:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+def test_lm_task_never_replaces_a_base_or_its_pairs_unasked(tmp_path, capsys):
+    """lm_task.py --out on a folder that holds files (the project's base among them), or --pairs on
+    a model folder that holds preferences.json, refuses in one line and leaves every file as it
+    was; --replace is refused where the folder is not a base this tool wrote."""
+    from benchmark import lm_task
+
+    base = tmp_path / "base"
+    shutil.copytree(ROOT / "benchmark" / "policies" / "lm-addition-base", base)
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "notes.txt").write_text("mine\n")
+    before = digests(base), digests(theirs)
+    for argv in (
+        ["--out", str(base)],
+        ["--out", str(base), "--steps", "0"],
+        ["--out", str(theirs), "--replace"],
+        ["--out", str(theirs / "notes.txt")],
+        ["--pairs", str(base)],
+        ["--pairs", str(theirs)],
+    ):
+        with pytest.raises(SystemExit) as e:
+            lm_task.main(argv)
+        assert e.value.code == 2, argv
+        assert "error: " in capsys.readouterr().err, argv
+    assert (digests(base), digests(theirs)) == before
+
+
+def test_the_suite_runner_never_deletes_a_folder_that_holds_no_run(tmp_path):
+    """benchmark/run.py --out whose run folder (e.g. ppo__CartPole-v1__1) holds a user's file and
+    no run: one error, exit 2, the file kept (a half-done run of its own would be redone there)."""
+    out = tmp_path / "out"
+    theirs = out / "ppo__CartPole-v1__1"
+    theirs.mkdir(parents=True)
+    (theirs / "notes.txt").write_text("mine\n")
+    cmd = [sys.executable, "benchmark/run.py", "--suite", "classic", "--seeds", "1"]
+    cmd += ["--scripts", "ppo.py", "--envs", "CartPole-v1", "--out", str(out)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    assert "holds files that are not a run" in proc.stderr.splitlines()[-1]
+    assert [p.name for p in theirs.iterdir()] == ["notes.txt"]
+    assert (theirs / "notes.txt").read_text() == "mine\n"

@@ -77,7 +77,9 @@ def test_no_bos_and_eos_ids():
     "<eos>" appended to a completion's text is the end token's id."""
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained("benchmark/policies/lm-addition-base")
+    tok = AutoTokenizer.from_pretrained(
+        "benchmark/policies/lm-addition-base", trust_remote_code=False
+    )
     assert tok.bos_token_id is None
     assert tok("321+654=")["input_ids"] == tok("321+654=", add_special_tokens=False)["input_ids"]
     assert tok("975" + tok.eos_token, add_special_tokens=False)["input_ids"][-1] == tok.eos_token_id

@@ -1,0 +1,1 @@
+"""canonrl: the run contract that the single-file scripts of algos/ import (canonrl.run)."""

@@ -1,0 +1,79 @@
+"""Reading the offline scripts' datasets: a Minari dataset opened from a folder or an id (nothing is
+downloaded), its transitions as arrays, and D4RL's normalised score. A dataset is data: a damaged
+file or numbers that are not finite are a one-line error that says what to do."""
+
+import functools
+import os
+from pathlib import Path
+
+import gymnasium as gym
+import minari
+import numpy as np
+
+from canonrl.run import fail
+
+
+@functools.cache  # opened once: the flag checks and main() share it
+def open_dataset(name: str):
+    """The Minari dataset `name`: a directory (the dataset's, or its data/ folder), or the id of one
+    under MINARI_DATASETS_PATH (default ~/.minari/datasets). Nothing is downloaded; a missing one is
+    a one-line error."""
+    root = Path(os.environ.get("MINARI_DATASETS_PATH") or Path.home() / ".minari" / "datasets")
+    path = Path(name).expanduser()
+    data = next(
+        (d for d in (path / "data", path, root / name / "data") if (d / "metadata.json").is_file()),
+        None,
+    )
+    if data is None:
+        fail(
+            f"no dataset {name!r}: give a Minari dataset directory or the id "
+            f"of one in {root} (make one with python benchmark/datasets.py)"
+        )
+    try:
+        dataset = minari.MinariDataset(data)
+        # the data file opens, too
+        next(dataset.iterate_episodes([0]), None) if dataset.total_episodes else None
+        return dataset
+    except Exception as e:
+        fail(
+            f"dataset {name!r} cannot be read ({type(e).__name__}: "
+            f"{str(e).splitlines()[0] if str(e) else ''}); make it anew"
+        )
+
+
+def dataset_arrays(dataset) -> dict:
+    """Every transition of every episode: obs, next_obs, actions, rewards, terminated, as float32
+    arrays (discrete actions as int64). Only termination stops a bootstrap: an episode cut by a time
+    limit has a future. A data file that cannot be read to its end, or that holds numbers that are
+    not finite, is a one-line error that names it."""
+    parts = {"obs": [], "next_obs": [], "actions": [], "rewards": [], "terminated": []}
+    data_dir = dataset.storage.data_path
+    # HDF5, or Arrow
+    where = data_dir / "main_data.hdf5" if (data_dir / "main_data.hdf5").is_file() else data_dir
+    # open_dataset read episode 0 only: damaged bytes further on show here (h5py's KeyError,
+    # OSError, ...)
+    try:
+        for episode in dataset.iterate_episodes():
+            parts["obs"].append(episode.observations[:-1])
+            parts["next_obs"].append(episode.observations[1:])
+            parts["actions"].append(episode.actions)
+            parts["rewards"].append(episode.rewards)
+            parts["terminated"].append(episode.terminations)
+    except (KeyError, OSError, RuntimeError, ValueError) as e:
+        reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        fail(f"dataset file {where} is damaged ({reason}); make it anew")
+    arrays = {k: np.concatenate(v).astype(np.float32) for k, v in parts.items()}
+    # a nan or inf would reach every loss
+    if not all(np.isfinite(v).all() for v in arrays.values()):
+        fail(f"dataset file {where} holds numbers that are not finite (nan or inf); make it anew")
+    if isinstance(dataset.action_space, gym.spaces.Discrete):
+        arrays["actions"] = np.concatenate(parts["actions"]).astype(np.int64)
+    return arrays
+
+
+def normalized_scores(returns, dataset) -> list:
+    """D4RL's normalised score of each return, 100 * (R - random) / (expert - random), with the
+    dataset's reference returns (ref_min_score, ref_max_score); [] for a dataset without them."""
+    low = dataset.storage.metadata.get("ref_min_score")
+    high = dataset.storage.metadata.get("ref_max_score")
+    return [] if low is None or high is None else [100 * (r - low) / (high - low) for r in returns]
