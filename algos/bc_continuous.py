@@ -23,14 +23,13 @@ import torch.nn as nn
 import torch.nn.functional as F
 import tyro
 
-from canonrl.data import dataset_arrays, normalized_scores, open_dataset
+from canonrl.data import check_dataset, dataset_arrays, normalized_scores, open_dataset
 from canonrl.run import (
     RNGs,
     RunArgs,
     RunLogger,
+    check_continuous_env,
     check_ranges,
-    env_spaces,
-    fail,
     load_states,
     save_model,
     start_run,
@@ -267,58 +266,19 @@ def check_args(args: Args):
 
 # ---- shared: offline_continuous/check_args ----
 def check_offline_continuous_args(args, rules: dict):
-    """The ranges of `rules` (as in check_ranges), the env the policy is evaluated in when given,
-    the dataset (it exists and holds transitions of continuous actions; only its metadata and first
-    episode are read), then the dataset's env when none is given, and that the two have the same
-    spaces."""
+    """The ranges of `rules` (as in check_ranges), then the dataset and the env the policy is
+    evaluated in (canonrl.data.check_dataset)."""
     check_ranges(args, {"batch_size": "x >= 1", **rules})
-    spaces = check_env(args) if args.env_id is not None else None
-    dataset = open_dataset(args.dataset)
-    if dataset.total_steps == 0:
-        fail(f"dataset {args.dataset!r} is empty: it holds no transition")
-    if not isinstance(dataset.action_space, gym.spaces.Box):
-        fail(
-            f"{SCRIPT} needs continuous (Box) actions but "
-            f"dataset {args.dataset!r} has {dataset.action_space}",
-            "cql_discrete.py",
-        )
-    if args.env_id is None:
-        if dataset.spec.env_spec is None:
-            fail(
-                f"dataset {args.dataset!r} names no env: give "
-                "--env-id, the env to evaluate the policy in"
-            )
-        args.env_id = dataset.spec.env_spec.id
-        spaces = check_env(args)
-    if spaces != (dataset.observation_space, dataset.action_space):
-        fail(
-            f"--env-id {args.env_id} has spaces {spaces}, dataset "
-            f"{args.dataset!r} {(dataset.observation_space, dataset.action_space)}: "
-            "evaluate in the dataset's env"
-        )
+    check_dataset(args, __file__, check_env, False, "cql_discrete.py")
 
 
 def check_env(args):
-    """The spaces of --env-id (made once), which must be continuous bounded actions and flat
-    observations."""
-    obs_space, act_space = env_spaces(args.env_id, __file__)
-    if not isinstance(act_space, gym.spaces.Box) or len(act_space.shape) != 1:
-        fail(
-            f"{SCRIPT} needs continuous (Box) actions but {args.env_id} has {act_space}",
-            "cql_discrete.py",
-        )
-    if not (np.isfinite(act_space.low).all() and np.isfinite(act_space.high).all()):
-        fail(
-            f"{SCRIPT} squashes actions into the env's bounds "
-            f"but {args.env_id} has unbounded actions {act_space}"
-        )
-    if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) != 1:
-        fail(f"{SCRIPT} needs flat vector observations but {args.env_id} has {obs_space}")
-    return obs_space, act_space
+    """The spaces of --env-id (made once): continuous bounded actions, flat observations."""
+    return check_continuous_env(args.env_id, __file__, "cql_discrete.py")
 
 
 # ---- end shared: offline_continuous/check_args ----
 
 
 if __name__ == "__main__":
-    main(tyro.cli(Args))
+    main(tyro.cli(Args, description=__doc__))

@@ -22,7 +22,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 import tyro
 
-from canonrl.data import dataset_arrays, normalized_scores, open_dataset
+from canonrl.data import check_dataset, dataset_arrays, normalized_scores, open_dataset
 from canonrl.envs import MINATAR, register_minatar
 from canonrl.run import (
     RNGs,
@@ -317,36 +317,10 @@ def check_args(args: Args):
 
 # ---- shared: offline_discrete/check_args ----
 def check_offline_discrete_args(args, rules: dict):
-    """The ranges of `rules` (as in check_ranges), the env the policy is evaluated in when given,
-    the dataset (it exists and holds transitions of discrete actions; only its metadata and first
-    episode are read), then the dataset's env when none is given, and that the two have the same
-    spaces."""
+    """The ranges of `rules` (as in check_ranges), then the dataset and the env the policy is
+    evaluated in (canonrl.data.check_dataset)."""
     check_ranges(args, {"batch_size": "x >= 1", **rules})
-    spaces = check_env(args) if args.env_id is not None else None
-    dataset = open_dataset(args.dataset)
-    if dataset.total_steps == 0:
-        fail(f"dataset {args.dataset!r} is empty: it holds no transition")
-    if not isinstance(dataset.action_space, gym.spaces.Discrete):
-        fail(
-            f"{SCRIPT} needs discrete actions but dataset "
-            f"{args.dataset!r} has {dataset.action_space}",
-            "cql_continuous.py",
-            "iql_continuous.py",
-        )
-    if args.env_id is None:
-        if dataset.spec.env_spec is None:
-            fail(
-                f"dataset {args.dataset!r} names no env: give "
-                "--env-id, the env to evaluate the policy in"
-            )
-        args.env_id = dataset.spec.env_spec.id
-        spaces = check_env(args)
-    if spaces != (dataset.observation_space, dataset.action_space):
-        fail(
-            f"--env-id {args.env_id} has spaces {spaces}, dataset "
-            f"{args.dataset!r} {(dataset.observation_space, dataset.action_space)}: "
-            "evaluate in the dataset's env"
-        )
+    check_dataset(args, __file__, check_env, True, "cql_continuous.py", "iql_continuous.py")
 
 
 def check_env(args):
@@ -375,4 +349,4 @@ def check_env(args):
 
 
 if __name__ == "__main__":
-    main(tyro.cli(Args))
+    main(tyro.cli(Args, description=__doc__))

@@ -28,8 +28,8 @@ from canonrl.run import (
     RNGs,
     RunArgs,
     RunLogger,
+    check_continuous_env,
     check_ranges,
-    env_spaces,
     fail,
     load_states,
     save_model,
@@ -382,20 +382,7 @@ def check_args(args: Args):
 def check_continuous_args(args, rules: dict):
     """The flags of every script of this family, then `rules` (the script's own ranges, as in
     check_ranges)."""
-    obs_space, act_space = env_spaces(args.env_id, __file__)
-    if not isinstance(act_space, gym.spaces.Box) or len(act_space.shape) != 1:
-        fail(
-            f"{SCRIPT} needs continuous (Box) actions but {args.env_id} has {act_space}",
-            "dqn.py",
-            "ppo.py",
-        )
-    if not (np.isfinite(act_space.low).all() and np.isfinite(act_space.high).all()):
-        fail(
-            f"{SCRIPT} squashes actions into the env's bounds "
-            f"but {args.env_id} has unbounded actions {act_space}"
-        )
-    if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) != 1:
-        fail(f"{SCRIPT} needs flat vector observations but {args.env_id} has {obs_space}")
+    check_continuous_env(args.env_id, __file__, "dqn.py", "ppo.py")
     check_ranges(
         args,
         {
@@ -427,4 +414,4 @@ def check_continuous_args(args, rules: dict):
 
 
 if __name__ == "__main__":
-    main(tyro.cli(Args))
+    main(tyro.cli(Args, description=__doc__))

@@ -12,7 +12,6 @@ Results: benchmark/references.toml (ours-dpo_lm-addition-v0), README.md
 """
 
 import copy
-import difflib
 import json
 import time
 from dataclasses import asdict, dataclass
@@ -23,15 +22,14 @@ import torch
 import torch.nn as nn
 import tyro
 
+from canonrl.lm import check_task, find, load_task, log_eval, task_path
 from canonrl.run import (
     LMRunArgs,
     RNGs,
     RunLogger,
     check_ranges,
     fail,
-    finite,
     load_states,
-    other_family,
     save_model,
     start_run,
 )
@@ -67,11 +65,6 @@ class Args(LMRunArgs):
 
 
 # ---- shared: lm/model ----
-def load_task(path: Path) -> dict:
-    """The task file: {"name", "max_new_tokens", "train": [[prompt, answer], ...], "heldout"}."""
-    return json.loads(Path(path).read_text())
-
-
 def reward(completion: str | None, answer: str) -> float:
     """The verifiable reward: 1.0 for exactly the answer, 0.0 for a wrong one and for a malformed
     one (completion None: no end token within the budget)."""
@@ -208,14 +201,6 @@ def load_policy(model: str, device="cpu"):
     finally:
         logging.set_verbosity(verbosity)
     return Policy(lm, tokenizer.pad_token_id, tokenizer.eos_token_id).to(device), tokenizer
-
-
-def find(path: str) -> str:
-    """path as given, or relative to the repository root where it exists only there."""
-    root = Path(__file__).resolve().parents[1]  # the repository that holds algos/
-    if not Path(path).exists() and (root / path).exists():
-        return str(root / path)
-    return path
 
 
 # ---- end shared: lm/model ----
@@ -386,7 +371,7 @@ def check_args(args: Args):
             f"--total-timesteps {args.total_timesteps} is less than one update "
             f"(--batch-size {args.batch_size})"
         )
-    task = check_task(args)
+    task = check_task(args, load_policy)
     path = preferences_path(args)
     try:
         prefs = load_preferences(path)
@@ -402,6 +387,11 @@ def check_args(args: Args):
     train = {p for p, _ in task["train"]}
     if not all(p in train for p, _, _ in pairs):
         fail(f"preference file {path} holds prompts that are not train prompts of its task")
+    same = next((p for p in pairs if p[1] == p[2]), None)
+    if same is not None:  # its loss has no gradient: nothing to prefer
+        fail(f"preference file {path} holds a pair whose chosen is its rejected: {same!r}")
+    if args.batch_size > len(pairs):
+        fail(f"--batch-size {args.batch_size} exceeds the {len(pairs)} pairs of {path}")
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(find(args.model), trust_remote_code=False)
@@ -414,68 +404,5 @@ def check_args(args: Args):
         )
 
 
-# ---- shared: lm/checks ----
-def log_eval(logger, step: int, results: dict):
-    """eval/accuracy (share of held-out prompts answered exactly), eval/reward (mean reward)."""
-    rewards = results["eval/episodic_return"]
-    if len(rewards):
-        logger.log(
-            step,
-            {
-                "eval/accuracy": float(np.mean(np.asarray(rewards) == 1.0)),
-                "eval/reward": float(np.mean(rewards)),
-            },
-        )
-
-
-def task_path(args) -> Path:
-    return Path(find(args.task)) if args.task else Path(find(args.model)) / "task.json"
-
-
-def check_task(args) -> dict:
-    """The model (config, weights, tokenizer), then the task file, before anything is written.
-    Returns the task."""
-    try:
-        policy, tokenizer = load_policy(args.model)
-    except Exception as e:
-        if "trust_remote_code" in str(e):
-            fail(
-                f"--model {args.model} needs the Python code its folder names (auto_map), and "
-                "a model folder is data, never run here: use a model whose type transformers has"
-            )
-        reason = (str(e).strip() or " ").splitlines()[0][:120]
-        fail(f"--model {args.model} does not load ({type(e).__name__}: {reason})")
-    if not finite(policy.state_dict()):
-        fail(f"--model {args.model} holds weights that are not finite numbers")
-    if tokenizer.pad_token_id is None or tokenizer.eos_token_id is None:
-        fail(f"the tokenizer of --model {args.model} has no pad or no end (eos) token")
-    path = task_path(args)
-    try:
-        task = load_task(path)
-        names = task["name"]
-        prompts = [p for p, _ in task["train"] + task["heldout"]]
-        max_new_tokens = args.max_new_tokens or int(task["max_new_tokens"])
-    except Exception as e:
-        fail(f"task file {path} cannot be read ({type(e).__name__}); pass --task FILE.json")
-    if args.env_id != names:
-        close = difflib.get_close_matches(args.env_id, [names], n=1)
-        hint = f"; did you mean '{close[0]}'?" if close else ""
-        fail(
-            f"{args.env_id} is not the task of {path} (it holds task '{names}'){hint}",
-            *other_family(args.env_id),
-        )
-    longest = max(len(x) for x in tokenizer(prompts, add_special_tokens=False)["input_ids"])
-    context = getattr(policy.lm.config, "max_position_embeddings", None)
-    if context is not None and longest + max_new_tokens > context:
-        fail(
-            f"prompts of up to {longest} tokens + --max-new-tokens {max_new_tokens} exceed the "
-            f"model's context of {context} tokens"
-        )
-    return task
-
-
-# ---- end shared: lm/checks ----
-
-
 if __name__ == "__main__":
-    main(tyro.cli(Args))
+    main(tyro.cli(Args, description=__doc__))

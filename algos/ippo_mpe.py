@@ -658,4 +658,4 @@ def check_task(env_id: str, *single_agent_scripts: str):
 
 
 if __name__ == "__main__":
-    main(tyro.cli(Args))
+    main(tyro.cli(Args, description=__doc__))

@@ -670,5 +670,5 @@ def check_args(args: Args):
 if __name__ == "__main__":
     # a flag that cannot be parsed (and --help): printed once, not once per rank
     with said_by_rank_0():
-        cli_args = tyro.cli(Args)
+        cli_args = tyro.cli(Args, description=__doc__)
     main(cli_args)

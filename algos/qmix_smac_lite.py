@@ -637,4 +637,4 @@ def available_memory() -> int:
 
 
 if __name__ == "__main__":
-    main(tyro.cli(Args))
+    main(tyro.cli(Args, description=__doc__))

@@ -220,9 +220,11 @@ def commit() -> str:
 
 
 def main(argv: list[str] | None = None):
-    p = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from benchmark.runs import OneLineParser
+
+    p = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, help="directory to write the task and base model to")
     p.add_argument(
         "--pairs", type=Path, help="write preferences.json into this model directory instead"
@@ -321,6 +323,20 @@ def check_flags(p: argparse.ArgumentParser, a):
             ok = False
         if not ok:
             p.error(f"--pairs {a.pairs} is not a model folder of this tool (task.json, weights)")
+        from benchmark.runs import load_script
+        from canonrl.lm import task_problem
+        from canonrl.run import finite
+
+        lm = load_script("grpo_lm.py")
+        try:  # the scripts' loader: trust_remote_code=False
+            policy, _ = lm.load_policy(str(a.pairs))
+        except Exception as e:
+            p.error(f"--pairs {a.pairs}: the model does not load ({type(e).__name__})")
+        if not finite(policy.state_dict()):
+            p.error(f"--pairs {a.pairs}: the model holds weights that are not finite numbers")
+        problem = task_problem(task)
+        if problem:
+            p.error(f"--pairs {a.pairs}: its task.json {problem}")
     if a.out is None:
         return
     if a.out.exists() and not a.out.is_dir():

@@ -45,6 +45,7 @@ from tqdm import tqdm  # noqa: E402
 
 from benchmark.runs import (  # noqa: E402
     ALGOS,
+    OneLineParser,
     Outcome,
     RunSpec,
     Unreachable,
@@ -254,9 +255,7 @@ def run_all(
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    p = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument(
         "--suite",
         required=True,
@@ -334,6 +333,17 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.ray_address and args.backend != "ray":
         p.error("--ray-address needs --backend ray")
+    if args.jobs < 1:
+        p.error(f"--jobs {args.jobs}: at least one run at a time")
+    if args.timeout is not None and not args.timeout > 0:
+        p.error(f"--timeout {args.timeout}: give seconds > 0 (or leave it out: no limit)")
+    if args.report_dir.exists() and not args.report_dir.is_dir():
+        p.error(f"--report-dir {args.report_dir} is a file; pass a directory")
+    if args.device == "cuda" and args.backend == "local":  # (a Ray cluster's GPUs are its own)
+        import torch
+
+        if not torch.cuda.is_available():
+            p.error("--device cuda: this machine has no CUDA device; run with --device cpu")
     try:
         return _main(
             p,
@@ -351,7 +361,18 @@ def _main(p: argparse.ArgumentParser, args: argparse.Namespace, command: str) ->
         from benchmark.ray_backend import check_reachable
 
         check_reachable(ray_address)  # before any work: a wrong address is bad input
-    suites = load_suites(args.suites_file)
+    try:
+        suites = load_suites(args.suites_file)
+    except (OSError, ValueError) as e:  # tomllib's TOMLDecodeError is a ValueError
+        p.error(f"--suites-file {args.suites_file} cannot be read ({type(e).__name__}: {e})")
+    from benchmark import references, report
+
+    # read before any run: a references file that cannot be read would fail only at the end
+    try:
+        refs = references.load_references(args.references_file or references.REFERENCES)
+    except (OSError, ValueError, TypeError, KeyError) as e:
+        where = args.references_file or references.REFERENCES
+        p.error(f"--references-file {where} cannot be read ({type(e).__name__}: {e})")
     if args.suite not in suites:
         p.error(f"unknown suite {args.suite!r}; known: {', '.join(suites)}")
     suite = suites[args.suite]
@@ -408,9 +429,6 @@ def _main(p: argparse.ArgumentParser, args: argparse.Namespace, command: str) ->
         specs, out, args.device, args.jobs, args.backend, args.timeout, ray_address=ray_address
     )
 
-    from benchmark import references, report
-
-    refs = references.load_references(args.references_file or references.REFERENCES)
     path = report.write_report(
         suite, outcomes + earlier, missing, args.device, args.report_dir, refs, command=command
     )

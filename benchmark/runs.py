@@ -1,6 +1,7 @@
 """Run an algos/ script as a subprocess (a fresh process, or a child forked from a parent that has
 already imported torch and the rest) and read what it left behind."""
 
+import argparse
 import csv
 import json
 import locale
@@ -594,15 +595,20 @@ def read_metrics(run_dir: Path | str) -> dict[str, tuple[np.ndarray, np.ndarray]
     }
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse with bad input said as the scripts say it: one line `error: ...` on stderr, exit
+    status 2 (no usage block before it; --help shows the usage)."""
+
+    def error(self, message: str):
+        print(f"error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
 def parse_baseline_args(doc: str, same: dict, peer: str, argv=None, offline: bool = False):
     """The command line of a peer's run (benchmark/sb3_baseline.py, d3rlpy_baseline.py): --same-as
     <our script> and the run's flags, then any flag of that script (e.g. --batch-size 256), set on
     its Args' defaults. Returns (parser, the run's flags, our script's Args)."""
-    import argparse
-
-    p = argparse.ArgumentParser(
-        description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    p = OneLineParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument(
         "--same-as",
         required=True,

@@ -72,6 +72,7 @@ import sys
 import tempfile
 import time
 import typing
+import warnings
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -362,11 +363,20 @@ def main(argv=None) -> int:
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
+    # TRL 1.16 reads transformers' old names of gradient checkpointing: a warning on every run
+    # that is not ours to act on
+    warnings.filterwarnings(
+        "ignore", r"`(is_)?gradient_checkpointing` is deprecated", FutureWarning
+    )
     hf_logging.disable_progress_bar()
     import datasets
 
     datasets.disable_progress_bars()
     lm = load_script("grpo_lm.py")  # the same greedy evaluation as ours
+    # our script's checks of every flag, the model folder (loaded with trust_remote_code=False: a
+    # model folder is data, its code never runs), the task and the preferences: one error line
+    run = {"total_timesteps": a.total_timesteps, "seed": a.seed, "eval_every": a.eval_every}
+    load_script(a.same_as).check_args(dataclasses.replace(ours, **run))
     model_dir = lm.find(ours.model)
     task = lm.load_task(lm.task_path(ours))
     if task["name"] != ours.env_id:
@@ -374,9 +384,6 @@ def main(argv=None) -> int:
     max_new_tokens = ours.max_new_tokens or task["max_new_tokens"]
     heldout = task["heldout"][: ours.eval_prompts]
     set_seed(a.seed)
-    # the scripts' loader: trust_remote_code=False (a model folder is data, its code never runs),
-    # and the scripts' one-line errors for a folder that does not load
-    lm.check_task(ours)
     policy, tokenizer = lm.load_policy(model_dir)
     model = policy.lm
     out_dir = tempfile.mkdtemp(prefix="trl-out-")
@@ -472,9 +479,11 @@ def main(argv=None) -> int:
     returns = rec.evaluate(step, run_eval)
     rec.file.close()
     print(f"train seconds {rec.train_seconds():.1f}, {total_updates} updates")
+    what = f"TRL {trainer_name} with {a.same_as}'s hyperparameters"
     if returns:
-        print(f"eval/accuracy: {np.mean(np.asarray(returns) == 1.0):.3f}")
-    print_baseline_end(returns, a.run_dir, f"TRL {trainer_name} with {a.same_as}'s hyperparameters")
+        accuracy = np.mean(np.asarray(returns) == 1.0)
+        print(f"eval/accuracy: {accuracy:.3f} over {len(returns)} held-out prompts ({what})")
+    print_baseline_end([], a.run_dir, what)
     return 0
 
 

@@ -10,7 +10,7 @@ import gymnasium as gym
 import minari
 import numpy as np
 
-from canonrl.run import fail
+from canonrl.run import fail, first_line
 
 
 @functools.cache  # opened once: the flag checks and main() share it
@@ -35,10 +35,7 @@ def open_dataset(name: str):
         next(dataset.iterate_episodes([0]), None) if dataset.total_episodes else None
         return dataset
     except Exception as e:
-        fail(
-            f"dataset {name!r} cannot be read ({type(e).__name__}: "
-            f"{str(e).splitlines()[0] if str(e) else ''}); make it anew"
-        )
+        fail(f"dataset {name!r} cannot be read ({first_line(e)}); make it anew")
 
 
 def dataset_arrays(dataset) -> dict:
@@ -60,8 +57,7 @@ def dataset_arrays(dataset) -> dict:
             parts["rewards"].append(episode.rewards)
             parts["terminated"].append(episode.terminations)
     except (KeyError, OSError, RuntimeError, ValueError) as e:
-        reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-        fail(f"dataset file {where} is damaged ({reason}); make it anew")
+        fail(f"dataset file {where} is damaged ({first_line(e)}); make it anew")
     arrays = {k: np.concatenate(v).astype(np.float32) for k, v in parts.items()}
     # a nan or inf would reach every loss
     if not all(np.isfinite(v).all() for v in arrays.values()):
@@ -77,3 +73,36 @@ def normalized_scores(returns, dataset) -> list:
     low = dataset.storage.metadata.get("ref_min_score")
     high = dataset.storage.metadata.get("ref_max_score")
     return [] if low is None or high is None else [100 * (r - low) / (high - low) for r in returns]
+
+
+def check_dataset(args, script: str, check_env, discrete: bool, *other_scripts: str):
+    """The dataset of --dataset (it exists and holds transitions of discrete, or continuous,
+    actions; only its metadata and first episode are read) and the env the policy is evaluated in:
+    --env-id, checked by check_env(args) (which returns its spaces), or the dataset's env when none
+    is given (args.env_id is set to it); the two must have the same spaces. other_scripts: those an
+    error suggests for the other kind of actions. `script` is the script's path (__file__)."""
+    spaces = check_env(args) if args.env_id is not None else None
+    dataset = open_dataset(args.dataset)
+    if dataset.total_steps == 0:
+        fail(f"dataset {args.dataset!r} is empty: it holds no transition")
+    kind = gym.spaces.Discrete if discrete else gym.spaces.Box
+    if not isinstance(dataset.action_space, kind):
+        fail(
+            f"{Path(script).name} needs {'discrete' if discrete else 'continuous (Box)'} actions "
+            f"but dataset {args.dataset!r} has {dataset.action_space}",
+            *other_scripts,
+        )
+    if args.env_id is None:
+        if dataset.spec.env_spec is None:
+            fail(
+                f"dataset {args.dataset!r} names no env: give "
+                "--env-id, the env to evaluate the policy in"
+            )
+        args.env_id = dataset.spec.env_spec.id
+        spaces = check_env(args)
+    if spaces != (dataset.observation_space, dataset.action_space):
+        fail(
+            f"--env-id {args.env_id} has spaces {spaces}, dataset "
+            f"{args.dataset!r} {(dataset.observation_space, dataset.action_space)}: "
+            "evaluate in the dataset's env"
+        )

@@ -1,5 +1,6 @@
-"""Write a script of algos/ as one standalone file: the code of canonrl.run that it uses (the shared
-flags, the run directory, logging, checkpoints, the input checks) inlined, so that the file runs
+"""Write a script of algos/ as one standalone file: the code of canonrl that it uses (the shared
+flags, the run directory, logging, checkpoints, the input checks, env registrations, dataset and
+task readers) inlined, so that the file runs
 with only the pip dependencies, in any folder, and writes the same metrics as the original.
 
     python -m canonrl.export algos/ppo.py -o my_ppo.py
@@ -28,7 +29,8 @@ def bound_names(node: ast.stmt) -> set[str]:
 
 
 def used_names(node: ast.AST) -> set[str]:
-    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+    """The names a statement reads (a dataclass field's name is no use of a function of it)."""
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
 
 
 def needed(statements: list[ast.stmt], wanted: set[str]) -> list[ast.stmt]:
@@ -92,33 +94,86 @@ def merge_imports(imports: list[ast.stmt]) -> list[str]:
     return sections
 
 
+def eager_names(tree: ast.Module) -> set[str]:
+    """The names a module's top level uses when it runs: all of a plain statement, a class's bases,
+    decorators and body, a function's decorators and defaults (not the function's body)."""
+    names = set()
+    for node in tree.body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            continue
+        if isinstance(node, ast.FunctionDef):
+            parts = [*node.decorator_list, *node.args.defaults, *node.args.kw_defaults]
+            names |= set().union(set(), *(used_names(x) for x in parts if x is not None))
+        else:
+            names |= used_names(node)
+    return names
+
+
+def canonrl_imports(tree: ast.Module) -> list[ast.ImportFrom]:
+    """The `from canonrl.<module> import ...` statements of a file."""
+    return [
+        n
+        for n in tree.body
+        if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("canonrl.")
+    ]
+
+
+def package_statements(modules: list[str]) -> tuple[str, list[ast.stmt]]:
+    """The text of these canonrl modules and of those they import from, run first, one after the
+    other, and their top-level statements (line numbers into that text) less their imports of each
+    other."""
+    todo, seen = list(modules), []
+    while todo:
+        module = todo.pop(0)
+        if module not in seen:
+            seen.append(module)
+            tree = ast.parse((RUN.parent / f"{module.split('.')[1]}.py").read_text())
+            todo += [n.module for n in canonrl_imports(tree)]
+    seen.sort(key=lambda m: m != "canonrl.run")
+    text, statements = "", []
+    for module in seen:
+        source = (RUN.parent / f"{module.split('.')[1]}.py").read_text()
+        offset = text.count("\n")
+        text += source + "\n"
+        for node in ast.parse(source).body:
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("canonrl"):
+                continue
+            ast.increment_lineno(node, offset)
+            statements.append(node)
+    return text, statements
+
+
 def export(script: Path) -> str:
     """The standalone text of `script`."""
     source = script.read_text()
     tree = ast.parse(source)
-    run_source = RUN.read_text()
-    run_tree = ast.parse(run_source)
-    ours = [n for n in tree.body if isinstance(n, ast.ImportFrom) and n.module in ("canonrl.run",)]
-    if len(ours) != 1:
-        raise ValueError(f"{script} does not import canonrl.run in one `from canonrl.run import`")
-    wanted = {a.name for a in ours[0].names}
-    code = needed(run_tree.body, wanted)
+    ours = canonrl_imports(tree)
+    if "canonrl.run" not in [n.module for n in ours]:
+        raise ValueError(f"{script} does not import canonrl.run")
+    run_source, statements = package_statements([n.module for n in ours])
+    code = needed(statements, {a.name for n in ours for a in n.names})
     defs = [n for n in code if not isinstance(n, (ast.Import, ast.ImportFrom))]
     run_imports = [n for n in code if isinstance(n, (ast.Import, ast.ImportFrom))]
     used = set().union(*(used_names(n) for n in defs)) if defs else set()
     run_imports = [n for n in run_imports if bound_names(n) & used]
     lines = source.splitlines()
+    last_ours = max(n.end_lineno for n in ours)
     imports = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
-    imports = [n for n in imports if n is not ours[0] and n.lineno < ours[0].lineno]
-    first, last = imports[0].lineno - 1, ours[0].end_lineno
+    imports = [n for n in imports if n not in ours and n.lineno < last_ours]
+    first, last = imports[0].lineno - 1, last_ours
     args_class = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Args")
     main_guard = next(
         n for n in tree.body if isinstance(n, ast.If) and "__main__" in ast.unparse(n.test)
     )
-    base = [n for n in defs if bound_names(n) & {"RunArgs"}]
-    rest = [n for n in defs if n not in base]
-    # the folder an error's suggested scripts are looked for in: the exported file's own
+    # what the script's top level runs when it is imported (Args' base, register_minatar(), ...)
+    # goes above Args; the rest below main()
+    above = {
+        id(n) for n in needed(defs, eager_names(tree) & {a.name for n in ours for a in n.names})
+    }
+    base = [n for n in defs if id(n) in above]
+    rest = [n for n in defs if id(n) not in above]
     texts = [
+        # the folder an error's suggested scripts are looked for in: the exported file's own
         "ALGOS = Path(__file__).resolve().parent  # scripts an error may suggest: those beside this"
         if bound_names(n) == {"ALGOS"}
         else segment(run_source, n)
@@ -133,7 +188,7 @@ def export(script: Path) -> str:
     guard = "\n".join(lines[guard_start:])
     parts = [header.rstrip("\n") + "\n\n" + import_block + (f"\n\n{between}" if between else "")]
     parts += [
-        "# ---- the run contract (canonrl.run, inlined by python -m canonrl.export) ----",
+        "# ---- the run contract (canonrl, inlined by python -m canonrl.export) ----",
         "\n\n\n".join(segment(run_source, n) for n in base),
         body,
         "# ---- the run contract, continued ----",

@@ -102,6 +102,13 @@ def fail(msg: str, *scripts: str):
     sys.exit(2)
 
 
+def first_line(e: BaseException) -> str:
+    """An exception as one line for an error message: its type and the first line of its text,
+    without terminal escape codes (torch's unpickling errors carry bold type)."""
+    text = re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", str(e)).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0]}" if text else type(e).__name__
+
+
 SMAC_MAP = r"(\d+[a-z]+)+(_vs_(\d+[a-z]+)+)?|MMM2?|so_many_baneling|bane_vs_bane|corridor"
 
 
@@ -112,6 +119,11 @@ def other_family(env_id: str) -> tuple[str, ...]:
         return "ppo_atari.py", "dqn_atari.py"
     if env_id.startswith("MinAtar/"):
         return "dqn_atari.py", "ddqn_atari.py"
+    # the memory envs (canonrl.envs): velocities hidden, or a card to remember
+    if re.fullmatch(r"PendulumNoVel-v\d+", env_id):
+        return "ppo_lstm.py", "ppo_continuous.py"
+    if re.fullmatch(r"\w+NoVel-v\d+|RepeatFirst-v\d+", env_id):
+        return "ppo_lstm.py", "ppo.py"
     if re.fullmatch(r"(simple\w*|collect_treasure)_v\d+", env_id):
         return "mappo_mpe.py", "maddpg_mpe.py"
     # the names of SMAC's maps (3m, 2s3z, 5m_vs_6m, MMM2, ...): a pattern, so that a script of
@@ -131,9 +143,11 @@ def env_spaces(env_id: str, script: str):
     if env_id not in gym.registry:
         name = Path(script).name
         scripts = [s for s in other_family(env_id) if s != name]
-        if scripts:
-            fail(f"{env_id} is not an env of {name}", *scripts)
         close = difflib.get_close_matches(env_id, list(gym.registry), n=1)
+        # a typo of an id of a family this script has registered (MinAtar/Breakot-v1) is a typo
+        typo = close and other_family(close[0]) == other_family(env_id)
+        if scripts and not typo:
+            fail(f"{env_id} is not an env of {name}", *scripts)
         fail(f"unknown env id '{env_id}'" + (f"; did you mean '{close[0]}'?" if close else ""))
     entry_point = str(gym.spec(env_id).entry_point)
     if entry_point.startswith("ale_py"):
@@ -147,11 +161,32 @@ def env_spaces(env_id: str, script: str):
         with warnings.catch_warnings(action="ignore"), gym.make(env_id) as env:
             return env.observation_space, env.action_space
     except Exception as e:
-        reason = (str(e).strip() or " ").splitlines()[0]
-        fail(f"cannot make env '{env_id}': {type(e).__name__}: {reason}")
+        fail(f"cannot make env '{env_id}': {first_line(e)}")
     finally:
         if mujoco:
             mujoco.set_mju_user_warning(None)  # MuJoCo's default: print and log
+
+
+def check_continuous_env(env_id: str, script: str, *discrete_scripts: str):
+    """(observation space, action space) of env_id, which must have bounded continuous (Box)
+    actions (the policy squashes its actions into them) and flat vector observations, or a one-line
+    error; discrete_scripts: those it suggests for discrete actions."""
+    import gymnasium as gym
+
+    obs_space, act_space = env_spaces(env_id, script)
+    name = Path(script).name
+    if not isinstance(act_space, gym.spaces.Box) or len(act_space.shape) != 1:
+        fail(
+            f"{name} needs continuous (Box) actions but {env_id} has {act_space}", *discrete_scripts
+        )
+    if not (np.isfinite(act_space.low).all() and np.isfinite(act_space.high).all()):
+        fail(
+            f"{name} squashes actions into the env's bounds "
+            f"but {env_id} has unbounded actions {act_space}"
+        )
+    if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) != 1:
+        fail(f"{name} needs flat vector observations but {env_id} has {obs_space}")
+    return obs_space, act_space
 
 
 def check_map(env_id: str, *single_agent_scripts: str):
@@ -163,7 +198,8 @@ def check_map(env_id: str, *single_agent_scripts: str):
 
     if env_id in smac_lite.MAPS:
         return
-    scripts = other_family(env_id)
+    # a name that looks like a map's is a typo of one (below), not another family's
+    scripts = [s for s in other_family(env_id) if not s.endswith("_smac_lite.py")]
     if not scripts and env_id in gym.registry:
         scripts = single_agent_scripts
     if scripts:
@@ -333,7 +369,7 @@ def check_wandb():
     try:
         mode = wandb.setup().settings.mode
     except Exception as e:
-        fail(f"--track: wandb cannot start ({type(e).__name__}: {str(e).strip().splitlines()[0]})")
+        fail(f"--track: wandb cannot start ({first_line(e)})")
     if mode in ("offline", "dryrun", "disabled"):
         return
     with contextlib.redirect_stderr(io.StringIO()):  # its "Loaded credentials ..." line

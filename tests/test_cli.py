@@ -34,7 +34,8 @@ SHARED_FLAGS = [
 ]
 REPRESENTATIVES = sorted(REPRESENTATIVE.values())
 NO_LM_FLAGS = {"--capture-video", "--eval-episodes"}  # absent from the language-model scripts
-ENV_CHECKS = {"env_spaces", "check_map", "check_task"}  # gymnasium ids; smac_lite maps; mpe2 tasks
+# gymnasium ids (env_spaces, and canonrl's checks that call it); smac_lite maps; mpe2 and LM tasks
+ENV_CHECKS = {"env_spaces", "check_continuous_env", "check_dataset", "check_map", "check_task"}
 
 
 def test_every_script_is_covered():

@@ -12,6 +12,7 @@ import torch
 from conftest import SMOKE, one_error_line
 
 from benchmark.runs import ALGOS, load_script, read_metrics, read_rows, run_script
+from canonrl.run import sha256
 
 BASE = ALGOS.parent / "benchmark" / "policies" / "lm-addition-base"
 PAIRS = [["321+654=", "975", "976"], ["1+2=", "3", "12"], ["99+1=", "001", "1"]]
@@ -108,7 +109,7 @@ def test_the_committed_pairs_are_the_base_models_and_right(dpo):
     answers = dict(task["train"])
     assert prefs["task"] == task["name"] and len(prefs["pairs"]) > 5000
     assert all(answers[p] == c and answers[p] != r for p, c, r in prefs["pairs"])
-    assert prefs["model_sha256"] == dpo.sha256(BASE / "model.safetensors")
+    assert prefs["model_sha256"] == sha256(BASE / "model.safetensors")
 
 
 def preference_file(tmp_path, change) -> str:
@@ -188,3 +189,18 @@ def test_run_leaves_the_contract_resumes_and_saves(dpo, tmp_path):
     rows = read_rows(run_dir)
     assert max(r["global_step"] for r in rows) == 96
     assert [r["global_step"] for r in rows] == sorted(r["global_step"] for r in rows)
+
+
+@pytest.mark.parametrize("case", ["chosen is rejected", "batch over the pairs"])
+def test_preferences_that_cannot_train_are_refused(case, tmp_path):
+    prefs = json.loads((BASE / "preferences.json").read_text())
+    flags = []
+    if case == "chosen is rejected":
+        prefs["pairs"] = [[p, c, c] for p, c, _ in prefs["pairs"][:100]]
+    else:
+        flags = ["--batch-size", "100000", "--total-timesteps", "100000"]
+    path = tmp_path / "prefs.json"
+    path.write_text(json.dumps(prefs))
+    line = one_error_line("dpo_lm.py", ["--preferences", str(path), *flags], tmp_path / "run")
+    expected = "chosen is its rejected" if case == "chosen is rejected" else "exceeds the 7409"
+    assert expected in line, line

@@ -188,7 +188,7 @@ def test_keep_groups_drops_groups_and_fills_the_batch(grpo):
     "flags,expected",
     [
         (["--group-size", "1"], "--group-size 1"),
-        (["--model", "/nonexistent/model"], "does not load"),
+        (["--model", "/nonexistent/model"], "no such folder"),
         (["--max-new-tokens", "30"], "context of 32"),
     ],
 )
@@ -258,3 +258,71 @@ def test_dapo_run_leaves_the_contract_resumes_and_saves(grpo, tmp_path):
     rows = read_rows(run_dir)
     assert max(r["global_step"] for r in rows) == 48
     assert [r["global_step"] for r in rows] == sorted(r["global_step"] for r in rows)
+
+
+def small_task(**change) -> dict:
+    task = json.loads((BASE / "task.json").read_text())
+    task = {**task, "train": task["train"][:50], "heldout": task["heldout"][:20]}
+    return {**task, **change}
+
+
+# task files that were read as if they were right, or failed with a traceback after the run folder
+# was written: each is now one error line before anything is written
+BAD_TASKS = {
+    "empty": ({}, "task name"),
+    "budget 0": (small_task(max_new_tokens=0), "max_new_tokens 0"),
+    "budget -1": (small_task(max_new_tokens=-1), "max_new_tokens -1"),
+    "budget 2.5": (small_task(max_new_tokens=2.5), "max_new_tokens 2.5"),
+    "no train prompts": (small_task(train=[]), "no train prompts"),
+    "no held-out prompts": (small_task(heldout=[]), "no heldout prompts"),
+    "answers as numbers": (small_task(train=[["321+654=", 975]]), "two strings"),
+    "a character the tokenizer lacks": (small_task(train=[["321+654=", "97x"]]), "cannot write"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_TASKS))
+def test_a_bad_task_file_is_one_line_before_anything_is_written(case, tmp_path):
+    task, expected = BAD_TASKS[case]
+    path = tmp_path / "task.json"
+    path.write_text(json.dumps(task))
+    line = one_error_line("grpo_lm.py", ["--task", str(path)], tmp_path / "run")
+    assert line.startswith(f"error: task file {path}") and expected in line, line
+
+
+def test_more_evaluation_prompts_than_the_task_holds_is_refused(tmp_path):
+    line = one_error_line("grpo_lm.py", ["--eval-prompts", "100000"], tmp_path / "run")
+    assert "--eval-prompts 100000 exceeds the 500 held-out prompts" in line
+
+
+def test_a_hub_id_with_no_copy_here_and_no_hub_is_one_line_in_seconds(tmp_path):
+    """transformers retries the hub for about a minute; with HF_HUB_OFFLINE, or a hub that cannot
+    be reached (this machine reaches none), the id is refused at once."""
+    import time
+
+    start = time.time()
+    out = run_script(
+        "grpo_lm.py",
+        ["--model", "someone/no-such-model"],
+        tmp_path / "run",
+        fork=True,
+        HF_HUB_OFFLINE="1",
+        HF_HOME=str(tmp_path / "hf"),
+    )
+    assert out.returncode == 2 and out.stderr.startswith("error: --model someone/no-such-model")
+    assert "HF_HUB_OFFLINE" in out.stderr and time.time() - start < 60
+    assert not (tmp_path / "run").exists()
+
+
+def test_weights_that_are_not_plain_tensors_are_one_plain_line(tmp_path):
+    """A model folder whose pytorch_model.bin pickles an object: transformers reads it with
+    torch.load(weights_only=True), which refuses it with a message in terminal bold; the error line
+    carries no escape code and nothing of the file runs."""
+    import argparse
+
+    model = tmp_path / "model"
+    shutil.copytree(BASE, model)
+    (model / "model.safetensors").unlink()
+    torch.save({"w": argparse.Namespace(a=1)}, model / "pytorch_model.bin")
+    line = one_error_line("grpo_lm.py", ["--model", str(model)], tmp_path / "run")
+    assert line.startswith(f"error: --model {model} does not load (UnpicklingError"), line
+    assert "\x1b" not in line

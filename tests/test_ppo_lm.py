@@ -140,7 +140,7 @@ def test_values_are_read_where_each_token_is_predicted_and_prompts_get_no_gradie
         (["--num-minibatches", "3"], "does not divide --num-prompts 128"),
         (["--gae-lambda", "1.5"], "--gae-lambda 1.5"),
         (["--num-prompts", "30000", "--total-timesteps", "30000"], "exceeds the 20000 train"),
-        (["--model", "/nonexistent/model"], "does not load"),
+        (["--model", "/nonexistent/model"], "no such folder"),
     ],
 )
 def test_bad_input_is_one_line(flags, expected, tmp_path):

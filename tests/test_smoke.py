@@ -22,6 +22,7 @@ from conftest import (
 
 from benchmark.references import load_references, score
 from benchmark.runs import load_script, read_metrics, read_rows, run_script, start_script
+from canonrl.run import RunLogger
 
 
 def rms(saved_stats: dict):
@@ -199,15 +200,21 @@ def test_run_contract_and_saved_model(smoke_script, smoke_runs, tmp_path):
     # an offline reference is of its dataset; the smoke runs' tiny datasets have none
     if smoke_script in OFFLINE:
         ours = []
+    config = json.loads((run_dir / "config.json").read_text())
+    # the verdict compares only with a reference of the run's hyperparameters
+    logger = object.__new__(RunLogger)
+    logger.args = load_script(smoke_script).Args(**config["args"])
+    same = [r for r in ours if logger.same_flags(list(r.flags))]
     expected = (
         f"reference ours-{smoke_script[:-3]}-{env_id}"
+        if same
+        else f"no reference with these flags for {smoke_script} on {env_id}"
         if ours
         else f"no reference for {smoke_script} on {env_id}"
     )
     assert expected in out.stdout, (
         "and compare it with the script's reference (or say there is none)"
     )
-    config = json.loads((run_dir / "config.json").read_text())
     assert (
         config["script"] == smoke_script
         and config["args"]["seed"] == 7

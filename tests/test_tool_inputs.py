@@ -218,3 +218,108 @@ def test_the_suite_runner_never_deletes_a_folder_that_holds_no_run(tmp_path):
     assert "holds files that are not a run" in proc.stderr.splitlines()[-1]
     assert [p.name for p in theirs.iterdir()] == ["notes.txt"]
     assert (theirs / "notes.txt").read_text() == "mine\n"
+
+
+TRL = ["--env-id", "addition-v0", "--total-timesteps", "128"]
+
+
+@pytest.mark.parametrize(
+    "same_as,flags,expected",
+    [
+        ("grpo_lm.py", ["--model", "/nonexistent/model"], "no such folder"),
+        ("grpo_lm.py", ["--learning-rate", "nan"], "not a finite number"),
+        ("grpo_lm.py", ["--group-size", "1"], "--group-size 1"),
+        ("grpo_lm.py", ["--temperature", "0"], "--temperature 0.0"),
+        ("grpo_lm.py", ["--total-timesteps", "0"], "--total-timesteps 0"),
+        ("grpo_lm.py", ["--total-timesteps", "-16"], "--total-timesteps -16"),
+        ("dpo_lm.py", ["--beta", "-1"], "--beta -1.0"),
+        ("dpo_lm.py", ["--preferences", "README.md"], "cannot be read"),
+    ],
+)
+def test_the_trl_baseline_checks_every_flag_as_our_script_does(
+    same_as, flags, expected, tmp_path, capsys
+):
+    from benchmark import trl_baseline
+
+    argv = ["--same-as", same_as, *TRL, "--run-dir", str(tmp_path / "run"), *flags]
+    with pytest.raises(SystemExit) as e:
+        trl_baseline.main(argv)
+    assert e.value.code == 2
+    assert expected in one_line_error(capsys)
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    "case,expected",
+    [
+        ("truncated weights", "does not load"),
+        ("weights not finite", "not finite"),
+        ("task not JSON", "not a model folder"),
+        ("steps -5", "--steps must be >= 1"),
+        ("batch 30000", "--batch-size from 1 to 4096"),
+        ("lr nan", "--lr must be"),
+    ],
+)
+def test_lm_task_refuses_a_bad_folder_or_flag_in_one_line(case, expected, tmp_path, capsys):
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from benchmark import lm_task
+
+    model = tmp_path / "model"
+    shutil.copytree(ROOT / "benchmark" / "policies" / "lm-addition-base", model)
+    (model / "preferences.json").unlink()
+    argv = ["--pairs", str(model)]
+    if case == "truncated weights":
+        data = (model / "model.safetensors").read_bytes()
+        (model / "model.safetensors").write_bytes(data[: len(data) // 2])
+    elif case == "weights not finite":
+        weights = load_file(model / "model.safetensors")
+        name = sorted(weights)[0]
+        weights[name] = torch.full_like(weights[name], float("nan"))
+        save_file(weights, model / "model.safetensors", metadata={"format": "pt"})
+    elif case == "task not JSON":
+        (model / "task.json").write_text("{")
+    else:
+        flag, value = {"steps -5": ("--steps", "-5"), "batch 30000": ("--batch-size", "30000")}.get(
+            case, ("--lr", "nan")
+        )
+        argv = ["--out", str(tmp_path / "new"), flag, value]
+    before = digests(model)
+    with pytest.raises(SystemExit) as e:
+        lm_task.main(argv)
+    assert e.value.code == 2
+    assert expected in one_line_error(capsys)
+    assert digests(model) == before and not (tmp_path / "new").exists()
+
+
+@pytest.mark.parametrize(
+    "flags,expected",
+    [
+        (["--jobs", "0"], "--jobs 0"),
+        (["--timeout", "0"], "--timeout 0.0"),
+        (["--report-dir", "README.md"], "is a file"),
+        (["--suites-file", "README.md"], "--suites-file README.md cannot be read"),
+        (["--references-file", "README.md"], "--references-file README.md cannot be read"),
+    ],
+)
+def test_the_suite_runner_refuses_bad_flags_before_any_run(flags, expected, tmp_path):
+    cmd = [sys.executable, "benchmark/run.py", "--suite", "classic", "--seeds", "1"]
+    cmd += ["--scripts", "ppo.py", "--envs", "CartPole-v1", "--out", str(tmp_path / "out"), *flags]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    assert expected in lines[0]
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_suite_runner_refuses_cuda_where_there_is_none(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    cmd = [sys.executable, "benchmark/run.py", "--suite", "classic", "--device", "cuda"]
+    cmd += ["--out", str(tmp_path / "out")]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "no CUDA device" in proc.stderr
+    assert not (tmp_path / "out").exists()
