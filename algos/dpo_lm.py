@@ -22,7 +22,7 @@ import torch
 import torch.nn as nn
 import tyro
 
-from canonrl.lm import check_task, find, load_task, log_eval, task_path
+from canonrl.lm import check_task, find, log_eval, task_path
 from canonrl.run import (
     LMRunArgs,
     RNGs,
@@ -256,12 +256,11 @@ def pair_indices(seed: int, first: int, count: int, n: int) -> list[int]:
 
 
 def main(args: Args):
-    args, ckpt, run_dir = start_run(args, check_args, __file__)
+    args, ckpt, run_dir = start_run(args, check_flags, __file__)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    task = load_task(task_path(args))
+    task, policy, tokenizer = check_model_and_task(args, device)  # (nothing is written yet)
     max_new_tokens = args.max_new_tokens or task["max_new_tokens"]
     pairs = load_preferences(preferences_path(args))["pairs"]
-    policy, tokenizer = load_policy(args.model, device)
     reference = copy.deepcopy(policy).eval().requires_grad_(False)  # the frozen base
     optimizer = torch.optim.Adam(policy.parameters(), lr=args.learning_rate)
     heldout = task["heldout"][: args.eval_prompts]
@@ -355,6 +354,13 @@ def preferences_path(args: Args) -> Path:
 
 
 def check_args(args: Args):
+    """Every flag, then the model, the task and what they must fit (the way main() checks them)."""
+    check_flags(args)
+    check_model_and_task(args)
+
+
+def check_flags(args: Args):
+    """The flags alone: ranges and the sizes that must fit together."""
     check_ranges(
         args,
         {
@@ -371,7 +377,12 @@ def check_args(args: Args):
             f"--total-timesteps {args.total_timesteps} is less than one update "
             f"(--batch-size {args.batch_size})"
         )
-    task = check_task(args, load_policy)
+
+
+def check_model_and_task(args: Args, device="cpu"):
+    """The model and the task file (canonrl.lm.check_task) and what they must fit, before
+    anything is written; returns (task, policy, tokenizer): main() trains the model loaded here."""
+    task, policy, tokenizer = check_task(args, load_policy, device)
     path = preferences_path(args)
     try:
         prefs = load_preferences(path)
@@ -392,9 +403,6 @@ def check_args(args: Args):
         fail(f"preference file {path} holds a pair whose chosen is its rejected: {same!r}")
     if args.batch_size > len(pairs):
         fail(f"--batch-size {args.batch_size} exceeds the {len(pairs)} pairs of {path}")
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(find(args.model), trust_remote_code=False)
     longest = max(len(tokenizer.encode(c, add_special_tokens=False)) for p in pairs for c in p[1:])
     max_new_tokens = args.max_new_tokens or task["max_new_tokens"]
     if longest + 1 > max_new_tokens:
@@ -402,6 +410,7 @@ def check_args(args: Args):
             f"preference file {path} holds completions of {longest} tokens + the end token, over "
             f"--max-new-tokens {max_new_tokens}"
         )
+    return task, policy, tokenizer
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ import torch
 import torch.nn as nn
 import tyro
 
-from canonrl.lm import check_task, find, load_task, log_eval, task_path
+from canonrl.lm import check_task, find, log_eval, task_path
 from canonrl.run import (
     LMRunArgs,
     RNGs,
@@ -281,11 +281,10 @@ def ppo_loss(logp, old_logp, advantages, values, old_values, returns, mask, clip
 
 
 def main(args: Args):
-    args, ckpt, run_dir = start_run(args, check_args, __file__)
+    args, ckpt, run_dir = start_run(args, check_flags, __file__)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    task = load_task(task_path(args))
+    task, policy, tokenizer = check_model_and_task(args, device)  # (nothing is written yet)
     max_new_tokens = args.max_new_tokens or task["max_new_tokens"]
-    policy, tokenizer = load_policy(args.model, device)
     value_head = ValueHead(policy.lm.config.hidden_size).to(device)
     reference = copy.deepcopy(policy).eval().requires_grad_(False)  # the frozen base: KL penalty
     params = [*policy.parameters(), *value_head.parameters()]
@@ -433,6 +432,13 @@ def main(args: Args):
 
 
 def check_args(args: Args):
+    """Every flag, then the model, the task and what they must fit (the way main() checks them)."""
+    check_flags(args)
+    check_model_and_task(args)
+
+
+def check_flags(args: Args):
+    """The flags alone: ranges and the sizes that must fit together."""
     check_ranges(
         args,
         {
@@ -461,9 +467,15 @@ def check_args(args: Args):
             f"--total-timesteps {args.total_timesteps} is less than one update "
             f"(--num-prompts {args.num_prompts})"
         )
-    task = check_task(args, load_policy)
+
+
+def check_model_and_task(args: Args, device="cpu"):
+    """The model and the task file (canonrl.lm.check_task) and what they must fit, before
+    anything is written; returns (task, policy, tokenizer): main() trains the model loaded here."""
+    task, policy, tokenizer = check_task(args, load_policy, device)
     if len(task["train"]) < args.num_prompts:
         fail(f"--num-prompts {args.num_prompts} exceeds the {len(task['train'])} train prompts")
+    return task, policy, tokenizer
 
 
 if __name__ == "__main__":

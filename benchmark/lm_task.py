@@ -177,11 +177,12 @@ def make_pairs(model_dir: Path, samples: int, seed: int) -> dict:
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
     from benchmark.runs import load_script
+    from canonrl.lm import load_task
 
     lm = load_script("grpo_lm.py")  # its Policy samples as the LM scripts do
     policy, tokenizer = lm.load_policy(str(model_dir))
     policy.eval()
-    task = lm.load_task(model_dir / "task.json")
+    task = load_task(model_dir / "task.json")
     torch.manual_seed(seed)
     pairs = []
     for start in range(0, len(task["train"]), 1000):

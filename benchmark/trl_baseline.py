@@ -83,6 +83,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmark.runs import load_script, parse_baseline_args, print_baseline_end  # noqa: E402
+from canonrl.lm import find, load_task, task_path  # noqa: E402
 
 TRL_VERSION = "1.16.0"
 SAME = {"grpo_lm.py": "GRPOTrainer or RLOOTrainer", "dpo_lm.py": "DPOTrainer"}
@@ -377,8 +378,8 @@ def main(argv=None) -> int:
     # model folder is data, its code never runs), the task and the preferences: one error line
     run = {"total_timesteps": a.total_timesteps, "seed": a.seed, "eval_every": a.eval_every}
     load_script(a.same_as).check_args(dataclasses.replace(ours, **run))
-    model_dir = lm.find(ours.model)
-    task = lm.load_task(lm.task_path(ours))
+    model_dir = find(ours.model)
+    task = load_task(task_path(ours))
     if task["name"] != ours.env_id:
         p.error(f"the task of {model_dir} is {task['name']}, not {ours.env_id}")
     max_new_tokens = ours.max_new_tokens or task["max_new_tokens"]

@@ -102,12 +102,13 @@ def check_model_folder(model: str):
         )
 
 
-def check_task(args, load_policy) -> dict:
-    """The model (config, weights, tokenizer; loaded by the script's load_policy), then the task
-    file, before anything is written. Returns the task."""
+def check_task(args, load_policy, device="cpu") -> tuple:
+    """The model (config, weights, tokenizer; loaded by the script's load_policy onto device), then
+    the task file, before anything is written. Returns (task, policy, tokenizer): the model is
+    loaded once, for the checks and the training."""
     check_model_folder(args.model)
     try:
-        policy, tokenizer = load_policy(args.model)
+        policy, tokenizer = load_policy(args.model, device)
     except Exception as e:
         if "trust_remote_code" in str(e):
             fail(
@@ -153,4 +154,4 @@ def check_task(args, load_policy) -> dict:
             f"prompts of up to {longest} tokens + --max-new-tokens {max_new_tokens} exceed the "
             f"model's context of {context} tokens"
         )
-    return task
+    return task, policy, tokenizer

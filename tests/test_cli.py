@@ -121,8 +121,13 @@ def test_every_script_calls_the_shared_checks(script):
     assert not {"start_run", "check_ranges"} & set(graph), f"{script} redefines the run contract"
     starts = [c for c in calls if isinstance(c.func, ast.Name) and c.func.id == "start_run"]
     assert len(starts) == 1
-    assert [ast.unparse(a) for a in starts[0].args] == ["args", "check_args", "__file__"]
+    # a language-model script checks its flags at the start, then the model it loads (once) and
+    # its task before anything is written
+    checks_first = "check_flags" if FAMILY[script] == "lm" else "check_args"
+    assert [ast.unparse(a) for a in starts[0].args] == ["args", checks_first, "__file__"]
     assert "start_run" in reaches(graph, "main"), f"{script}: main does not call start_run"
+    if FAMILY[script] == "lm":
+        assert "check_task" in reaches(graph, "main") and "check_flags" in graph["check_args"]
     checks = reaches(graph, "check_args")
     assert "check_ranges" in checks, f"{script}: check_args does not call check_ranges"
     assert checks & ENV_CHECKS, f"{script}: check_args calls no env check ({sorted(ENV_CHECKS)})"

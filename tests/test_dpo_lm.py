@@ -12,6 +12,7 @@ import torch
 from conftest import SMOKE, one_error_line
 
 from benchmark.runs import ALGOS, load_script, read_metrics, read_rows, run_script
+from canonrl.lm import load_task
 from canonrl.run import sha256
 
 BASE = ALGOS.parent / "benchmark" / "policies" / "lm-addition-base"
@@ -105,7 +106,7 @@ def test_every_epoch_trains_on_every_pair_once(dpo):
 
 def test_the_committed_pairs_are_the_base_models_and_right(dpo):
     prefs = json.loads((BASE / "preferences.json").read_text())
-    task = dpo.load_task(BASE / "task.json")
+    task = load_task(BASE / "task.json")
     answers = dict(task["train"])
     assert prefs["task"] == task["name"] and len(prefs["pairs"]) > 5000
     assert all(answers[p] == c and answers[p] != r for p, c, r in prefs["pairs"])
@@ -181,7 +182,7 @@ def test_run_leaves_the_contract_resumes_and_saves(dpo, tmp_path):
     assert steps.tolist() == [0, 32, 64], "evaluated first, every --eval-every and at the end"
     assert metrics["losses/policy_loss"][1][0] == pytest.approx(math.log(2), abs=1e-5)
     policy, tokenizer = dpo.load_policy(str(run_dir / "model"))
-    heldout = dpo.load_task(BASE / "task.json")["heldout"][:20]
+    heldout = load_task(BASE / "task.json")["heldout"][:20]
     final = metrics["eval/episodic_return"][1][-20:].tolist()
     assert dpo.evaluate(policy, tokenizer, heldout, 5) == final
     out = run_script("dpo_lm.py", ["--resume", str(run_dir), "--total-timesteps", "96"], fork=True)

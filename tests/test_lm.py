@@ -13,6 +13,7 @@ import torch
 from conftest import SMOKE, one_error_line
 
 from benchmark.runs import ALGOS, load_script, read_metrics, read_rows, run_script
+from canonrl.lm import load_task
 
 BASE = ALGOS.parent / "benchmark" / "policies" / "lm-addition-base"
 
@@ -250,7 +251,7 @@ def test_dapo_run_leaves_the_contract_resumes_and_saves(grpo, tmp_path):
     assert steps.tolist() == [0, 16, 32], "evaluated first, every --eval-every and at the end"
     policy, tokenizer = grpo.load_policy(str(run_dir / "model"))
     assert (run_dir / "model" / "task.json").read_bytes() == (BASE / "task.json").read_bytes()
-    heldout = grpo.load_task(BASE / "task.json")["heldout"][:20]
+    heldout = load_task(BASE / "task.json")["heldout"][:20]
     final = metrics["eval/episodic_return"][1][-20:].tolist()
     assert grpo.evaluate(policy, tokenizer, heldout, 5) == final
     out = run_script("grpo_lm.py", ["--resume", str(run_dir), "--total-timesteps", "48"], fork=True)

@@ -10,6 +10,7 @@ import torch
 from conftest import SMOKE, one_error_line
 
 from benchmark.runs import ALGOS, load_script, read_metrics, read_rows, run_script
+from canonrl.lm import load_task
 
 BASE = ALGOS.parent / "benchmark" / "policies" / "lm-addition-base"
 
@@ -174,7 +175,7 @@ def test_run_leaves_the_contract_resumes_and_saves(ppo, tmp_path):
     assert steps.tolist() == [0, 32, 64], "evaluated first, every --eval-every and at the end"
     assert metrics["losses/kl"][1][0] == pytest.approx(0.0, abs=1e-6), "the first batch: the base"
     policy, tokenizer = ppo.load_policy(str(run_dir / "model"))
-    heldout = ppo.load_task(BASE / "task.json")["heldout"][:20]
+    heldout = load_task(BASE / "task.json")["heldout"][:20]
     final = metrics["eval/episodic_return"][1][-20:].tolist()
     assert ppo.evaluate(policy, tokenizer, heldout, 5) == final
     out = run_script("ppo_lm.py", ["--resume", str(run_dir), "--total-timesteps", "96"], fork=True)

@@ -22,6 +22,7 @@ from conftest import (
 
 from benchmark.references import load_references, score
 from benchmark.runs import load_script, read_metrics, read_rows, run_script, start_script
+from canonrl.lm import load_task, task_path
 from canonrl.run import RunLogger
 
 
@@ -57,7 +58,7 @@ def reloaded_lm(module, saved: dict, episodes: int) -> list[float]:
     args = module.Args(**saved["args"])
     policy, tokenizer = module.load_policy(args.model)
     policy.load_state_dict(saved["policy"])
-    task = module.load_task(module.task_path(args))
+    task = load_task(task_path(args))
     return module.evaluate(
         policy, tokenizer, task["heldout"][:episodes], args.max_new_tokens or task["max_new_tokens"]
     )
