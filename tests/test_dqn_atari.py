@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from benchmark.runs import load_script, run_script
+from canonrl.run import plain
 
 m = load_script("dqn_atari.py")
 SAME_STEP = gym.vector.AutoresetMode.SAME_STEP
@@ -96,7 +97,7 @@ def test_rebuilt_stacks_equal_the_env_stacks(env_id, limit, tmp_path):
         return buffer.sample(64, "cpu")
 
     saved = tmp_path / "rb.pt"
-    torch.save(m.plain({"rb": rb.state_dict(), "rng": rb.rng.bit_generator.state}), saved)
+    torch.save(plain({"rb": rb.state_dict(), "rng": rb.rng.bit_generator.state}), saved)
     batch = sample(rb)
     assert batch[0].shape == batch[1].shape == (64, 4, 84, 84) and batch[0].dtype == torch.uint8
     everything = [x for per_env in stored for t, x in per_env.items()]

@@ -16,6 +16,7 @@ import torch
 from conftest import SMOKE, ctrl_c
 
 from benchmark.runs import ALGOS, load_script, read_rows, run_script, start_script
+from canonrl.run import plain
 
 PPO = SMOKE["ppo.py"]  # 4 envs x 32 steps: one iteration is 128 steps
 DQN = SMOKE["dqn.py"]
@@ -349,7 +350,7 @@ def test_every_checkpointed_object_round_trips(script, smoke_runs, tmp_path, mon
         seen
     )
     for name, obj in seen.items():
-        assert same_state(module.plain(obj.state_dict()), ckpt[name]), (
+        assert same_state(plain(obj.state_dict()), ckpt[name]), (
             f"{script}: {name} does not round-trip"
         )
 
@@ -420,7 +421,7 @@ def keep_sigint():
 
 def test_a_non_finite_loss_stops_the_run_before_it_is_written(tmp_path, capsys, keep_sigint):
     ppo = load_script("ppo.py")
-    logger = ppo.RunLogger(ppo.Args(), tmp_path / "run", 1000, 0, None)
+    logger = ppo.RunLogger(ppo.Args(), tmp_path / "run", 1000, 0, None, ALGOS / "ppo.py")
     # nan by definition when returns are constant
     logger.log(1, {"losses/explained_variance": float("nan")})
     with pytest.raises(SystemExit) as exit_:
@@ -434,7 +435,7 @@ def test_a_non_finite_loss_stops_the_run_before_it_is_written(tmp_path, capsys, 
 
 def test_a_run_says_its_duration_when_it_is_over_an_hour(tmp_path, capsys, keep_sigint):
     ppo = load_script("ppo.py")
-    logger = ppo.RunLogger(ppo.Args(), tmp_path / "run", 100_000_000, 0, None)
+    logger = ppo.RunLogger(ppo.Args(), tmp_path / "run", 100_000_000, 0, None, ALGOS / "ppo.py")
     logger.start -= 30  # 30 s of training for 1,000 steps: 33 steps/s
     logger.progress(1000)
     logger.progress(2000)
@@ -493,7 +494,7 @@ def test_the_end_of_a_run_says_where_it_stands_against_the_reference_of_its_data
     )
     said = []
     for i, returns in enumerate(([200.0, 180.0], [100.0, 110.0], [400.0, 420.0])):
-        bc.RunLogger(args, tmp_path / f"run{i}", 5000, 0, None).close(
+        bc.RunLogger(args, tmp_path / f"run{i}", 5000, 0, None, ALGOS / script).close(
             {"eval/episodic_return": returns}
         )
         said.append(capsys.readouterr().out.splitlines()[-1])

@@ -9,6 +9,7 @@ import torch
 import torch.nn as nn
 
 from benchmark.runs import load_script, read_rows, run_script
+from canonrl.run import plain
 
 PPO_FAMILY = [
     "ppo.py",
@@ -52,7 +53,7 @@ def test_running_statistics_round_trip_through_a_weights_only_checkpoint(tmp_pat
     m = load_script("ppo_continuous.py")
     stats = m.RunningMeanStd(shape=(3,))
     stats.update(np.random.default_rng(0).normal(size=(50, 3)))
-    torch.save(m.plain(stats.state_dict()), tmp_path / "s.pt")
+    torch.save(plain(stats.state_dict()), tmp_path / "s.pt")
     other = m.RunningMeanStd(shape=(3,))
     other.load_state_dict(torch.load(tmp_path / "s.pt", weights_only=True))
     assert isinstance(other.mean, np.ndarray) and np.array_equal(other.mean, stats.mean)
