@@ -12,7 +12,7 @@ Quick:  python algos/a2c.py --total-timesteps 20000
 Results: benchmark/references.toml
 """
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import gymnasium as gym
@@ -29,7 +29,6 @@ from canonrl.run import (
     env_spaces,
     fail,
     load_states,
-    save_model,
     start_run,
 )
 
@@ -259,14 +258,7 @@ def main(args: Args):
             dones[step] = torch.as_tensor(terminated | truncated)
             # every finished episode of every sub-env
             for i in np.flatnonzero(terminated | truncated):
-                logger.last_return = episode_return[i]
-                logger.log(
-                    global_step,
-                    {
-                        "train/episodic_return": episode_return[i],
-                        "train/episodic_length": episode_length[i],
-                    },
-                )
+                logger.log_episode(global_step, episode_return[i], episode_length[i])
                 episode_return[i] = 0.0
                 episode_length[i] = 0
         with torch.no_grad():
@@ -300,32 +292,15 @@ def main(args: Args):
             },
         )
         logger.progress(global_step)
-        if (
-            args.eval_every
-            and iteration < num_iterations
-            and global_step % args.eval_every < batch_size
-        ):
-            logger.evaluate(global_step, run_eval)
-        if iteration % max(1, args.checkpoint_every // batch_size) == 0 or logger.stop_requested:
-            logger.save_checkpoint(stateful, iteration, global_step)
-        if logger.stop_requested:  # Ctrl-C: the iteration it came in is finished and saved
-            logger.exit_interrupted()
+        logger.end_iteration(stateful, iteration, global_step, run_eval)
     envs.close()
-    video_dir = run_dir / "videos" if args.capture_video else None
-    eval_returns = logger.evaluate(global_step, lambda: run_eval(video_dir))
-    logger.save_checkpoint(stateful, num_iterations, global_step, finished=True)
-    if args.save_model:
-        save_model(
-            {
-                "agent": agent.state_dict(),
-                "args": asdict(args),
-                "eval_returns": eval_returns,
-                "obs_dim": obs_dim,
-                "n_actions": n_actions,
-            },
-            run_dir,
-        )
-    logger.close(eval_returns)
+    logger.finish(
+        stateful,
+        num_iterations,
+        global_step,
+        run_eval,
+        model={"agent": agent.state_dict(), "obs_dim": obs_dim, "n_actions": n_actions},
+    )
 
 
 def check_args(args: Args):
@@ -340,19 +315,7 @@ def check_args(args: Args):
             f"{SCRIPT} needs flat vector observations but {args.env_id} has {obs_space}",
             "ppo_atari.py",
         )
-    check_ranges(
-        args,
-        {
-            "num_envs": "x >= 1",
-            "num_steps": "x >= 1",
-            "learning_rate": "x > 0",
-            "gamma": "0 <= x <= 1",
-            "gae_lambda": "0 <= x <= 1",
-            "ent_coef": "x >= 0",
-            "vf_coef": "x >= 0",
-            "max_grad_norm": "x > 0",
-        },
-    )
+    check_ranges(args)
     batch = args.num_envs * args.num_steps
     if args.total_timesteps < batch:
         fail(

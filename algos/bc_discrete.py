@@ -12,7 +12,7 @@ Quick:  python algos/bc_discrete.py --dataset canonrl/cartpole/medium-v0 --total
 Results: benchmark/references.toml
 """
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import gymnasium as gym
@@ -22,19 +22,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 import tyro
 
-from canonrl.data import check_dataset, dataset_arrays, normalized_scores, open_dataset
-from canonrl.envs import MINATAR, register_minatar
-from canonrl.run import (
-    RNGs,
-    RunArgs,
-    RunLogger,
-    check_ranges,
-    env_spaces,
-    fail,
-    load_states,
-    save_model,
-    start_run,
-)
+from canonrl.data import check_offline_args, dataset_arrays, normalized_scores, open_dataset
+from canonrl.envs import register_minatar
+from canonrl.run import RNGs, RunArgs, RunLogger, load_states, start_run
 
 SCRIPT = Path(__file__).name
 
@@ -231,70 +221,18 @@ def main(args: Args):
         if global_step % 100 == 0:  # the only host syncs of the loss
             logger.log(global_step, {"losses/actor_loss": actor_loss})
             logger.progress(global_step)
-        # ---- shared: offline/loop_end ----
-        if (
-            args.eval_every
-            and global_step % args.eval_every == 0
-            and global_step < args.total_timesteps
-        ):
-            logger.evaluate(global_step, run_eval)
-        if global_step % args.checkpoint_every == 0 or logger.stop_requested:
-            logger.save_checkpoint(stateful, global_step, global_step)
-        if logger.stop_requested:  # Ctrl-C: the gradient step it came in is finished and saved
-            logger.exit_interrupted()
-        # ---- end shared: offline/loop_end ----
-    video_dir = run_dir / "videos" if args.capture_video else None
-    results = logger.evaluate(args.total_timesteps, lambda: run_eval(video_dir))
-    logger.save_checkpoint(stateful, args.total_timesteps, args.total_timesteps, finished=True)
-    if args.save_model:
-        save_model(
-            {
-                "actor": actor.state_dict(),
-                "args": asdict(args),
-                "obs_shape": list(obs_shape),
-                "n_actions": n_actions,
-                "eval_returns": results["eval/episodic_return"],
-            },
-            run_dir,
-        )
-    logger.close(results)
+        logger.end_iteration(stateful, global_step, global_step, run_eval)
+    logger.finish(
+        stateful,
+        args.total_timesteps,
+        args.total_timesteps,
+        run_eval,
+        model={"actor": actor.state_dict(), "obs_shape": list(obs_shape), "n_actions": n_actions},
+    )
 
 
 def check_args(args: Args):
-    check_offline_discrete_args(args, {"learning_rate": "x > 0"})
-
-
-# ---- shared: offline_discrete/check_args ----
-def check_offline_discrete_args(args, rules: dict):
-    """The ranges of `rules` (as in check_ranges), then the dataset and the env the policy is
-    evaluated in (canonrl.data.check_dataset)."""
-    check_ranges(args, {"batch_size": "x >= 1", **rules})
-    check_dataset(args, __file__, check_env, True, "cql_continuous.py", "iql_continuous.py")
-
-
-def check_env(args):
-    """The spaces of --env-id (made once), which must be discrete actions and flat observations or
-    a MinAtar grid."""
-    if args.capture_video and args.env_id in MINATAR:
-        fail("MinAtar games record no video: drop --capture-video")
-    obs_space, act_space = env_spaces(args.env_id, __file__)
-    if not isinstance(act_space, gym.spaces.Discrete):
-        fail(
-            f"{SCRIPT} needs discrete actions but {args.env_id} has {act_space}",
-            "cql_continuous.py",
-            "iql_continuous.py",
-        )
-    if not isinstance(obs_space, gym.spaces.Box) or (
-        len(obs_space.shape) != 1 and args.env_id not in MINATAR
-    ):
-        fail(
-            f"{SCRIPT} needs flat vector observations or a "
-            f"MinAtar game but {args.env_id} has {obs_space}"
-        )
-    return obs_space, act_space
-
-
-# ---- end shared: offline_discrete/check_args ----
+    check_offline_args(args, __file__, discrete=True)
 
 
 if __name__ == "__main__":

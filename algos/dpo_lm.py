@@ -14,7 +14,7 @@ Results: benchmark/references.toml (ours-dpo_lm-addition-v0), README.md
 import copy
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -22,17 +22,8 @@ import torch
 import torch.nn as nn
 import tyro
 
-from canonrl.lm import check_task, find, log_eval, task_path
-from canonrl.run import (
-    LMRunArgs,
-    RNGs,
-    RunLogger,
-    check_ranges,
-    fail,
-    load_states,
-    save_model,
-    start_run,
-)
+from canonrl.lm import check_task, find, save_model_folder, task_path
+from canonrl.run import LMRunArgs, RNGs, RunLogger, check_ranges, fail, load_states, start_run
 
 
 @dataclass
@@ -280,7 +271,7 @@ def main(args: Args):
         args, run_dir, num_iterations * args.batch_size, global_step, ckpt=ckpt, script=__file__
     )
     if ckpt is None and heldout:  # the first evaluation: the model as loaded
-        log_eval(logger, global_step, logger.evaluate(global_step, run_eval))
+        logger.evaluate(global_step, run_eval)
     tokens_done = 0
     start_time = time.time()
     for iteration in range(iteration + 1, num_iterations + 1):
@@ -316,35 +307,15 @@ def main(args: Args):
             },
         )
         logger.progress(global_step)
-        if (
-            args.eval_every
-            and iteration < num_iterations
-            and heldout
-            and (global_step % args.eval_every < args.batch_size)
-        ):
-            log_eval(logger, global_step, logger.evaluate(global_step, run_eval))
-        every = max(1, args.checkpoint_every // args.batch_size)
-        if iteration % every == 0 or logger.stop_requested:
-            logger.save_checkpoint(stateful, iteration, global_step)
-        if logger.stop_requested:  # Ctrl-C: the update it came in is finished and saved
-            logger.exit_interrupted()
-    results = logger.evaluate(global_step, run_eval) if heldout else {"eval/episodic_return": []}
-    log_eval(logger, global_step, results)
-    logger.save_checkpoint(stateful, num_iterations, global_step, finished=True)
-    if args.save_model:
-        policy.lm.save_pretrained(run_dir / "model")
-        tokenizer.save_pretrained(run_dir / "model")
-        # the task beside the weights: --model <run_dir>/model runs on it without --task
-        (run_dir / "model" / "task.json").write_text(task_path(args).read_text())
-        save_model(
-            {
-                "policy": policy.state_dict(),
-                "args": asdict(args),
-                "eval_returns": results["eval/episodic_return"],
-            },
-            run_dir,
-        )
-    logger.close(results)
+        logger.end_iteration(stateful, iteration, global_step, run_eval if heldout else None)
+    logger.finish(
+        stateful,
+        num_iterations,
+        global_step,
+        run_eval if heldout else None,
+        model={"policy": policy.state_dict()},
+        save_also=lambda run_dir: save_model_folder(run_dir, policy.lm, tokenizer, task_path(args)),
+    )
 
 
 def preferences_path(args: Args) -> Path:
@@ -361,17 +332,7 @@ def check_args(args: Args):
 
 def check_flags(args: Args):
     """The flags alone: ranges and the sizes that must fit together."""
-    check_ranges(
-        args,
-        {
-            "learning_rate": "x > 0",
-            "beta": "x > 0",
-            "batch_size": "x >= 1",
-            "max_grad_norm": "x > 0",
-            "max_new_tokens": "x >= 1",
-            "eval_prompts": "x >= 0",
-        },
-    )
+    check_ranges(args, {"beta": "x > 0"})
     if args.total_timesteps < args.batch_size:
         fail(
             f"--total-timesteps {args.total_timesteps} is less than one update "

@@ -12,7 +12,7 @@ Quick:  python algos/dqn.py --total-timesteps 20000 --learning-rate 2.3e-3
 Results: benchmark/references.toml
 """
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import gymnasium as gym
@@ -27,10 +27,10 @@ from canonrl.run import (
     RunArgs,
     RunLogger,
     check_ranges,
+    check_replay_flags,
     env_spaces,
     fail,
     load_states,
-    save_model,
     start_run,
 )
 
@@ -272,14 +272,7 @@ def main(args: Args):
         episode_return = episode_return + rewards
         episode_length = episode_length + 1
         for i in np.flatnonzero(terminated | truncated):  # every finished episode of every sub-env
-            logger.last_return = episode_return[i]
-            logger.log(
-                global_step,
-                {
-                    "train/episodic_return": episode_return[i],
-                    "train/episodic_length": episode_length[i],
-                },
-            )
+            logger.log_episode(global_step, episode_return[i], episode_length[i])
             episode_return[i] = 0.0
             episode_length[i] = 0
         # ---- end shared: classic/step ----
@@ -319,34 +312,15 @@ def main(args: Args):
             and global_step % args.target_network_frequency < args.num_envs
         ):
             soft_update(target_network, q_network, args.tau)
-        if (
-            args.eval_every
-            and iteration + 1 < num_iterations
-            and global_step % args.eval_every < args.num_envs
-        ):
-            logger.evaluate(global_step, run_eval)
-        if (iteration + 1) % max(
-            1, args.checkpoint_every // args.num_envs
-        ) == 0 or logger.stop_requested:
-            logger.save_checkpoint(stateful, iteration + 1, global_step)
-        if logger.stop_requested:  # Ctrl-C: the iteration it came in is finished and saved
-            logger.exit_interrupted()
+        logger.end_iteration(stateful, iteration + 1, global_step, run_eval)
     envs.close()
-    video_dir = run_dir / "videos" if args.capture_video else None
-    eval_returns = logger.evaluate(global_step, lambda: run_eval(video_dir))
-    logger.save_checkpoint(stateful, num_iterations, global_step, finished=True)
-    if args.save_model:
-        save_model(
-            {
-                "q_network": q_network.state_dict(),
-                "args": asdict(args),
-                "eval_returns": eval_returns,
-                "obs_dim": obs_dim,
-                "n_actions": n_actions,
-            },
-            run_dir,
-        )
-    logger.close(eval_returns)
+    logger.finish(
+        stateful,
+        num_iterations,
+        global_step,
+        run_eval,
+        model={"q_network": q_network.state_dict(), "obs_dim": obs_dim, "n_actions": n_actions},
+    )
 
 
 def check_args(args: Args):
@@ -362,38 +336,8 @@ def check_args(args: Args):
             f"{SCRIPT} needs flat vector observations but {args.env_id} has {obs_space}",
             "dqn_atari.py",
         )
-    check_ranges(
-        args,
-        {
-            "num_envs": "x >= 1",
-            "batch_size": "x >= 1",
-            "train_frequency": "x >= 1",
-            "gradient_steps": "x >= 1",
-            "target_network_frequency": "x >= 1",
-            "learning_rate": "x > 0",
-            "weight_decay": "x >= 0",
-            "gamma": "0 <= x <= 1",
-            "tau": "0 < x <= 1",
-            "start_e": "0 <= x <= 1",
-            "end_e": "0 <= x <= 1",
-            "exploration_fraction": "0 < x <= 1",
-            "learning_starts": "x >= 0",
-            "buffer_size": "x >= 1",
-        },
-    )
-    if args.end_e > args.start_e:
-        fail(f"--end-e {args.end_e} is above --start-e {args.start_e}: epsilon is annealed down")
-    if args.batch_size > min(args.buffer_size, max(args.learning_starts, 1)):
-        fail(
-            f"--batch-size {args.batch_size} must not exceed --learning-starts "
-            f"({args.learning_starts}) or --buffer-size ({args.buffer_size}): "
-            "the first minibatch is drawn when learning starts"
-        )
-    if args.total_timesteps <= args.learning_starts:
-        fail(
-            f"--total-timesteps {args.total_timesteps} must "
-            f"exceed --learning-starts {args.learning_starts}"
-        )
+    check_ranges(args, {"weight_decay": "x >= 0"})
+    check_replay_flags(args)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ Results: benchmark/references.toml (ours-grpo_lm-addition-v0-4800), README.md
 
 import copy
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
@@ -22,17 +22,8 @@ import torch
 import torch.nn as nn
 import tyro
 
-from canonrl.lm import check_task, find, log_eval, task_path
-from canonrl.run import (
-    LMRunArgs,
-    RNGs,
-    RunLogger,
-    check_ranges,
-    fail,
-    load_states,
-    save_model,
-    start_run,
-)
+from canonrl.lm import check_task, find, save_model_folder, task_path
+from canonrl.run import LMRunArgs, RNGs, RunLogger, check_ranges, fail, load_states, start_run
 
 
 @dataclass
@@ -365,7 +356,7 @@ def main(args: Args):
         args, run_dir, num_iterations * args.num_prompts, global_step, ckpt=ckpt, script=__file__
     )
     if ckpt is None and heldout:  # the first evaluation: the model as loaded
-        log_eval(logger, global_step, logger.evaluate(global_step, run_eval))
+        logger.evaluate(global_step, run_eval)
     tokens_done = 0
     sampling_start = time.time()
     generation_seconds = 0.0
@@ -460,35 +451,15 @@ def main(args: Args):
             },
         )
         logger.progress(global_step)
-        if (
-            args.eval_every
-            and iteration < num_iterations
-            and heldout
-            and (global_step % args.eval_every < args.num_prompts)
-        ):
-            log_eval(logger, global_step, logger.evaluate(global_step, run_eval))
-        every = max(1, args.checkpoint_every // args.num_prompts)
-        if iteration % every == 0 or logger.stop_requested:
-            logger.save_checkpoint(stateful, iteration, global_step)
-        if logger.stop_requested:  # Ctrl-C: the iteration it came in is finished and saved
-            logger.exit_interrupted()
-    results = logger.evaluate(global_step, run_eval) if heldout else {"eval/episodic_return": []}
-    log_eval(logger, global_step, results)
-    logger.save_checkpoint(stateful, num_iterations, global_step, finished=True)
-    if args.save_model:
-        policy.lm.save_pretrained(run_dir / "model")
-        tokenizer.save_pretrained(run_dir / "model")
-        # the task beside the weights: --model <run_dir>/model runs on it without --task
-        (run_dir / "model" / "task.json").write_text(task_path(args).read_text())
-        save_model(
-            {
-                "policy": policy.state_dict(),
-                "args": asdict(args),
-                "eval_returns": results["eval/episodic_return"],
-            },
-            run_dir,
-        )
-    logger.close(results)
+        logger.end_iteration(stateful, iteration, global_step, run_eval if heldout else None)
+    logger.finish(
+        stateful,
+        num_iterations,
+        global_step,
+        run_eval if heldout else None,
+        model={"policy": policy.state_dict()},
+        save_also=lambda run_dir: save_model_folder(run_dir, policy.lm, tokenizer, task_path(args)),
+    )
 
 
 def check_args(args: Args):
@@ -502,19 +473,11 @@ def check_flags(args: Args):
     check_ranges(
         args,
         {
-            "learning_rate": "x > 0",
-            "num_prompts": "x >= 1",
             "group_size": "x >= 2",
-            "update_epochs": "x >= 1",
-            "num_minibatches": "x >= 1",
             "clip_eps": "x > 0",
             "clip_eps_high": "x > 0",
             "beta": "x >= 0",
             "max_sampling_rounds": "x >= 1",
-            "max_new_tokens": "x >= 1",
-            "temperature": "x > 0",
-            "max_grad_norm": "x > 0",
-            "eval_prompts": "x >= 0",
         },
     )
     if (args.num_prompts * args.group_size) % args.num_minibatches:

@@ -15,7 +15,7 @@ Results: benchmark/references.toml
 import os
 import socket
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import gymnasium as gym
@@ -25,16 +25,7 @@ import torch.nn as nn
 import tyro
 
 from canonrl.envs import MINATAR, register_minatar
-from canonrl.run import (
-    RunArgs,
-    RunLogger,
-    check_ranges,
-    env_spaces,
-    fail,
-    load_states,
-    save_model,
-    start_run,
-)
+from canonrl.run import RunArgs, RunLogger, check_ranges, env_spaces, fail, load_states, start_run
 
 SCRIPT = Path(__file__).name
 
@@ -446,11 +437,7 @@ def main(args: Args):
             sys.exit(1)
         global_step += batch_size
         for episode_return, episode_length in rollout["episodes"]:
-            logger.last_return = episode_return
-            logger.log(
-                global_step,
-                {"train/episodic_return": episode_return, "train/episodic_length": episode_length},
-            )
+            logger.log_episode(global_step, episode_return, episode_length)
         # (T+1, N, *obs_shape); a copy (Ray's arrays are read-only)
         obs = torch.tensor(rollout["obs"], device=device)
         actions = torch.tensor(rollout["actions"], device=device)
@@ -496,33 +483,17 @@ def main(args: Args):
             },
         )
         logger.progress(global_step)
-        if (
-            args.eval_every
-            and iteration < num_iterations
-            and global_step % args.eval_every < batch_size
-        ):
-            logger.evaluate(global_step, run_eval)
-        if iteration % max(1, args.checkpoint_every // batch_size) == 0 or logger.stop_requested:
-            logger.save_checkpoint(stateful, iteration, global_step)
-        if logger.stop_requested:  # Ctrl-C: the update it came in is finished and saved
+        if logger.stop_requested:  # Ctrl-C: the actors stop before the run saves and exits
             actors.close()
-            logger.exit_interrupted()
+        logger.end_iteration(stateful, iteration, global_step, run_eval)
     actors.close()
-    video_dir = run_dir / "videos" if args.capture_video else None
-    eval_returns = logger.evaluate(global_step, lambda: run_eval(video_dir))
-    logger.save_checkpoint(stateful, num_iterations, global_step, finished=True)
-    if args.save_model:
-        save_model(
-            {
-                "agent": agent.state_dict(),
-                "args": asdict(args),
-                "eval_returns": eval_returns,
-                "obs_shape": list(obs_shape),
-                "n_actions": n_actions,
-            },
-            run_dir,
-        )
-    logger.close(eval_returns)
+    logger.finish(
+        stateful,
+        num_iterations,
+        global_step,
+        run_eval,
+        model={"agent": agent.state_dict(), "obs_shape": list(obs_shape), "n_actions": n_actions},
+    )
 
 
 def check_args(args: Args):
@@ -541,21 +512,7 @@ def check_args(args: Args):
             f"(MinAtar/<Game>-v1) but {args.env_id} has {obs_space}",
             "ppo_atari.py",
         )
-    check_ranges(
-        args,
-        {
-            "num_actors": "x >= 0",
-            "num_envs": "x >= 1",
-            "num_steps": "x >= 1",
-            "learning_rate": "x > 0",
-            "gamma": "0 <= x <= 1",
-            "rho_bar": "x > 0",
-            "c_bar": "x > 0",
-            "ent_coef": "x >= 0",
-            "vf_coef": "x >= 0",
-            "max_grad_norm": "x > 0",
-        },
-    )
+    check_ranges(args, {"num_actors": "x >= 0", "rho_bar": "x > 0", "c_bar": "x > 0"})
     batch = args.num_envs * args.num_steps
     if args.total_timesteps < batch:
         fail(

@@ -13,7 +13,7 @@ Results: benchmark/references.toml
 import difflib
 import importlib.util
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import gymnasium as gym
@@ -31,7 +31,7 @@ from canonrl.run import (
     fail,
     load_states,
     other_family,
-    save_model,
+    save_gif,
     start_run,
 )
 
@@ -433,8 +433,14 @@ def main(args: Args):
     num_iterations = args.total_timesteps // (N * T)
     iteration = 0
 
-    def run_eval(frames=None):  # evaluation episodes are seeded apart from training
-        return evaluate(agent, args.env_id, args.eval_episodes, args.seed + 10**9, device, frames)
+    def run_eval(video_dir=None):  # seeded apart from training; episode 0 filmed into video_dir
+        frames = [] if video_dir else None
+        results = evaluate(
+            agent, args.env_id, args.eval_episodes, args.seed + 10**9, device, frames
+        )
+        if frames:
+            save_gif(frames, video_dir / "eval_episode0.gif", 100)
+        return results
 
     # saved and resumed
     stateful = {"agent": agent, "optimizer": optimizer, "value_norm": value_norm, "rng": RNGs()}
@@ -564,60 +570,26 @@ def main(args: Args):
             },
         )
         logger.progress(global_step)
-        if (
-            args.eval_every
-            and iteration < num_iterations
-            and global_step % args.eval_every < batch_size
-        ):
-            logger.evaluate(global_step, run_eval)
-        if iteration % max(1, args.checkpoint_every // batch_size) == 0 or logger.stop_requested:
-            logger.save_checkpoint(stateful, iteration, global_step)
-        if logger.stop_requested:  # Ctrl-C: the iteration it came in is finished and saved
-            logger.exit_interrupted()
-    frames = [] if args.capture_video else None
-    eval_results = logger.evaluate(global_step, lambda: run_eval(frames))
-    logger.save_checkpoint(stateful, num_iterations, global_step, finished=True)
-    if frames:
-        import imageio.v2 as imageio
-
-        (run_dir / "videos").mkdir(exist_ok=True)
-        imageio.mimsave(run_dir / "videos" / "eval_episode0.gif", frames, duration=100, loop=0)
-    if args.save_model:
-        save_model(
-            {
-                "agent": agent.state_dict(),
-                "args": asdict(args),
-                "eval_returns": eval_results,
-                "obs_dim": obs_dim,
-                "state_dim": state_dim,
-                "n_agents": A,
-                "n_actions": n_actions,
-                "hidden": args.hidden_dim,
-            },
-            run_dir,
-        )
-    logger.close(eval_results)
+        logger.end_iteration(stateful, iteration, global_step, run_eval)
+    logger.finish(
+        stateful,
+        num_iterations,
+        global_step,
+        run_eval,
+        model={
+            "agent": agent.state_dict(),
+            "obs_dim": obs_dim,
+            "state_dim": state_dim,
+            "n_agents": A,
+            "n_actions": n_actions,
+            "hidden": args.hidden_dim,
+        },
+    )
 
 
 def check_args(args: Args):
     check_task(args.env_id, "ppo.py", "ppo_continuous.py")
-    check_ranges(
-        args,
-        {
-            "num_envs": "x >= 1",
-            "num_steps": "x >= 1",
-            "num_minibatches": "x >= 1",
-            "update_epochs": "x >= 1",
-            "learning_rate": "x > 0",
-            "gamma": "0 <= x <= 1",
-            "gae_lambda": "0 <= x <= 1",
-            "clip_coef": "x > 0",
-            "ent_coef": "x >= 0",
-            "vf_coef": "x >= 0",
-            "max_grad_norm": "x > 0",
-            "hidden_dim": "x >= 1",
-        },
-    )
+    check_ranges(args)
     if args.num_envs % args.num_minibatches:
         fail(
             f"--num-minibatches {args.num_minibatches} does not "

@@ -12,7 +12,7 @@ Quick:  python algos/iqn_atari.py --env-id MinAtar/Breakout-v1 --total-timesteps
 Results: benchmark/references.toml
 """
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import ale_py
@@ -29,10 +29,10 @@ from canonrl.run import (
     RunArgs,
     RunLogger,
     check_ranges,
+    check_replay_flags,
     env_spaces,
     fail,
     load_states,
-    save_model,
     start_run,
 )
 
@@ -452,14 +452,7 @@ def main(args: Args):
         # RecordEpisodeStatistics's unclipped score of each game that ended
         games = infos.get("final_info", {})
         for i in np.flatnonzero(games.get("_episode", [])):  # every finished game of every sub-env
-            logger.last_return = games["episode"]["r"][i]
-            logger.log(
-                global_step,
-                {
-                    "train/episodic_return": games["episode"]["r"][i],
-                    "train/episodic_length": game_length[i],
-                },
-            )
+            logger.log_episode(global_step, games["episode"]["r"][i], game_length[i])
             game_length[i] = 0
         # the bar moves before learning too
         if global_step <= args.learning_starts and iteration % 1000 == 0:
@@ -499,35 +492,20 @@ def main(args: Args):
             and global_step % args.target_network_frequency < args.num_envs
         ):
             soft_update(target_network, q_network, args.tau)
-        if (
-            args.eval_every
-            and iteration + 1 < num_iterations
-            and global_step % args.eval_every < args.num_envs
-        ):
-            logger.evaluate(global_step, run_eval)
-        if (iteration + 1) % max(
-            1, args.checkpoint_every // args.num_envs
-        ) == 0 or logger.stop_requested:
-            logger.save_checkpoint(stateful, iteration + 1, global_step)
-        if logger.stop_requested:  # Ctrl-C: the iteration it came in is finished and saved
-            logger.exit_interrupted()
+        logger.end_iteration(stateful, iteration + 1, global_step, run_eval)
     envs.close()
-    video_dir = run_dir / "videos" if args.capture_video else None
-    eval_returns = logger.evaluate(global_step, lambda: run_eval(video_dir))
-    logger.save_checkpoint(stateful, num_iterations, global_step, finished=True)
-    if args.save_model:
-        save_model(
-            {
-                "q_network": q_network.state_dict(),
-                "args": asdict(args),
-                "eval_returns": eval_returns,
-                "n_actions": n_actions,
-                "n_cos": args.n_cos,
-                "n_policy_quantiles": args.n_policy_quantiles,
-            },
-            run_dir,
-        )
-    logger.close(eval_returns)
+    logger.finish(
+        stateful,
+        num_iterations,
+        global_step,
+        run_eval,
+        model={
+            "q_network": q_network.state_dict(),
+            "n_actions": n_actions,
+            "n_cos": args.n_cos,
+            "n_policy_quantiles": args.n_policy_quantiles,
+        },
+    )
 
 
 def check_args(args: Args):
@@ -551,45 +529,17 @@ def check_args(args: Args):
     check_ranges(
         args,
         {
-            "num_envs": "x >= 1",
-            "batch_size": "x >= 1",
-            "train_frequency": "x >= 1",
-            "gradient_steps": "x >= 1",
-            "target_network_frequency": "x >= 1",
-            "learning_rate": "x > 0",
-            "gamma": "0 <= x <= 1",
-            "tau": "0 < x <= 1",
-            "start_e": "0 <= x <= 1",
-            "end_e": "0 <= x <= 1",
-            "exploration_fraction": "0 < x <= 1",
-            "learning_starts": "x >= 0",
-            "buffer_size": "x >= 1",
-            "eval_epsilon": "0 <= x <= 1",
-            "adam_eps": "x > 0",
-            "n_quantiles": "x >= 1",
             "n_target_quantiles": "x >= 1",
             "n_policy_quantiles": "x >= 1",
             "n_cos": "x >= 1",
             "kappa": "x > 0",
         },
     )
-    if args.end_e > args.start_e:
-        fail(f"--end-e {args.end_e} is above --start-e {args.start_e}: epsilon is annealed down")
-    if args.batch_size > min(args.buffer_size, max(args.learning_starts, 1)):
-        fail(
-            f"--batch-size {args.batch_size} must not exceed --learning-starts "
-            f"({args.learning_starts}) or --buffer-size ({args.buffer_size}): "
-            "the first minibatch is drawn when learning starts"
-        )
+    check_replay_flags(args)
     if args.buffer_size < 8 * args.num_envs:
         fail(
             f"--buffer-size {args.buffer_size} must be at "
             f"least 8 per env (--num-envs {args.num_envs})"
-        )
-    if args.total_timesteps <= args.learning_starts:
-        fail(
-            f"--total-timesteps {args.total_timesteps} must "
-            f"exceed --learning-starts {args.learning_starts}"
         )
 
 

@@ -15,7 +15,7 @@ Results: benchmark/references.toml
 import difflib
 import importlib.util
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import gymnasium as gym
@@ -30,10 +30,11 @@ from canonrl.run import (
     RunArgs,
     RunLogger,
     check_ranges,
+    check_replay_flags,
     fail,
     load_states,
     other_family,
-    save_model,
+    save_gif,
     start_run,
 )
 
@@ -423,8 +424,14 @@ def main(args: Args):
     num_iterations = args.total_timesteps // N  # one iteration = one step of every env
     iteration = 0
 
-    def run_eval(frames=None):  # evaluation episodes are seeded apart from training
-        return evaluate(actors, args.env_id, args.eval_episodes, args.seed + 10**9, device, frames)
+    def run_eval(video_dir=None):  # seeded apart from training; episode 0 filmed into video_dir
+        frames = [] if video_dir else None
+        results = evaluate(
+            actors, args.env_id, args.eval_episodes, args.seed + 10**9, device, frames
+        )
+        if frames:
+            save_gif(frames, video_dir / "eval_episode0.gif", 100)
+        return results
 
     stateful = {
         "actors": actors,
@@ -511,65 +518,27 @@ def main(args: Args):
             if stats:
                 logger.log(global_step, stats)
             logger.progress(global_step)
-        if args.eval_every and iteration + 1 < num_iterations and global_step % args.eval_every < N:
-            logger.evaluate(global_step, run_eval)
-        if (iteration + 1) % max(1, args.checkpoint_every // N) == 0 or logger.stop_requested:
-            logger.save_checkpoint(stateful, iteration + 1, global_step)
-        if logger.stop_requested:  # Ctrl-C: the step it came in is finished and saved
-            logger.exit_interrupted()
-    frames = [] if args.capture_video else None
-    eval_results = logger.evaluate(global_step, lambda: run_eval(frames))
-    logger.save_checkpoint(stateful, num_iterations, global_step, finished=True)
-    if frames:
-        import imageio.v2 as imageio
-
-        (run_dir / "videos").mkdir(exist_ok=True)
-        imageio.mimsave(run_dir / "videos" / "eval_episode0.gif", frames, duration=100, loop=0)
-    if args.save_model:
-        save_model(
-            {
-                "actors": actors.state_dict(),
-                "args": asdict(args),
-                "eval_returns": eval_results,
-                "obs_dims": obs_dims,
-                "action_dims": action_dims,
-                "hidden": args.hidden_dim,
-            },
-            run_dir,
-        )
-    logger.close(eval_results)
+        logger.end_iteration(stateful, iteration + 1, global_step, run_eval)
+    logger.finish(
+        stateful,
+        num_iterations,
+        global_step,
+        run_eval,
+        model={
+            "actors": actors.state_dict(),
+            "obs_dims": obs_dims,
+            "action_dims": action_dims,
+            "hidden": args.hidden_dim,
+        },
+    )
 
 
 def check_args(args: Args):
     check_task(args.env_id, "ddpg_continuous.py", "dqn.py")
     check_ranges(
-        args,
-        {
-            "num_envs": "x >= 1",
-            "learning_rate": "x > 0",
-            "buffer_size": "x >= 1",
-            "gamma": "0 <= x <= 1",
-            "tau": "0 < x <= 1",
-            "batch_size": "x >= 1",
-            "learning_starts": "x >= 0",
-            "train_every": "x >= 1",
-            "exploration_noise": "x >= 0",
-            "max_grad_norm": "x > 0",
-            "actor_reg": "x >= 0",
-            "hidden_dim": "x >= 1",
-        },
+        args, {"train_every": "x >= 1", "exploration_noise": "x >= 0", "actor_reg": "x >= 0"}
     )
-    if args.batch_size > min(args.buffer_size, max(args.learning_starts, 1)):
-        fail(
-            f"--batch-size {args.batch_size} must not exceed --learning-starts "
-            f"({args.learning_starts}) or --buffer-size ({args.buffer_size}): "
-            "the first minibatch is drawn when learning starts"
-        )
-    if args.total_timesteps <= args.learning_starts:
-        fail(
-            f"--total-timesteps {args.total_timesteps} must "
-            f"exceed --learning-starts {args.learning_starts}"
-        )
+    check_replay_flags(args)
 
 
 # ---- shared: mpe/check_task ----

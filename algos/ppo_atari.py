@@ -11,7 +11,7 @@ Quick:  python algos/ppo_atari.py --total-timesteps 4096 --num-envs 4
 Results: benchmark/references.toml
 """
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import ale_py
@@ -31,7 +31,6 @@ from canonrl.run import (
     env_spaces,
     fail,
     load_states,
-    save_model,
     start_run,
 )
 
@@ -352,14 +351,7 @@ def main(args: Args):
             games = infos.get("final_info", {})
             # every finished game of every sub-env
             for i in np.flatnonzero(games.get("_episode", [])):
-                logger.last_return = games["episode"]["r"][i]
-                logger.log(
-                    global_step,
-                    {
-                        "train/episodic_return": games["episode"]["r"][i],
-                        "train/episodic_length": game_length[i],
-                    },
-                )
+                logger.log_episode(global_step, games["episode"]["r"][i], game_length[i])
                 game_length[i] = 0
         with torch.no_grad():
             next_value = agent.get_value(torch.as_tensor(next_obs, device=device))
@@ -408,31 +400,15 @@ def main(args: Args):
             },
         )
         logger.progress(global_step)
-        if (
-            args.eval_every
-            and iteration < num_iterations
-            and global_step % args.eval_every < batch_size
-        ):
-            logger.evaluate(global_step, run_eval)
-        if iteration % max(1, args.checkpoint_every // batch_size) == 0 or logger.stop_requested:
-            logger.save_checkpoint(stateful, iteration, global_step)
-        if logger.stop_requested:  # Ctrl-C: the iteration it came in is finished and saved
-            logger.exit_interrupted()
+        logger.end_iteration(stateful, iteration, global_step, run_eval)
     envs.close()
-    video_dir = run_dir / "videos" if args.capture_video else None
-    eval_returns = logger.evaluate(global_step, lambda: run_eval(video_dir))
-    logger.save_checkpoint(stateful, num_iterations, global_step, finished=True)
-    if args.save_model:
-        save_model(
-            {
-                "agent": agent.state_dict(),
-                "args": asdict(args),
-                "eval_returns": eval_returns,
-                "n_actions": n_actions,
-            },
-            run_dir,
-        )
-    logger.close(eval_returns)
+    logger.finish(
+        stateful,
+        num_iterations,
+        global_step,
+        run_eval,
+        model={"agent": agent.state_dict(), "n_actions": n_actions},
+    )
 
 
 def check_args(args: Args):
@@ -448,23 +424,7 @@ def check_args(args: Args):
             f"or <Game>NoFrameskip-v4) but {args.env_id} is not one",
             "ppo.py",
         )
-    check_ranges(
-        args,
-        {
-            "num_envs": "x >= 1",
-            "num_steps": "x >= 1",
-            "num_minibatches": "x >= 1",
-            "update_epochs": "x >= 1",
-            "learning_rate": "x > 0",
-            "gamma": "0 <= x <= 1",
-            "gae_lambda": "0 <= x <= 1",
-            "clip_coef": "x > 0",
-            "ent_coef": "x >= 0",
-            "vf_coef": "x >= 0",
-            "max_grad_norm": "x > 0",
-            "target_kl": "x > 0",
-        },
-    )
+    check_ranges(args)
     batch = args.num_envs * args.num_steps
     if batch % args.num_minibatches:
         fail(

@@ -11,7 +11,7 @@ Results: benchmark/references.toml
 """
 
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import ale_py
@@ -30,7 +30,6 @@ from canonrl.run import (
     env_spaces,
     fail,
     load_states,
-    save_model,
     start_run,
 )
 
@@ -319,7 +318,7 @@ def main(args: Args):
     num_iterations = args.total_timesteps // batch_size
     iteration = 0
 
-    def run_eval():  # evaluation games are seeded apart from training
+    def run_eval(video_dir=None):  # games seeded apart from training (no video: envpool)
         return evaluate(agent, args.env_id, args.eval_episodes, args.seed + 100_000, device)
 
     # what a checkpoint holds, saved and resumed
@@ -375,14 +374,7 @@ def main(args: Args):
             game_score += infos["reward"]  # envpool's unclipped reward
             # game over, not a lost life
             for i in np.flatnonzero(infos["terminated"].astype(bool) | truncated):
-                logger.last_return = game_score[i]
-                logger.log(
-                    global_step,
-                    {
-                        "train/episodic_return": game_score[i],
-                        "train/episodic_length": infos["elapsed_step"][i],
-                    },
-                )
+                logger.log_episode(global_step, game_score[i], infos["elapsed_step"][i])
                 game_score[i] = 0.0
         with torch.no_grad():
             next_value = agent.get_value(torch.as_tensor(next_obs, device=device))
@@ -434,30 +426,15 @@ def main(args: Args):
             },
         )
         logger.progress(global_step)
-        if (
-            args.eval_every
-            and iteration < num_iterations
-            and global_step % args.eval_every < batch_size
-        ):
-            logger.evaluate(global_step, run_eval)
-        if iteration % max(1, args.checkpoint_every // batch_size) == 0 or logger.stop_requested:
-            logger.save_checkpoint(stateful, iteration, global_step)
-        if logger.stop_requested:  # Ctrl-C: the iteration it came in is finished and saved
-            logger.exit_interrupted()
+        logger.end_iteration(stateful, iteration, global_step, run_eval)
     envs.close()
-    eval_returns = logger.evaluate(global_step, run_eval)
-    logger.save_checkpoint(stateful, num_iterations, global_step, finished=True)
-    if args.save_model:
-        save_model(
-            {
-                "agent": agent.state_dict(),
-                "args": asdict(args),
-                "eval_returns": eval_returns,
-                "n_actions": n_actions,
-            },
-            run_dir,
-        )
-    logger.close(eval_returns)
+    logger.finish(
+        stateful,
+        num_iterations,
+        global_step,
+        run_eval,
+        model={"agent": agent.state_dict(), "n_actions": n_actions},
+    )
 
 
 def check_args(args: Args):
@@ -479,23 +456,7 @@ def check_args(args: Args):
         fail(
             "envpool renders no frames, so --capture-video cannot record the games", "ppo_atari.py"
         )
-    check_ranges(
-        args,
-        {
-            "num_envs": "x >= 1",
-            "num_steps": "x >= 1",
-            "num_minibatches": "x >= 1",
-            "update_epochs": "x >= 1",
-            "learning_rate": "x > 0",
-            "gamma": "0 <= x <= 1",
-            "gae_lambda": "0 <= x <= 1",
-            "clip_coef": "x > 0",
-            "ent_coef": "x >= 0",
-            "vf_coef": "x >= 0",
-            "max_grad_norm": "x > 0",
-            "target_kl": "x > 0",
-        },
-    )
+    check_ranges(args)
     batch = args.num_envs * args.num_steps
     if batch % args.num_minibatches:
         fail(

@@ -400,14 +400,7 @@ def main(args: Args):
             games = infos.get("final_info", {})
             # every finished game of every sub-env
             for i in np.flatnonzero(games.get("_episode", [])):
-                logger.last_return = games["episode"]["r"][i]
-                logger.log(
-                    global_step,
-                    {
-                        "train/episodic_return": games["episode"]["r"][i],
-                        "train/episodic_length": game_length[i],
-                    },
-                )
+                logger.log_episode(global_step, games["episode"]["r"][i], game_length[i])
                 game_length[i] = 0
         with torch.no_grad():
             next_value = agent.get_value(torch.as_tensor(next_obs, device=device))
@@ -629,23 +622,7 @@ def check_args(args: Args):
             f"or <Game>NoFrameskip-v4) but {args.env_id} is not one",
             "ppo.py",
         )
-    check_ranges(
-        args,
-        {
-            "num_envs": "x >= 1",
-            "num_steps": "x >= 1",
-            "num_minibatches": "x >= 1",
-            "update_epochs": "x >= 1",
-            "learning_rate": "x > 0",
-            "gamma": "0 <= x <= 1",
-            "gae_lambda": "0 <= x <= 1",
-            "clip_coef": "x > 0",
-            "ent_coef": "x >= 0",
-            "vf_coef": "x >= 0",
-            "max_grad_norm": "x > 0",
-            "target_kl": "x > 0",
-        },
-    )
+    check_ranges(args)
     batch = args.num_envs * args.num_steps
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if batch % args.num_minibatches:

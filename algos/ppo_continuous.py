@@ -14,7 +14,7 @@ Results: benchmark/references.toml
 
 import os
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import gymnasium as gym
@@ -33,7 +33,6 @@ from canonrl.run import (
     env_spaces,
     fail,
     load_states,
-    save_model,
     start_run,
 )
 
@@ -370,13 +369,8 @@ def main(args: Args):
             episodes = infos.get("final_info", {})
             # every finished episode of every sub-env
             for i in np.flatnonzero(episodes.get("_episode", [])):
-                logger.last_return = episodes["episode"]["r"][i]
-                logger.log(
-                    global_step,
-                    {
-                        "train/episodic_return": episodes["episode"]["r"][i],
-                        "train/episodic_length": episodes["episode"]["l"][i],
-                    },
+                logger.log_episode(
+                    global_step, episodes["episode"]["r"][i], episodes["episode"]["l"][i]
                 )
         with torch.no_grad():
             next_value = agent.get_value(torch.as_tensor(next_obs, device=device))
@@ -426,34 +420,21 @@ def main(args: Args):
             },
         )
         logger.progress(global_step)
-        if (
-            args.eval_every
-            and iteration < num_iterations
-            and global_step % args.eval_every < batch_size
-        ):
-            logger.evaluate(global_step, run_eval)
-        if iteration % max(1, args.checkpoint_every // batch_size) == 0 or logger.stop_requested:
-            logger.save_checkpoint(stateful, iteration, global_step)
-        if logger.stop_requested:  # Ctrl-C: the iteration it came in is finished and saved
-            logger.exit_interrupted()
+        logger.end_iteration(stateful, iteration, global_step, run_eval)
     envs.close()
-    video_dir = run_dir / "videos" if args.capture_video else None
-    eval_returns = logger.evaluate(global_step, lambda: run_eval(video_dir))
-    logger.save_checkpoint(stateful, num_iterations, global_step, finished=True)
     # obs_rms: the observation statistics the agent was trained with, needed to evaluate it
-    if args.save_model:
-        save_model(
-            {
-                "agent": agent.state_dict(),
-                "args": asdict(args),
-                "eval_returns": eval_returns,
-                "obs_dim": obs_dim,
-                "action_dim": action_dim,
-                "obs_rms": obs_rms.state_dict(),
-            },
-            run_dir,
-        )
-    logger.close(eval_returns)
+    logger.finish(
+        stateful,
+        num_iterations,
+        global_step,
+        run_eval,
+        model={
+            "agent": agent.state_dict(),
+            "obs_dim": obs_dim,
+            "action_dim": action_dim,
+            "obs_rms": obs_rms.state_dict(),
+        },
+    )
 
 
 def check_args(args: Args):
@@ -462,23 +443,7 @@ def check_args(args: Args):
         fail(f"{SCRIPT} needs continuous (Box) actions but {args.env_id} has {act_space}", "ppo.py")
     if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) != 1:
         fail(f"{SCRIPT} needs flat vector observations but {args.env_id} has {obs_space}")
-    check_ranges(
-        args,
-        {
-            "num_envs": "x >= 1",
-            "num_steps": "x >= 1",
-            "num_minibatches": "x >= 1",
-            "update_epochs": "x >= 1",
-            "learning_rate": "x > 0",
-            "gamma": "0 <= x <= 1",
-            "gae_lambda": "0 <= x <= 1",
-            "clip_coef": "x > 0",
-            "ent_coef": "x >= 0",
-            "vf_coef": "x >= 0",
-            "max_grad_norm": "x > 0",
-            "target_kl": "x > 0",
-        },
-    )
+    check_ranges(args)
     batch = args.num_envs * args.num_steps
     if batch % args.num_minibatches:
         fail(

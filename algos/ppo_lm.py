@@ -13,24 +13,15 @@ Results: benchmark/references.toml (ours-ppo_lm-addition-v0), README.md
 
 import copy
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.nn as nn
 import tyro
 
-from canonrl.lm import check_task, find, log_eval, task_path
-from canonrl.run import (
-    LMRunArgs,
-    RNGs,
-    RunLogger,
-    check_ranges,
-    fail,
-    load_states,
-    save_model,
-    start_run,
-)
+from canonrl.lm import check_task, find, save_model_folder, task_path
+from canonrl.run import LMRunArgs, RNGs, RunLogger, check_ranges, fail, load_states, start_run
 
 
 @dataclass
@@ -315,7 +306,7 @@ def main(args: Args):
         args, run_dir, num_iterations * args.num_prompts, global_step, ckpt=ckpt, script=__file__
     )
     if ckpt is None and heldout:  # the first evaluation: the model as loaded
-        log_eval(logger, global_step, logger.evaluate(global_step, run_eval))
+        logger.evaluate(global_step, run_eval)
     tokens_done = 0
     sampling_start = time.time()
     generation_seconds = 0.0
@@ -399,36 +390,15 @@ def main(args: Args):
             },
         )
         logger.progress(global_step)
-        if (
-            args.eval_every
-            and iteration < num_iterations
-            and heldout
-            and (global_step % args.eval_every < args.num_prompts)
-        ):
-            log_eval(logger, global_step, logger.evaluate(global_step, run_eval))
-        every = max(1, args.checkpoint_every // args.num_prompts)
-        if iteration % every == 0 or logger.stop_requested:
-            logger.save_checkpoint(stateful, iteration, global_step)
-        if logger.stop_requested:  # Ctrl-C: the iteration it came in is finished and saved
-            logger.exit_interrupted()
-    results = logger.evaluate(global_step, run_eval) if heldout else {"eval/episodic_return": []}
-    log_eval(logger, global_step, results)
-    logger.save_checkpoint(stateful, num_iterations, global_step, finished=True)
-    if args.save_model:
-        policy.lm.save_pretrained(run_dir / "model")
-        tokenizer.save_pretrained(run_dir / "model")
-        # the task beside the weights: --model <run_dir>/model runs on it without --task
-        (run_dir / "model" / "task.json").write_text(task_path(args).read_text())
-        save_model(
-            {
-                "policy": policy.state_dict(),
-                "value_head": value_head.state_dict(),
-                "args": asdict(args),
-                "eval_returns": results["eval/episodic_return"],
-            },
-            run_dir,
-        )
-    logger.close(results)
+        logger.end_iteration(stateful, iteration, global_step, run_eval if heldout else None)
+    logger.finish(
+        stateful,
+        num_iterations,
+        global_step,
+        run_eval if heldout else None,
+        model={"policy": policy.state_dict(), "value_head": value_head.state_dict()},
+        save_also=lambda run_dir: save_model_folder(run_dir, policy.lm, tokenizer, task_path(args)),
+    )
 
 
 def check_args(args: Args):
@@ -439,24 +409,7 @@ def check_args(args: Args):
 
 def check_flags(args: Args):
     """The flags alone: ranges and the sizes that must fit together."""
-    check_ranges(
-        args,
-        {
-            "learning_rate": "x > 0",
-            "num_prompts": "x >= 1",
-            "update_epochs": "x >= 1",
-            "num_minibatches": "x >= 1",
-            "gamma": "0 <= x <= 1",
-            "gae_lambda": "0 <= x <= 1",
-            "kl_coef": "x >= 0",
-            "clip_coef": "x > 0",
-            "vf_coef": "x >= 0",
-            "max_new_tokens": "x >= 1",
-            "temperature": "x > 0",
-            "max_grad_norm": "x > 0",
-            "eval_prompts": "x >= 0",
-        },
-    )
+    check_ranges(args, {"kl_coef": "x >= 0"})
     if args.num_prompts % args.num_minibatches:
         fail(
             f"--num-minibatches {args.num_minibatches} does not divide --num-prompts "

@@ -12,7 +12,7 @@ Pendulum: python algos/ppo_lstm.py --env-id PendulumNoVel-v1 --norm-reward --gam
 Results: benchmark/references.toml
 """
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import gymnasium as gym
@@ -30,7 +30,6 @@ from canonrl.run import (
     env_spaces,
     fail,
     load_states,
-    save_model,
     start_run,
 )
 
@@ -405,14 +404,7 @@ def main(args: Args):
             next_start = dones[step]  # same-step autoreset: next_obs begins the next episode
             # every finished episode of every sub-env
             for i in np.flatnonzero(terminated | truncated):
-                logger.last_return = episode_return[i]
-                logger.log(
-                    global_step,
-                    {
-                        "train/episodic_return": episode_return[i],
-                        "train/episodic_length": episode_length[i],
-                    },
-                )
+                logger.log_episode(global_step, episode_return[i], episode_length[i])
                 episode_return[i] = 0.0
                 episode_length[i] = 0
         with torch.no_grad():
@@ -471,35 +463,22 @@ def main(args: Args):
             },
         )
         logger.progress(global_step)
-        if (
-            args.eval_every
-            and iteration < num_iterations
-            and global_step % args.eval_every < batch_size
-        ):
-            logger.evaluate(global_step, run_eval)
-        if iteration % max(1, args.checkpoint_every // batch_size) == 0 or logger.stop_requested:
-            logger.save_checkpoint(stateful, iteration, global_step)
-        if logger.stop_requested:  # Ctrl-C: the iteration it came in is finished and saved
-            logger.exit_interrupted()
+        logger.end_iteration(stateful, iteration, global_step, run_eval)
     envs.close()
-    video_dir = run_dir / "videos" if args.capture_video else None
-    eval_returns = logger.evaluate(global_step, lambda: run_eval(video_dir))
-    logger.save_checkpoint(stateful, num_iterations, global_step, finished=True)
-    if args.save_model:
-        save_model(
-            {
-                "agent": agent.state_dict(),
-                "obs_rms": obs_rms.state_dict(),
-                "args": asdict(args),
-                "eval_returns": eval_returns,
-                "obs_dim": obs_dim,
-                "n_actions": n_actions,
-                "lstm_size": args.lstm_size,
-                "continuous": continuous,
-            },
-            run_dir,
-        )
-    logger.close(eval_returns)
+    logger.finish(
+        stateful,
+        num_iterations,
+        global_step,
+        run_eval,
+        model={
+            "agent": agent.state_dict(),
+            "obs_rms": obs_rms.state_dict(),
+            "obs_dim": obs_dim,
+            "n_actions": n_actions,
+            "lstm_size": args.lstm_size,
+            "continuous": continuous,
+        },
+    )
 
 
 def check_args(args: Args):
@@ -510,24 +489,7 @@ def check_args(args: Args):
         fail(f"{SCRIPT} needs discrete or flat Box actions but {args.env_id} has {act_space}")
     if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) != 1:
         fail(f"{SCRIPT} needs flat vector observations but {args.env_id} has {obs_space}")
-    check_ranges(
-        args,
-        {
-            "lstm_size": "x >= 1",
-            "num_envs": "x >= 1",
-            "num_steps": "x >= 1",
-            "num_minibatches": "x >= 1",
-            "update_epochs": "x >= 1",
-            "learning_rate": "x > 0",
-            "gamma": "0 <= x <= 1",
-            "gae_lambda": "0 <= x <= 1",
-            "clip_coef": "x > 0",
-            "ent_coef": "x >= 0",
-            "vf_coef": "x >= 0",
-            "max_grad_norm": "x > 0",
-            "target_kl": "x > 0",
-        },
-    )
+    check_ranges(args, {"lstm_size": "x >= 1"})
     if args.num_envs % args.num_minibatches:
         fail(
             f"--num-minibatches {args.num_minibatches} does not divide --num-envs "

@@ -12,7 +12,7 @@ Quick:  python algos/rainbow_atari.py --env-id MinAtar/Breakout-v1 --total-times
 Results: benchmark/references.toml
 """
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import ale_py
@@ -30,10 +30,10 @@ from canonrl.run import (
     RunArgs,
     RunLogger,
     check_ranges,
+    check_replay_flags,
     env_spaces,
     fail,
     load_states,
-    save_model,
     start_run,
 )
 
@@ -680,14 +680,7 @@ def main(args: Args):
         # RecordEpisodeStatistics's unclipped score of each game that ended
         games = infos.get("final_info", {})
         for i in np.flatnonzero(games.get("_episode", [])):  # every finished game of every sub-env
-            logger.last_return = games["episode"]["r"][i]
-            logger.log(
-                global_step,
-                {
-                    "train/episodic_return": games["episode"]["r"][i],
-                    "train/episodic_length": game_length[i],
-                },
-            )
+            logger.log_episode(global_step, games["episode"]["r"][i], game_length[i])
             game_length[i] = 0
         # the bar moves before learning too
         if global_step <= args.learning_starts and iteration % 1000 == 0:
@@ -732,36 +725,21 @@ def main(args: Args):
             and global_step % args.target_network_frequency < args.num_envs
         ):
             soft_update(target_network, q_network, args.tau)
-        if (
-            args.eval_every
-            and iteration + 1 < num_iterations
-            and global_step % args.eval_every < args.num_envs
-        ):
-            logger.evaluate(global_step, run_eval)
-        if (iteration + 1) % max(
-            1, args.checkpoint_every // args.num_envs
-        ) == 0 or logger.stop_requested:
-            logger.save_checkpoint(stateful, iteration + 1, global_step)
-        if logger.stop_requested:  # Ctrl-C: the iteration it came in is finished and saved
-            logger.exit_interrupted()
+        logger.end_iteration(stateful, iteration + 1, global_step, run_eval)
     envs.close()
-    video_dir = run_dir / "videos" if args.capture_video else None
-    eval_returns = logger.evaluate(global_step, lambda: run_eval(video_dir))
-    logger.save_checkpoint(stateful, num_iterations, global_step, finished=True)
-    if args.save_model:
-        save_model(
-            {
-                "q_network": q_network.state_dict(),
-                "args": asdict(args),
-                "eval_returns": eval_returns,
-                "n_actions": n_actions,
-                "n_atoms": args.n_atoms,
-                "v_min": args.v_min,
-                "v_max": args.v_max,
-            },
-            run_dir,
-        )
-    logger.close(eval_returns)
+    logger.finish(
+        stateful,
+        num_iterations,
+        global_step,
+        run_eval,
+        model={
+            "q_network": q_network.state_dict(),
+            "n_actions": n_actions,
+            "n_atoms": args.n_atoms,
+            "v_min": args.v_min,
+            "v_max": args.v_max,
+        },
+    )
 
 
 def check_args(args: Args):
@@ -785,19 +763,6 @@ def check_args(args: Args):
     check_ranges(
         args,
         {
-            "num_envs": "x >= 1",
-            "batch_size": "x >= 1",
-            "train_frequency": "x >= 1",
-            "gradient_steps": "x >= 1",
-            "target_network_frequency": "x >= 1",
-            "learning_rate": "x > 0",
-            "gamma": "0 <= x <= 1",
-            "tau": "0 < x <= 1",
-            "learning_starts": "x >= 0",
-            "buffer_size": "x >= 1",
-            "eval_epsilon": "0 <= x <= 1",
-            "n_atoms": "x >= 2",
-            "adam_eps": "x > 0",
             "n_step": "x >= 1",
             "prioritized_replay_alpha": "0 <= x <= 1",
             "prioritized_replay_beta": "0 < x <= 1",
@@ -810,12 +775,7 @@ def check_args(args: Args):
             f"--v-min {args.v_min} must be below --v-max "
             f"{args.v_max}: they are the ends of the return's support"
         )
-    if args.batch_size > min(args.buffer_size, max(args.learning_starts, 1)):
-        fail(
-            f"--batch-size {args.batch_size} must not exceed --learning-starts "
-            f"({args.learning_starts}) or --buffer-size ({args.buffer_size}): "
-            "the first minibatch is drawn when learning starts"
-        )
+    check_replay_flags(args)
     if args.learning_starts < args.n_step:
         fail(
             f"--learning-starts {args.learning_starts} must be at least --n-step "
@@ -825,11 +785,6 @@ def check_args(args: Args):
         fail(
             f"--buffer-size {args.buffer_size} must be at least --n-step + 8 "
             f"({args.n_step + 8}) per env (--num-envs {args.num_envs})"
-        )
-    if args.total_timesteps <= args.learning_starts:
-        fail(
-            f"--total-timesteps {args.total_timesteps} must "
-            f"exceed --learning-starts {args.learning_starts}"
         )
 
 

@@ -14,7 +14,7 @@ Results: benchmark/references.toml
 
 import os
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import gymnasium as gym
@@ -24,17 +24,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 import tyro
 
-from canonrl.data import check_dataset, dataset_arrays, normalized_scores, open_dataset
-from canonrl.run import (
-    RNGs,
-    RunArgs,
-    RunLogger,
-    check_continuous_env,
-    check_ranges,
-    load_states,
-    save_model,
-    start_run,
-)
+from canonrl.data import check_offline_args, dataset_arrays, normalized_scores, open_dataset
+from canonrl.run import RNGs, RunArgs, RunLogger, load_states, start_run
 
 SCRIPT = Path(__file__).name
 
@@ -346,66 +337,32 @@ def main(args: Args):
                 },
             )
             logger.progress(global_step)
-        # ---- shared: offline/loop_end ----
-        if (
-            args.eval_every
-            and global_step % args.eval_every == 0
-            and global_step < args.total_timesteps
-        ):
-            logger.evaluate(global_step, run_eval)
-        if global_step % args.checkpoint_every == 0 or logger.stop_requested:
-            logger.save_checkpoint(stateful, global_step, global_step)
-        if logger.stop_requested:  # Ctrl-C: the gradient step it came in is finished and saved
-            logger.exit_interrupted()
-        # ---- end shared: offline/loop_end ----
-    # ---- shared: offline_continuous/finish ----
-    video_dir = run_dir / "videos" if args.capture_video else None
-    results = logger.evaluate(args.total_timesteps, lambda: run_eval(video_dir))
-    logger.save_checkpoint(stateful, args.total_timesteps, args.total_timesteps, finished=True)
-    if args.save_model:
-        save_model(
-            {
-                "actor": actor.state_dict(),
-                "args": asdict(args),
-                "eval_returns": results["eval/episodic_return"],
-                "obs_dim": obs_dim,
-                "action_dim": actor.action_scale.shape[0],
-            },
-            run_dir,
-        )
-    logger.close(results)
-    # ---- end shared: offline_continuous/finish ----
-
-
-def check_args(args: Args):
-    check_offline_continuous_args(
-        args,
-        {
-            "alpha": "x >= 0",
-            "policy_noise": "x >= 0",
-            "noise_clip": "x >= 0",
-            "policy_frequency": "x >= 1",
-            "gamma": "0 <= x <= 1",
-            "tau": "0 < x <= 1",
-            "learning_rate": "x > 0",
+        logger.end_iteration(stateful, global_step, global_step, run_eval)
+    logger.finish(
+        stateful,
+        args.total_timesteps,
+        args.total_timesteps,
+        run_eval,
+        model={
+            "actor": actor.state_dict(),
+            "obs_dim": obs_dim,
+            "action_dim": actor.action_scale.shape[0],
         },
     )
 
 
-# ---- shared: offline_continuous/check_args ----
-def check_offline_continuous_args(args, rules: dict):
-    """The ranges of `rules` (as in check_ranges), then the dataset and the env the policy is
-    evaluated in (canonrl.data.check_dataset)."""
-    check_ranges(args, {"batch_size": "x >= 1", **rules})
-    check_dataset(args, __file__, check_env, False, "cql_discrete.py")
-
-
-def check_env(args):
-    """The spaces of --env-id (made once): continuous bounded actions, flat observations."""
-    return check_continuous_env(args.env_id, __file__, "cql_discrete.py")
-
-
-# ---- end shared: offline_continuous/check_args ----
+def check_args(args: Args):
+    check_offline_args(
+        args,
+        __file__,
+        discrete=False,
+        rules={
+            "alpha": "x >= 0",
+            "policy_noise": "x >= 0",
+            "noise_clip": "x >= 0",
+            "policy_frequency": "x >= 1",
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ Results: benchmark/references.toml
 
 import math
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -30,7 +30,7 @@ from canonrl.run import (
     check_ranges,
     fail,
     load_states,
-    save_model,
+    save_gif,
     start_run,
 )
 from smac_lite.render import render_frame
@@ -372,8 +372,14 @@ def main(args: Args):
     iteration = 0
     log_every = max(1, 1000 // N)
 
-    def run_eval(frames=None):  # evaluation battles are seeded apart from training
-        return evaluate(agent, args.env_id, args.eval_episodes, args.seed + 100_000, device, frames)
+    def run_eval(video_dir=None):  # seeded apart from training; battle 0 filmed into video_dir
+        frames = [] if video_dir else None
+        results = evaluate(
+            agent, args.env_id, args.eval_episodes, args.seed + 100_000, device, frames
+        )
+        if frames:
+            save_gif(frames, video_dir / "eval_battle0.gif", 125)
+        return results
 
     stateful = {
         "agent": agent,
@@ -497,37 +503,23 @@ def main(args: Args):
             first_step = global_step
             logger.log(global_step, {**stats, "charts/epsilon": epsilon, "charts/updates": updates})
             logger.progress(global_step)
-        if args.eval_every and iteration + 1 < num_iterations and global_step % args.eval_every < N:
-            logger.evaluate(global_step, run_eval)
-        if (iteration + 1) % max(1, args.checkpoint_every // N) == 0 or logger.stop_requested:
-            logger.save_checkpoint(stateful, iteration + 1, global_step)
-        if logger.stop_requested:  # Ctrl-C: the iteration it came in is finished, logged and saved
-            logger.exit_interrupted()
-    frames = [] if args.capture_video else None  # battle 0 of the final evaluation, as a GIF
-    eval_results = logger.evaluate(global_step, lambda: run_eval(frames))
-    logger.save_checkpoint(stateful, num_iterations, global_step, finished=True)
-    if frames:
-        import imageio.v2 as imageio
-
-        (run_dir / "videos").mkdir(exist_ok=True)
-        imageio.mimsave(run_dir / "videos" / "eval_battle0.gif", frames, duration=125, loop=0)
-    if args.save_model:
-        save_model(
-            {
-                "agent": agent.state_dict(),
-                "mixer": mixer.state_dict(),
-                "args": asdict(args),
-                "eval_returns": eval_results,
-                "input_dim": input_dim,
-                "obs_dim": env.obs_dim,
-                "state_dim": env.state_dim,
-                "n_agents": A,
-                "n_actions": n_actions,
-                "hidden": args.hidden_dim,
-            },
-            run_dir,
-        )
-    logger.close(eval_results)
+        logger.end_iteration(stateful, iteration + 1, global_step, run_eval)
+    logger.finish(
+        stateful,
+        num_iterations,
+        global_step,
+        run_eval,
+        model={
+            "agent": agent.state_dict(),
+            "mixer": mixer.state_dict(),
+            "input_dim": input_dim,
+            "obs_dim": env.obs_dim,
+            "state_dim": env.state_dim,
+            "n_agents": A,
+            "n_actions": n_actions,
+            "hidden": args.hidden_dim,
+        },
+    )
 
 
 # ---- end shared: qmix/main ----
@@ -541,26 +533,7 @@ def check_args(args: Args):
 # ---- shared: qmix/check_args ----
 def check_value_decomposition_args(args, rules: dict):
     """The flags of qmix and vdn, then `rules` (the script's own ranges, as in check_ranges)."""
-    check_ranges(
-        args,
-        {
-            "num_envs": "x >= 1",
-            "learning_rate": "x > 0",
-            "buffer_size": "x >= 1",
-            "batch_size": "x >= 1",
-            "gamma": "0 <= x <= 1",
-            "tau": "0 < x <= 1",
-            "target_network_frequency": "x >= 1",
-            "start_e": "0 <= x <= 1",
-            "end_e": "0 <= x <= 1",
-            "exploration_steps": "x >= 1",
-            "learning_starts": "x >= 0",
-            "train_frequency": "x >= 1",
-            "max_grad_norm": "x > 0",
-            "hidden_dim": "x >= 1",
-            **rules,
-        },
-    )
+    check_ranges(args, rules)
     if args.end_e > args.start_e:
         fail(f"--end-e {args.end_e} is above --start-e {args.start_e}: epsilon is annealed down")
     if args.batch_size > args.buffer_size:

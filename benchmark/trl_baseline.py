@@ -264,7 +264,7 @@ class Recorder:
 
     def evaluate(self, step: int, run_eval) -> list[float]:
         """charts/train_seconds, then one eval/episodic_return row per held-out prompt and
-        eval/accuracy, eval/reward (as our scripts' log_eval)."""
+        eval/accuracy, eval/reward (as our scripts log them)."""
         import numpy as np
 
         self.log(step, {"charts/train_seconds": self.train_seconds()})

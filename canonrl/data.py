@@ -10,7 +10,8 @@ import gymnasium as gym
 import minari
 import numpy as np
 
-from canonrl.run import fail, first_line
+from canonrl.envs import MINATAR
+from canonrl.run import check_continuous_env, check_ranges, env_spaces, fail, first_line
 
 
 @functools.cache  # opened once: the flag checks and main() share it
@@ -106,3 +107,39 @@ def check_dataset(args, script: str, check_env, discrete: bool, *other_scripts: 
             f"{args.dataset!r} {(dataset.observation_space, dataset.action_space)}: "
             "evaluate in the dataset's env"
         )
+
+
+def check_offline_args(args, script: str, discrete: bool, rules: dict | None = None):
+    """The flags of an offline script: the ranges (check_ranges: its RULES, then `rules`), the
+    dataset, and the env the policy is evaluated in (check_dataset), which must have discrete
+    actions and flat observations or a MinAtar grid (discrete) or bounded continuous actions and
+    flat observations. `script` is the script's path (__file__)."""
+    check_ranges(args, rules)
+    if discrete:
+        env = functools.partial(check_discrete_offline_env, script=script)
+        check_dataset(args, script, env, True, "cql_continuous.py", "iql_continuous.py")
+    else:
+        env = lambda args: check_continuous_env(args.env_id, script, "cql_discrete.py")  # noqa: E731
+        check_dataset(args, script, env, False, "cql_discrete.py")
+
+
+def check_discrete_offline_env(args, script: str):
+    """The spaces of --env-id (made once): discrete actions, flat observations or a MinAtar grid."""
+    name = Path(script).name
+    if args.capture_video and args.env_id in MINATAR:
+        fail("MinAtar games record no video: drop --capture-video")
+    obs_space, act_space = env_spaces(args.env_id, script)
+    if not isinstance(act_space, gym.spaces.Discrete):
+        fail(
+            f"{name} needs discrete actions but {args.env_id} has {act_space}",
+            "cql_continuous.py",
+            "iql_continuous.py",
+        )
+    if not isinstance(obs_space, gym.spaces.Box) or (
+        len(obs_space.shape) != 1 and args.env_id not in MINATAR
+    ):
+        fail(
+            f"{name} needs flat vector observations or a "
+            f"MinAtar game but {args.env_id} has {obs_space}"
+        )
+    return obs_space, act_space

@@ -216,7 +216,8 @@ def main(argv: list[str] | None = None) -> int:
     except (SyntaxError, ValueError, StopIteration) as e:
         p.error(f"{a.script} cannot be exported: {e or 'not a script of algos/'}")
     a.output.write_text(text)
-    print(f"{a.output}: {a.script.name} with canonrl.run inlined ({text.count(chr(10))} lines)")
+    lines = text.count(chr(10))
+    print(f"{a.output}: {a.script.name} with the canonrl code it uses inlined ({lines} lines)")
     return 0
 
 

@@ -9,8 +9,6 @@ import socket
 from pathlib import Path
 from urllib.parse import urlparse
 
-import numpy as np
-
 from canonrl.run import fail, finite, first_line, other_family
 
 
@@ -27,17 +25,12 @@ def load_task(path: Path) -> dict:
     return json.loads(Path(path).read_text())
 
 
-def log_eval(logger, step: int, results: dict):
-    """eval/accuracy (share of held-out prompts answered exactly), eval/reward (mean reward)."""
-    rewards = results["eval/episodic_return"]
-    if len(rewards):
-        logger.log(
-            step,
-            {
-                "eval/accuracy": float(np.mean(np.asarray(rewards) == 1.0)),
-                "eval/reward": float(np.mean(rewards)),
-            },
-        )
+def save_model_folder(run_dir: Path, lm, tokenizer, task: Path):
+    """<run_dir>/model: the weights and tokenizer as a folder from_pretrained loads, with the task
+    beside them (--model <run_dir>/model runs on it without --task)."""
+    lm.save_pretrained(run_dir / "model")
+    tokenizer.save_pretrained(run_dir / "model")
+    (run_dir / "model" / "task.json").write_text(task.read_text())
 
 
 def task_problem(task) -> str | None:

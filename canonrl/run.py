@@ -3,6 +3,14 @@ each script's Args), the run directory (start_run), logging, progress, evaluatio
 (RunLogger), resume, the one-line errors for bad input (fail, check_ranges, env_spaces) and the
 comparison with the recorded references at the end of a run.
 
+A script's main() uses it in five places:
+
+    args, ckpt, run_dir = start_run(args, check_args, __file__)  # flags checked first
+    load_states(stateful, ckpt, run_dir)  # --resume: what the checkpoint holds
+    logger = RunLogger(args, run_dir, total_steps, global_step, ckpt=ckpt, script=__file__)
+    logger.end_iteration(stateful, iteration, global_step, run_eval)  # eval, checkpoint, Ctrl-C
+    logger.finish(stateful, iteration, global_step, run_eval, model={...})  # the end of the run
+
 A script passes its own path (__file__) where its identity matters (the run name, config.json, its
 references): nothing here holds the state of one script, so two scripts may share a process.
 
@@ -224,16 +232,53 @@ RANGES = {
 }
 
 
-def check_ranges(args, rules: dict):
-    """Fail on a flag that is not a finite number or lies outside its range: rules maps a flag to
-    one of RANGES (e.g. "0 <= x <= 1")."""
-    rules = {
-        "total_timesteps": "x >= 1",
-        "eval_every": "x >= 0",
-        "checkpoint_every": "x >= 1",
-        **({"eval_episodes": "x >= 0"} if hasattr(args, "eval_episodes") else {}),
-        **rules,
-    }
+# The range of a hyperparameter that means the same in every script that has it: check_ranges
+# checks each one wherever the flag exists; a script's own rules add to these.
+RULES = {
+    "total_timesteps": "x >= 1",
+    "eval_every": "x >= 0",
+    "checkpoint_every": "x >= 1",
+    "eval_episodes": "x >= 0",
+    "num_envs": "x >= 1",
+    "num_steps": "x >= 1",
+    "batch_size": "x >= 1",
+    "buffer_size": "x >= 1",
+    "learning_starts": "x >= 0",
+    "train_frequency": "x >= 1",
+    "gradient_steps": "x >= 1",
+    "target_network_frequency": "x >= 1",
+    "update_epochs": "x >= 1",
+    "num_minibatches": "x >= 1",
+    "hidden_dim": "x >= 1",
+    "learning_rate": "x > 0",
+    "adam_eps": "x > 0",
+    "max_grad_norm": "x > 0",
+    "gamma": "0 <= x <= 1",
+    "gae_lambda": "0 <= x <= 1",
+    "tau": "0 < x <= 1",
+    "clip_coef": "x > 0",
+    "target_kl": "x > 0",
+    "ent_coef": "x >= 0",
+    "vf_coef": "x >= 0",
+    "start_e": "0 <= x <= 1",
+    "end_e": "0 <= x <= 1",
+    "exploration_fraction": "0 < x <= 1",
+    "eval_epsilon": "0 <= x <= 1",
+    "exploration_steps": "x >= 1",
+    "n_atoms": "x >= 2",
+    "n_quantiles": "x >= 1",
+    "num_prompts": "x >= 1",
+    "max_new_tokens": "x >= 1",
+    "eval_prompts": "x >= 0",
+    "temperature": "x > 0",
+}
+
+
+def check_ranges(args, rules: dict | None = None):
+    """Fail on a flag that is not a finite number or lies outside its range: RULES for the flags
+    every script means the same by, then `rules` ({flag: one of RANGES, e.g. "0 <= x <= 1"}) for
+    the script's own."""
+    rules = {**{k: v for k, v in RULES.items() if hasattr(args, k)}, **(rules or {})}
     for name, x in asdict(args).items():
         if isinstance(x, float) and not np.isfinite(x):
             fail(f"--{name.replace('_', '-')} {x} is not a finite number")
@@ -241,6 +286,25 @@ def check_ranges(args, rules: dict):
         x = getattr(args, name)
         if x is not None and not RANGES[rule](x):
             fail(f"--{name.replace('_', '-')} {x} is out of range: it must satisfy {rule}")
+
+
+def check_replay_flags(args):
+    """The flags of a replay buffer that must agree: epsilon annealed down (when it has one), the
+    first minibatch drawn from what is stored when learning starts, learning starting within the
+    budget."""
+    if hasattr(args, "end_e") and args.end_e > args.start_e:
+        fail(f"--end-e {args.end_e} is above --start-e {args.start_e}: epsilon is annealed down")
+    if args.batch_size > min(args.buffer_size, max(args.learning_starts, 1)):
+        fail(
+            f"--batch-size {args.batch_size} must not exceed --learning-starts "
+            f"({args.learning_starts}) or --buffer-size ({args.buffer_size}): "
+            "the first minibatch is drawn when learning starts"
+        )
+    if args.total_timesteps <= args.learning_starts:
+        fail(
+            f"--total-timesteps {args.total_timesteps} must "
+            f"exceed --learning-starts {args.learning_starts}"
+        )
 
 
 def sha256(path: Path) -> str:
@@ -468,6 +532,14 @@ def by_name(results) -> dict:
     return results if isinstance(results, dict) else {"eval/episodic_return": results}
 
 
+def save_gif(frames: list, path: Path, ms_per_frame: int):
+    """frames (height x width x 3 arrays) as a looping GIF at path (its folder made)."""
+    import imageio.v2 as imageio
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    imageio.mimsave(path, frames, duration=ms_per_frame, loop=0)
+
+
 class RNGs:
     """torch's global generator and the given numpy Generators, checkpointed as one object."""
 
@@ -605,7 +677,9 @@ class RunLogger:
         self.csv = csv.writer(self.file, lineterminator="\n")
         self.tb = SummaryWriter(str(run_dir))
         self.bar = tqdm(total=total, initial=step, unit="step", mininterval=1.0)
+        self.total = total
         self.first_step = step
+        self.last_step = step  # of the last end_iteration()
         self.start = time.time()
         self.eval_seconds = 0.0
         self.last_return = float("nan")
@@ -694,6 +768,58 @@ class RunLogger:
                         f"{name}_histogram": wandb.Histogram(np.asarray(values, dtype=np.float64)),
                     }
                 )
+        if isinstance(self.args, LMRunArgs) and len(returns):  # a reward per held-out prompt
+            self.log(
+                step,
+                {
+                    "eval/accuracy": float(np.mean(np.asarray(returns) == 1.0)),
+                    "eval/reward": float(np.mean(returns)),
+                },
+            )
+        return results
+
+    def log_episode(self, step: int, episodic_return, episodic_length):
+        """train/episodic_return and train/episodic_length of an episode that ended at `step`
+        (the progress bar's ret= shows the last)."""
+        self.last_return = episodic_return
+        self.log(
+            step,
+            {"train/episodic_return": episodic_return, "train/episodic_length": episodic_length},
+        )
+
+    def end_iteration(self, stateful: dict, iteration: int, step: int, run_eval=None):
+        """After each iteration (`iteration` of them done, `step` steps): an evaluation when `step`
+        passes a multiple of --eval-every (the last is finish()'s; none without run_eval), a
+        checkpoint when it passes a multiple of --checkpoint-every and on Ctrl-C, then the exit
+        Ctrl-C asked for."""
+        every, last, self.last_step = self.args.eval_every, self.last_step, step
+        if every and run_eval is not None and step < self.total and step // every > last // every:
+            self.evaluate(step, run_eval)
+        every = self.args.checkpoint_every
+        if step // every > last // every or self.stop_requested:
+            self.save_checkpoint(stateful, iteration, step)
+        if self.stop_requested:  # the iteration it came in is finished and saved
+            self.exit_interrupted()
+
+    def finish(self, stateful, iteration, step, run_eval=None, model=None, save_also=None):
+        """The end of a run: the final evaluation (with --capture-video, its episode 0 filmed into
+        <run_dir>/videos; none without run_eval), the final checkpoint, with --save-model
+        model.pt (`model`: the weights and what evaluation needs; the flags and the evaluation's
+        returns added) after save_also(run_dir), then the closing lines. Returns the evaluation."""
+        results = {"eval/episodic_return": []}
+        if run_eval is not None and hasattr(self.args, "capture_video"):
+            video_dir = self.run_dir / "videos" if self.args.capture_video else None
+            results = self.evaluate(step, lambda: run_eval(video_dir))
+        elif run_eval is not None:
+            results = self.evaluate(step, run_eval)
+        self.save_checkpoint(stateful, iteration, step, finished=True)
+        if self.args.save_model:
+            if save_also is not None:
+                save_also(self.run_dir)
+            # the episodic returns (multi-agent: every metric by name)
+            returns = by_name(results).get("eval/episodic_return", results)
+            save_model({**model, "args": asdict(self.args), "eval_returns": returns}, self.run_dir)
+        self.close(results)
         return results
 
     def save_checkpoint(

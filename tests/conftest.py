@@ -483,6 +483,13 @@ REPRESENTATIVE = {
 }
 
 
+# The scripts the run contract's end-to-end tests (Ctrl-C, resume with a new budget) run on: one
+# per family, and those whose loop ends differently (dqn.py: the replay step of the classic family;
+# impala.py: its actors stop first; qmix_smac_lite.py: an episode buffer). Every other script's
+# checkpoint is checked object by object, and its loop's calls into canonrl statically.
+PER_FAMILY = sorted({*REPRESENTATIVE.values(), "dqn.py", "impala.py", "qmix_smac_lite.py"})
+
+
 def smoke_env(script: str) -> str:
     return SMOKE[script][SMOKE[script].index("--env-id") + 1]
 

@@ -35,7 +35,13 @@ SHARED_FLAGS = [
 REPRESENTATIVES = sorted(REPRESENTATIVE.values())
 NO_LM_FLAGS = {"--capture-video", "--eval-episodes"}  # absent from the language-model scripts
 # gymnasium ids (env_spaces, and canonrl's checks that call it); smac_lite maps; mpe2 and LM tasks
-ENV_CHECKS = {"env_spaces", "check_continuous_env", "check_dataset", "check_map", "check_task"}
+ENV_CHECKS = {
+    "env_spaces",
+    "check_continuous_env",
+    "check_offline_args",
+    "check_map",
+    "check_task",
+}
 
 
 def test_every_script_is_covered():
@@ -129,7 +135,7 @@ def test_every_script_calls_the_shared_checks(script):
     if FAMILY[script] == "lm":
         assert "check_task" in reaches(graph, "main") and "check_flags" in graph["check_args"]
     checks = reaches(graph, "check_args")
-    assert "check_ranges" in checks, f"{script}: check_args does not call check_ranges"
+    assert checks & {"check_ranges", "check_offline_args"}, f"{script}: no check_ranges"
     assert checks & ENV_CHECKS, f"{script}: check_args calls no env check ({sorted(ENV_CHECKS)})"
 
 
@@ -312,3 +318,30 @@ def test_the_map_pattern_that_words_errors_knows_every_smac_lite_map():
 
     assert all(re.fullmatch(SMAC_MAP, name) for name in MAPS)
     assert not [env_id for env_id in gym.registry if re.fullmatch(SMAC_MAP, env_id)]
+
+
+def logger_calls(node) -> set[str]:
+    return {
+        c.func.attr
+        for c in ast.walk(node)
+        if isinstance(c, ast.Call)
+        and isinstance(c.func, ast.Attribute)
+        and isinstance(c.func.value, ast.Name)
+        and c.func.value.id == "logger"
+    }
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_every_training_loop_ends_its_iterations_through_the_logger(script):
+    """Ctrl-C, resume with a new budget, the --eval-every and --checkpoint-every schedules run end
+    to end on one script per family (tests/test_smoke.py); they stand for the rest because each
+    training loop of main() ends its iteration with logger.end_iteration (ppo_atari_multigpu.py:
+    save_checkpoint and exit_interrupted, after its ranks agree) and the run with logger.finish
+    or logger.close."""
+    tree = ast.parse((ALGOS / script).read_text())
+    main = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "main")
+    loops = [n for n in ast.walk(main) if isinstance(n, (ast.For, ast.While))]
+    in_loops = set().union(*(logger_calls(loop) for loop in loops))
+    ends = {"end_iteration"} if script != "ppo_atari_multigpu.py" else {"save_checkpoint"}
+    assert ends <= in_loops, f"{script}: no logger.{ends.pop()} in a loop of main()"
+    assert logger_calls(main) & {"finish", "close"}, f"{script}: main() never closes the run"

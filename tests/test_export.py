@@ -1,5 +1,5 @@
 """python -m canonrl.export writes a script as one file again: the run contract it imports from
-canonrl.run inlined. The file runs in an empty folder where canonrl cannot be imported and writes
+canonrl inlined. The file runs in an empty folder where canonrl cannot be imported and writes
 the metrics the original writes (timing rows aside)."""
 
 import ast

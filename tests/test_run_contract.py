@@ -433,6 +433,26 @@ def test_a_non_finite_loss_stops_the_run_before_it_is_written(tmp_path, capsys, 
     )
 
 
+def test_end_iteration_evaluates_and_checkpoints_where_a_multiple_is_passed(tmp_path, keep_sigint):
+    """--eval-every and --checkpoint-every count steps: an iteration that passes a multiple of one
+    evaluates (not the last: finish() does) or saves; Ctrl-C saves the iteration, then exits 130."""
+    ppo = load_script("ppo.py")
+    args = ppo.Args(eval_every=100, checkpoint_every=250, total_timesteps=576)
+    logger = ppo.RunLogger(args, tmp_path / "run", 576, 0, None, ALGOS / "ppo.py")
+    done = {"eval": [], "checkpoint": []}
+    logger.evaluate = lambda step, run_eval: done["eval"].append(step)
+    logger.save_checkpoint = lambda stateful, iteration, step: done["checkpoint"].append(step)
+    for iteration in range(1, 10):  # 64 steps an iteration
+        logger.end_iteration({}, iteration, 64 * iteration, lambda: [0.0])
+    assert done == {"eval": [128, 256, 320, 448, 512], "checkpoint": [256, 512]}
+    logger.end_iteration({}, 10, 640, None)  # no run_eval: no evaluation
+    assert done["eval"][-1] == 512
+    logger.stop_requested = True
+    with pytest.raises(SystemExit) as exit_:
+        logger.end_iteration({}, 11, 704, lambda: [0.0])
+    assert exit_.value.code == 130 and done["checkpoint"][-1] == 704
+
+
 def test_a_run_says_its_duration_when_it_is_over_an_hour(tmp_path, capsys, keep_sigint):
     ppo = load_script("ppo.py")
     logger = ppo.RunLogger(ppo.Args(), tmp_path / "run", 100_000_000, 0, None, ALGOS / "ppo.py")

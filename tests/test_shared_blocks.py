@@ -160,19 +160,12 @@ def test_a_drifted_copy_is_reported_with_its_diff(tmp_path):
     assert problem.startswith("copy 'minibatch_loss' differs") and "+    # changed" in problem
 
 
-# The marker blocks main() may hold: the env step (episode accounting under same-step autoreset)
-# and the offline loop's end and finish (model.pt as the reevaluation reads it). Everything else in
-# main() is plain lines or a call, so that main() reads as one piece.
-MAIN_BLOCKS = {
-    "classic/step",
-    "atari/step",
-    "continuous/step",
-    "offline/loop_end",
-    "offline_continuous/finish",
-}
+# The marker blocks main() may hold: the env step (episode accounting under same-step autoreset).
+# Everything else in main() is plain lines or a call, so that main() reads as one piece.
+MAIN_BLOCKS = {"classic/step", "atari/step", "continuous/step"}
 
 
-def test_main_holds_no_marker_block_but_the_step_and_the_offline_loop_end():
+def test_main_holds_no_marker_block_but_the_step():
     import re
 
     for p in scripts():

@@ -15,6 +15,7 @@ from conftest import (
     MULTI_AGENT,
     OFFLINE,
     OFFLINE_DISCRETE,
+    PER_FAMILY,
     SMAC_LITE,
     SMOKE,
     smoke_env,
@@ -302,6 +303,7 @@ def test_multi_agent_capture_video_saves_the_first_evaluation_episode(script, tm
     assert any((f != frames[0]).any() for f in frames[1:]), "the battle moves"
 
 
+@pytest.mark.parametrize("smoke_script", PER_FAMILY)
 def test_ctrl_c_keeps_metrics_and_resume_continues(smoke_script, tmp_path):
     run_dir = tmp_path / "run"
     flags = SMOKE[smoke_script] + [
@@ -353,6 +355,7 @@ def test_ctrl_c_keeps_metrics_and_resume_continues(smoke_script, tmp_path):
     )
 
 
+@pytest.mark.parametrize("smoke_script", PER_FAMILY)
 def test_resume_extends_the_budget_and_keeps_the_other_flags(smoke_script, smoke_runs, tmp_path):
     run_dir = tmp_path / "run"
     smoke_runs(smoke_script, run_dir)
