@@ -597,10 +597,10 @@ class QuietLogger:
         self.stop_requested = True
         signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C stops at once
 
-    def log(self, *args, **kwargs):  # and progress, save_checkpoint, close: nothing to write
+    def log(self, *args, **kwargs):  # and the rest: nothing to write
         pass
 
-    progress = save_checkpoint = close = log
+    log_episode = progress = save_checkpoint = close = log
 
     def evaluate(self, step: int, run_episodes):
         return []
