@@ -13,6 +13,7 @@ Results: benchmark/references.toml (ours-grpo_lm-addition-v0-4800), README.md
 """
 
 import copy
+import re
 import time
 from dataclasses import dataclass
 from typing import Literal
@@ -21,8 +22,16 @@ import numpy as np
 import torch
 import torch.nn as nn
 import tyro
+from torch.utils.checkpoint import checkpoint
 
-from canonrl.lm import check_task, find, save_model_folder, task_path
+from canonrl.lm import (
+    check_task,
+    find,
+    prompt_text,
+    save_model_folder,
+    task_path,
+    task_rewards,
+)
 from canonrl.run import LMRunArgs, RNGs, RunLogger, check_ranges, fail, load_states, start_run
 
 
@@ -31,8 +40,8 @@ class Args(LMRunArgs):
     model: str = "benchmark/policies/lm-addition-base"
     """causal LM directory or id"""
     task: str | None = None
-    """task file (JSON: name, max_new_tokens, [prompt, answer] lists train and heldout); default:
-    <model>/task.json"""
+    """task file (JSON: name, max_new_tokens, [prompt, answer] lists train and heldout, optional
+    rewards and format; a prompt is text or a list of chat messages); default: <model>/task.json"""
     learning_rate: float = 3e-4
     """Adam learning rate (1e-4: slower; 1e-3 collapses to 0 accuracy)"""
     num_prompts: int = 16
@@ -42,7 +51,13 @@ class Args(LMRunArgs):
     update_epochs: int = 1
     """passes over each batch of completions (GRPO's mu)"""
     num_minibatches: int = 1
-    """minibatches per pass (must divide the number of completions)"""
+    """minibatches per pass, one optimiser step each (must divide the number of completions)"""
+    gradient_accumulation_steps: int = 1
+    """micro-batches each minibatch is computed in, their gradients summed into its one step (the
+    same step in less memory)"""
+    gradient_checkpointing: bool = False
+    """recompute the layers' activations in the backward pass instead of keeping them (less
+    memory, about a third more compute)"""
     clip_eps: float = 0.2
     """the ratio is clipped to [1 - clip_eps, 1 + clip_eps]"""
     clip_eps_high: float | None = None
@@ -61,6 +76,9 @@ class Args(LMRunArgs):
     """dynamic sampling: at most this many rounds of prompts per update"""
     mask_truncated: bool = False
     """DAPO's overlong filtering: no loss on completions never ended"""
+    reward_weights: tuple[float, ...] | None = None
+    """weight of each reward the task names, in its order; the reward is their weighted sum
+    (default: 1 each)"""
     max_new_tokens: int | None = None
     """completion budget in tokens (default: the task's)"""
     temperature: float = 1.0
@@ -76,36 +94,97 @@ class Args(LMRunArgs):
 
 
 # ---- shared: lm/model ----
-def reward(completion: str | None, answer: str) -> float:
-    """The verifiable reward: 1.0 for exactly the answer, 0.0 for a wrong one and for a malformed
-    one (completion None: no end token within the budget)."""
-    return float(completion is not None and completion == answer)
+def final_answer(text: str) -> str | None:
+    """The answer a completion states last: the rest of the line after "####" (GSM8K), the
+    contents of \\boxed{...} (MATH, braces matched) or of <answer>...</answer>; None if none."""
+    found = [(m.start(), m.group(1)) for m in re.finditer(r"####[ \t]*([^\n]*)", text)]
+    found += [(m.start(), m.group(1)) for m in re.finditer(r"<answer>(.*?)</answer>", text, re.S)]
+    for m in re.finditer(r"\\boxed\{", text):
+        depth = 1
+        end = m.end()
+        while end < len(text) and depth:
+            depth += {"{": 1, "}": -1}.get(text[end], 0)
+            end += 1
+        if depth == 0:
+            found.append((m.start(), text[m.end() : end - 1]))
+    return max(found)[1].strip() if found else None
 
 
-def completion_texts(tokenizer, completions: torch.Tensor) -> list[str | None]:
-    """The text of each completion before its end token; None where it has none (truncated)."""
+def same_answer(given: str, answer: str) -> bool:
+    """given states answer: the same text, the same number (thousands commas aside), or the same
+    mathematics by math-verify (1/2 and \\frac{1}{2}, 2x+1 and 1+2x)."""
+    if given.strip() == answer.strip():
+        return True
+    try:
+        return float(given.replace(",", "")) == float(answer.replace(",", ""))
+    except ValueError:
+        from math_verify import parse, verify
+
+        return verify(parse(f"${answer}$"), parse(f"${given}$"))
+
+
+def reward_exact(completion: str, answer: str, task: dict) -> float:
+    """1.0 for exactly the answer (the whole completion), else 0.0."""
+    return float(completion == answer)
+
+
+def reward_final_answer(completion: str, answer: str, task: dict) -> float:
+    """1.0 where the answer the completion states last (final_answer) is the answer."""
+    given = final_answer(completion)
+    return float(given is not None and same_answer(given, answer))
+
+
+def reward_format(completion: str, answer: str, task: dict) -> float:
+    """1.0 where the whole completion matches the task's "format" expression."""
+    return float(re.fullmatch(task["format"], completion, re.DOTALL) is not None)
+
+
+REWARDS = {"exact": reward_exact, "final_answer": reward_final_answer, "format": reward_format}
+
+
+def score(texts: list, answers: list[str], task: dict, weights=None) -> dict:
+    """Each reward the task names (canonrl.lm.task_rewards) of each completion text, and "total":
+    their sum weighted by `weights` (default 1 each). A malformed completion (text None: no end
+    token within the budget) scores 0 under every reward."""
+    names = task_rewards(task)
+    weights = weights or [1.0] * len(names)
+    scores = {
+        name: [0.0 if t is None else REWARDS[name](t, a, task) for t, a in zip(texts, answers)]
+        for name in names
+    }
+    scores["total"] = [
+        sum(w * scores[n][i] for n, w in zip(names, weights)) for i in range(len(texts))
+    ]
+    return scores
+
+
+def completion_texts(tokenizer, completions: torch.Tensor, end_ids) -> list[str | None]:
+    """The text of each completion before its first end token; None where it has none
+    (truncated)."""
     texts = []
     for row in completions.tolist():
-        if tokenizer.eos_token_id in row:
-            texts.append(tokenizer.decode(row[: row.index(tokenizer.eos_token_id)]))
-        else:
-            texts.append(None)
+        end = next((i for i, token in enumerate(row) if token in end_ids), None)
+        texts.append(None if end is None else tokenizer.decode(row[:end]))
     return texts
+
+
+LOGIT_CHUNK = 2**24  # logits token_logprobs computes at once (64 MB of float32)
 
 
 class Policy(nn.Module):
     """A causal language model (transformers) as a policy over tokens. Prompts are padded on the
-    left, completions on the right after their end token; positions count real tokens only."""
+    left, completions on the right after their end token (any of end_ids); positions count real
+    tokens only."""
 
-    def __init__(self, lm, pad_id: int, eos_id: int):
+    def __init__(self, lm, pad_id: int, end_ids: list[int]):
         super().__init__()
         self.lm = lm
         self.pad_id = pad_id
-        self.eos_id = eos_id
+        self.end_ids = end_ids
+        self.register_buffer("end_tensor", torch.tensor(end_ids), persistent=False)
 
-    def forward(self, ids, mask, past_key_values=None, positions=None, hidden=False):
-        if positions is None:
-            positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    def forward(self, ids, mask, past_key_values=None, positions=None):
+        """The next-token logits of the last position only (generation's use), with the cache."""
         # on a GPU: bf16 mixed precision (the weights and Adam's state stay float32)
         with torch.autocast("cuda", torch.bfloat16, enabled=ids.is_cuda):
             return self.lm(
@@ -113,20 +192,52 @@ class Policy(nn.Module):
                 attention_mask=mask,
                 position_ids=positions,
                 past_key_values=past_key_values,
-                use_cache=past_key_values is not None,
-                output_hidden_states=hidden,
+                use_cache=True,
+                logits_to_keep=1,
             )
 
     def token_logprobs(self, ids, mask, n_prompt: int, temperature: float = 1.0):
         """Log-probabilities and entropies (B, T) of the tokens ids[:, n_prompt:] (the completions)
         under the policy at `temperature`, and the last layer's states (B, T, hidden) at the
-        positions that predict them (a value head reads these): one forward pass."""
-        out = self(ids, mask, hidden=True)
-        logits = out.logits[:, n_prompt - 1 : -1].float() / temperature
-        logp = torch.log_softmax(logits, dim=-1)
-        token_logp = logp.gather(-1, ids[:, n_prompt:, None]).squeeze(-1)
-        entropy = -(logp.exp() * logp).sum(-1)
-        return token_logp, entropy, out.hidden_states[-1][:, n_prompt - 1 : -1]
+        positions that predict them (a value head reads these). One pass through the layers, then
+        the output layer over chunks of positions: a token's log-probability is its logit minus
+        the log-sum-exp of all, so the (B, T, vocabulary) logits are never held at once (with
+        gradients, a chunk's logits are recomputed in the backward pass instead of kept). The
+        entropy is a statistic, without gradient."""
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        with torch.autocast("cuda", torch.bfloat16, enabled=ids.is_cuda):
+            out = self.lm.get_decoder()(
+                input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False
+            )
+        hidden = out.last_hidden_state[:, n_prompt - 1 : -1]
+        targets = ids[:, n_prompt:]
+        vocab = self.lm.get_output_embeddings().out_features
+        chunk = max(1, LOGIT_CHUNK // (len(ids) * vocab))  # positions per chunk
+        pieces = []
+        for start in range(0, targets.shape[1], chunk):
+            part = (
+                hidden[:, start : start + chunk],
+                targets[:, start : start + chunk],
+                temperature,
+            )
+            if torch.is_grad_enabled():
+                pieces.append(checkpoint(self.chunk_logprobs, *part, use_reentrant=False))
+            else:
+                pieces.append(self.chunk_logprobs(*part))
+        token_logp = torch.cat([p[0] for p in pieces], 1)
+        entropy = torch.cat([p[1] for p in pieces], 1)
+        return token_logp, entropy, hidden
+
+    def chunk_logprobs(self, hidden, targets, temperature: float):
+        """(log-probability, entropy) of the targets (B, t) from the states (B, t, hidden)."""
+        with torch.autocast("cuda", torch.bfloat16, enabled=hidden.is_cuda):
+            logits = self.lm.get_output_embeddings()(hidden)
+        logits = logits.float() / temperature
+        log_z = logits.logsumexp(-1)
+        token_logp = logits.gather(-1, targets[..., None]).squeeze(-1) - log_z
+        with torch.no_grad():
+            entropy = log_z - (logits.softmax(-1) * logits).sum(-1)
+        return token_logp, entropy
 
     @torch.no_grad()
     def generate(
@@ -158,7 +269,7 @@ class Policy(nn.Module):
             tokens.append(token)
             alive.append(~done)
             logps.append(torch.where(done, 0.0, dist.log_prob(token)))
-            done = done | (token == self.eos_id)
+            done = done | torch.isin(token, self.end_tensor)
             if done.all():
                 break
             mask = torch.cat([mask, (~done).long()[:, None]], dim=1)
@@ -170,31 +281,39 @@ class Policy(nn.Module):
         return completions, c_mask, nn.functional.pad(torch.stack(logps, 1), pad)
 
 
-def encode_prompts(tokenizer, prompts: list[str], device):
-    """(ids, mask) of prompts padded on the left to the longest."""
+def encode_prompts(tokenizer, prompts: list, device):
+    """(ids, mask) of prompts (text, or conversations through the chat template) padded on the
+    left to the longest of them."""
     tokenizer.padding_side = "left"
-    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    texts = [prompt_text(tokenizer, p) for p in prompts]
+    enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
     return enc["input_ids"].to(device), enc["attention_mask"].to(device)
 
 
 @torch.no_grad()
 def evaluate(
-    policy, tokenizer, pairs: list, max_new_tokens: int, device="cpu", batch_size: int = 500
+    policy, tokenizer, pairs: list, task: dict, max_new_tokens: int, device="cpu", batch_size=500
 ):
-    """Greedy completions of held-out [prompt, answer] pairs; returns one reward per prompt."""
-    rewards = []
+    """Greedy completions of held-out [prompt, answer] pairs: eval/episodic_return, each prompt's
+    total reward, and, where the task names several rewards, eval/reward_<name> of each."""
+    scores = {}
     for start in range(0, len(pairs), batch_size):
         chunk = pairs[start : start + batch_size]
         ids, mask = encode_prompts(tokenizer, [p for p, _ in chunk], device)
         completions, _, _ = policy.generate(ids, mask, max_new_tokens, greedy=True)
-        texts = completion_texts(tokenizer, completions)
-        rewards += [reward(text, answer) for text, (_, answer) in zip(texts, chunk)]
-    return rewards
+        texts = completion_texts(tokenizer, completions, policy.end_ids)
+        for name, values in score(texts, [a for _, a in chunk], task).items():
+            scores.setdefault(name, []).extend(values)
+    results = {"eval/episodic_return": scores.pop("total")}
+    if len(scores) > 1:
+        results.update({f"eval/reward_{name}": values for name, values in scores.items()})
+    return results
 
 
 def load_policy(model: str, device="cpu"):
     """(Policy, tokenizer) from a from_pretrained directory or id (a directory may be given relative
-    to the repository: the default base)."""
+    to the repository: the default base). A completion ends at any end token the tokenizer or the
+    generation config names; a tokenizer without a pad token pads with its end token."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging
 
@@ -211,7 +330,15 @@ def load_policy(model: str, device="cpu"):
         )
     finally:
         logging.set_verbosity(verbosity)
-    return Policy(lm, tokenizer.pad_token_id, tokenizer.eos_token_id).to(device), tokenizer
+    ends = lm.generation_config.eos_token_id if lm.generation_config is not None else None
+    ends = [ends] if isinstance(ends, int) else list(ends or [])
+    end_ids = sorted(
+        {*ends, *([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else [])}
+    )
+    if tokenizer.pad_token_id is None and tokenizer.eos_token is not None:
+        tokenizer.pad_token = tokenizer.eos_token  # (masked everywhere it pads)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (end_ids or [0])[0]
+    return Policy(lm, pad_id, end_ids).to(device), tokenizer
 
 
 # ---- end shared: lm/model ----
@@ -250,6 +377,7 @@ def clipped_loss(
     max_new_tokens: int,
     ref_logp=None,
     beta: float = 0.0,
+    batch=None,
 ):
     """The clipped token-level objective of GRPO (Shao et al. 2024, eq. 3), negated, + beta * k3 KL.
     logp, old_logp, mask, ref_logp: (B, T) over completion tokens; advantages (B,), one each.
@@ -257,52 +385,63 @@ def clipped_loss(
       grpo:    mean over each completion's tokens, then mean over completions (the paper's 1/|o_i|);
       token:   sum over all tokens / number of tokens in the batch (DAPO, eq. 8);
       dr_grpo: sum over all tokens / (completions * max_new_tokens), a constant (Dr. GRPO).
-    Returns (loss, statistics)."""
+    batch: (completions, tokens) of the whole minibatch where these rows are one micro-batch of it
+    (gradient accumulation): the counts above are the minibatch's, so that the losses and the
+    statistics of its micro-batches sum to its own. Returns (loss, statistics); kl where ref_logp
+    is given."""
+    completions, tokens = batch if batch is not None else (len(mask), mask.sum())
     ratio = (logp - old_logp).exp()
     adv = advantages[:, None]
     per_token = -torch.min(ratio * adv, ratio.clamp(1 - clip_low, 1 + clip_high) * adv)
-    kl = k3_kl(logp, ref_logp) if ref_logp is not None else torch.zeros_like(logp)
+    kl = k3_kl(logp, ref_logp) if ref_logp is not None else None
     if beta:
         per_token = per_token + beta * kl
     mask = mask.to(per_token.dtype)
     if loss_type == "grpo":
-        loss = ((per_token * mask).sum(1) / mask.sum(1).clamp(min=1)).mean()
+        loss = ((per_token * mask).sum(1) / mask.sum(1).clamp(min=1)).sum() / completions
     elif loss_type == "token":
-        loss = (per_token * mask).sum() / mask.sum().clamp(min=1)
+        loss = (per_token * mask).sum() / tokens.clamp(min=1)
     else:
-        loss = (per_token * mask).sum() / (mask.shape[0] * max_new_tokens)
+        loss = (per_token * mask).sum() / (completions * max_new_tokens)
     with torch.no_grad():  # a token is clipped where the clip removed its gradient (as TRL counts)
         clipped = ((ratio < 1 - clip_low) & (adv < 0)) | ((ratio > 1 + clip_high) & (adv > 0))
-        n = mask.sum().clamp(min=1)
+        n = tokens.clamp(min=1)
         stats = {
             "policy_loss": loss,
-            "kl": (kl * mask).sum() / n,
             "clipfrac": (clipped * mask).sum() / n,
             "approx_kl": (((ratio - 1) - (logp - old_logp)) * mask).sum() / n,
         }
+        if kl is not None:
+            stats["kl"] = (kl * mask).sum() / n
     return loss, {k: v.detach() for k, v in stats.items()}
 
 
 def sample_groups(
     policy,
     tokenizer,
-    prompt_ids,
-    prompt_mask,
+    prompts: list,
     answers: list[str],
-    group_size: int,
+    task: dict,
+    args: Args,
     max_new_tokens: int,
-    temperature: float,
 ) -> dict:
-    """group_size completions of each prompt: per completion its prompt ids and mask, the
-    completion, its mask, its token log-probabilities at sampling and whether it was truncated
-    (no end token); per prompt the rewards of its group (P, G)."""
-    ids = prompt_ids.repeat_interleave(group_size, dim=0)
-    mask = prompt_mask.repeat_interleave(group_size, dim=0)
-    completions, c_mask, logp = policy.generate(ids, mask, max_new_tokens, temperature=temperature)
-    texts = completion_texts(tokenizer, completions)
-    targets = [a for a in answers for _ in range(group_size)]
-    rewards = torch.tensor([reward(t, a) for t, a in zip(texts, targets)], device=ids.device)
-    truncated = torch.tensor([t is None for t in texts], device=ids.device)
+    """args.group_size completions of each prompt: per completion its prompt ids and mask (padded
+    to the longest of these prompts), the completion, its mask, its token log-probabilities at
+    sampling and whether it was truncated (no end token); per prompt the total rewards of its group
+    (P, G) and, per reward the task names, its mean ("reward_<name>")."""
+    device = policy.end_tensor.device
+    prompt_ids, prompt_mask = encode_prompts(tokenizer, prompts, device)
+    ids = prompt_ids.repeat_interleave(args.group_size, dim=0)
+    mask = prompt_mask.repeat_interleave(args.group_size, dim=0)
+    completions, c_mask, logp = policy.generate(
+        ids, mask, max_new_tokens, temperature=args.temperature
+    )
+    texts = completion_texts(tokenizer, completions, policy.end_ids)
+    targets = [a for a in answers for _ in range(args.group_size)]
+    scores = score(texts, targets, task, args.reward_weights)
+    rewards = torch.tensor(scores.pop("total"), device=device)
+    truncated = torch.tensor([t is None for t in texts], device=device)
+    means = {f"reward_{name}": float(np.mean(v)) for name, v in scores.items()}
     return {
         "ids": ids,
         "mask": mask,
@@ -310,7 +449,8 @@ def sample_groups(
         "c_mask": c_mask,
         "logp": logp,
         "truncated": truncated,
-        "rewards": rewards.view(-1, group_size),
+        "rewards": rewards.view(-1, args.group_size),
+        "means": means if len(means) > 1 else {},
     }
 
 
@@ -319,10 +459,15 @@ def keep_groups(rounds: list, num_prompts: int, group_size: int) -> dict:
     num_prompts groups, in the order they were sampled."""
     batch = {}
     for key in rounds[0][0]:
+        if key == "means":
+            continue
         if key == "rewards":
             batch[key] = torch.cat([b[key][keep] for b, keep in rounds])[:num_prompts]
         else:
             parts = [b[key][keep.repeat_interleave(group_size)] for b, keep in rounds]
+            if key in ("ids", "mask"):  # each round's prompts padded on the left to its longest
+                width = max(x.shape[1] for x in parts)
+                parts = [nn.functional.pad(x, (width - x.shape[1], 0)) for x in parts]
             batch[key] = torch.cat(parts)[: num_prompts * group_size]
     return batch
 
@@ -332,11 +477,15 @@ def main(args: Args):
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     task, policy, tokenizer = check_model_and_task(args, device)  # (nothing is written yet)
     max_new_tokens = args.max_new_tokens or task["max_new_tokens"]
-    reference = copy.deepcopy(policy).eval().requires_grad_(False)  # the frozen base: KL and --beta
+    reference = None  # the frozen base of the KL penalty: none at --beta 0
+    if args.beta:
+        reference = copy.deepcopy(policy).eval().requires_grad_(False)
+    if args.gradient_checkpointing:
+        policy.lm.gradient_checkpointing_enable()
     optimizer = torch.optim.Adam(policy.parameters(), lr=args.learning_rate)
     np_rng = np.random.default_rng(args.seed)  # which train prompts each update samples
     heldout = task["heldout"][: args.eval_prompts]
-    train_ids, train_mask = encode_prompts(tokenizer, [p for p, _ in task["train"]], device)
+    prompts = [p for p, _ in task["train"]]
     answers = [a for _, a in task["train"]]
     minibatch = args.num_prompts * args.group_size // args.num_minibatches
     num_iterations = args.total_timesteps // args.num_prompts
@@ -344,8 +493,7 @@ def main(args: Args):
     iteration = 0
 
     def run_eval():  # greedy, on the held-out prompts
-        rewards = evaluate(policy, tokenizer, heldout, max_new_tokens, device)
-        return {"eval/episodic_return": rewards}
+        return evaluate(policy, tokenizer, heldout, task, max_new_tokens, device)
 
     stateful = {"policy": policy, "optimizer": optimizer, "rng": RNGs(np_rng)}  # saved and resumed
     if ckpt is not None:
@@ -373,12 +521,11 @@ def main(args: Args):
             sampled = sample_groups(
                 policy,
                 tokenizer,
-                train_ids[idx],
-                train_mask[idx],
+                [prompts[i] for i in idx],
                 [answers[i] for i in idx],
-                args.group_size,
+                task,
+                args,
                 max_new_tokens,
-                args.temperature,
             )
             keep = torch.ones(args.num_prompts, dtype=torch.bool, device=device)
             if args.dynamic_sampling:  # DAPO eq. 11: a group of equal rewards has no signal
@@ -399,41 +546,55 @@ def main(args: Args):
         full_ids = torch.cat([b["ids"], b["completions"]], dim=1)
         full_mask = torch.cat([b["mask"], b["c_mask"]], dim=1)
         n_prompt = b["ids"].shape[1]
-        with torch.no_grad():
-            ref_logp, _, _ = reference.token_logprobs(
-                full_ids, full_mask, n_prompt, args.temperature
-            )
+        ref_logp = None
+        if reference is not None:
+            with torch.no_grad():
+                ref_logp, _, _ = reference.token_logprobs(
+                    full_ids, full_mask, n_prompt, args.temperature
+                )
         policy.train()
         n = len(full_ids)
         for epoch in range(args.update_epochs):
             perm = torch.randperm(n, device=device)
             for start in range(0, n, minibatch):
                 mb = perm[start : start + minibatch]
-                logp, entropy, _ = policy.token_logprobs(
-                    full_ids[mb], full_mask[mb], n_prompt, args.temperature
-                )
-                loss, stats = clipped_loss(
-                    logp,
-                    b["logp"][mb],
-                    advantages[mb],
-                    loss_mask[mb],
-                    args.clip_eps,
-                    clip_high,
-                    args.loss_type,
-                    max_new_tokens,
-                    ref_logp[mb],
-                    args.beta,
-                )
+                counts = (len(mb), loss_mask[mb].sum())  # what the loss is normalised by
                 optimizer.zero_grad()
-                loss.backward()
+                stats = {}
+                # one optimiser step per minibatch, its gradient summed over micro-batches
+                for micro in mb.tensor_split(args.gradient_accumulation_steps):
+                    logp, entropy, _ = policy.token_logprobs(
+                        full_ids[micro], full_mask[micro], n_prompt, args.temperature
+                    )
+                    loss, micro_stats = clipped_loss(
+                        logp,
+                        b["logp"][micro],
+                        advantages[micro],
+                        loss_mask[micro],
+                        args.clip_eps,
+                        clip_high,
+                        args.loss_type,
+                        max_new_tokens,
+                        None if ref_logp is None else ref_logp[micro],
+                        args.beta,
+                        counts,
+                    )
+                    loss.backward()
+                    c_mask = b["c_mask"][micro]
+                    micro_stats["entropy"] = (entropy * c_mask).sum() / b["c_mask"][mb].sum().clamp(
+                        min=1
+                    )
+                    for k, v in micro_stats.items():
+                        stats[k] = stats.get(k, 0.0) + v
                 nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)
                 optimizer.step()
-                c_mask = b["c_mask"][mb]
-                stats["entropy"] = (entropy.detach() * c_mask).sum() / c_mask.sum().clamp(min=1)
         stats = {k: float(v) for k, v in stats.items()}  # (on a GPU: waits for the update)
         update_seconds += time.time() - phase_start
         update_tokens += int(full_mask.sum()) * args.update_epochs
         all_rewards = torch.cat(rewards_seen)
+        reward_means = {  # each reward the task names, where it names several
+            f"train/{k}": np.mean([r[0]["means"][k] for r in rounds]) for k in rounds[0][0]["means"]
+        }
         logger.last_return = float(all_rewards.mean())
         global_step = iteration * args.num_prompts
         seconds = max(time.time() - sampling_start - logger.eval_seconds, 1e-9)
@@ -447,6 +608,7 @@ def main(args: Args):
                 "charts/tokens_per_s": tokens_done / seconds,
                 "charts/generation_tokens_per_s": tokens_done / generation_seconds,
                 "charts/update_tokens_per_s": update_tokens / update_seconds,
+                **reward_means,
                 **{f"losses/{k}": v for k, v in stats.items()},
             },
         )
@@ -478,12 +640,19 @@ def check_flags(args: Args):
             "clip_eps_high": "x > 0",
             "beta": "x >= 0",
             "max_sampling_rounds": "x >= 1",
+            "gradient_accumulation_steps": "x >= 1",
         },
     )
     if (args.num_prompts * args.group_size) % args.num_minibatches:
         fail(
             f"--num-minibatches {args.num_minibatches} does not divide the batch num_prompts * "
             f"group_size = {args.num_prompts * args.group_size}"
+        )
+    minibatch = args.num_prompts * args.group_size // args.num_minibatches
+    if args.gradient_accumulation_steps > minibatch:
+        fail(
+            f"--gradient-accumulation-steps {args.gradient_accumulation_steps} exceeds the "
+            f"{minibatch} completions of a minibatch"
         )
     if args.total_timesteps < args.num_prompts:
         fail(
@@ -495,7 +664,7 @@ def check_flags(args: Args):
 def check_model_and_task(args: Args, device="cpu"):
     """The model and the task file (canonrl.lm.check_task) and what they must fit, before
     anything is written; returns (task, policy, tokenizer): main() trains the model loaded here."""
-    task, policy, tokenizer = check_task(args, load_policy, device)
+    task, policy, tokenizer = check_task(args, load_policy, device, REWARDS)
     if len(task["train"]) < args.num_prompts:
         fail(f"--num-prompts {args.num_prompts} exceeds the {len(task['train'])} train prompts")
     return task, policy, tokenizer

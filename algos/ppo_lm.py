@@ -12,6 +12,7 @@ Results: benchmark/references.toml (ours-ppo_lm-addition-v0), README.md
 """
 
 import copy
+import re
 import time
 from dataclasses import dataclass
 
@@ -19,8 +20,16 @@ import numpy as np
 import torch
 import torch.nn as nn
 import tyro
+from torch.utils.checkpoint import checkpoint
 
-from canonrl.lm import check_task, find, save_model_folder, task_path
+from canonrl.lm import (
+    check_task,
+    find,
+    prompt_text,
+    save_model_folder,
+    task_path,
+    task_rewards,
+)
 from canonrl.run import LMRunArgs, RNGs, RunLogger, check_ranges, fail, load_states, start_run
 
 
@@ -29,8 +38,8 @@ class Args(LMRunArgs):
     model: str = "benchmark/policies/lm-addition-base"
     """causal LM directory or id"""
     task: str | None = None
-    """task file (JSON: name, max_new_tokens, [prompt, answer] lists train and heldout); default:
-    <model>/task.json"""
+    """task file (JSON: name, max_new_tokens, [prompt, answer] lists train and heldout, optional
+    rewards and format; a prompt is text or a list of chat messages); default: <model>/task.json"""
     learning_rate: float = 3e-4
     """Adam learning rate of policy and value head (1e-4: a slower, smoother curve)"""
     num_prompts: int = 128
@@ -38,7 +47,13 @@ class Args(LMRunArgs):
     update_epochs: int = 4
     """passes over each batch of rollouts"""
     num_minibatches: int = 4
-    """minibatches per pass (must divide --num-prompts)"""
+    """minibatches per pass, one optimiser step each (must divide --num-prompts)"""
+    gradient_accumulation_steps: int = 1
+    """micro-batches each minibatch is computed in, their gradients summed into its one step (the
+    same step in less memory)"""
+    gradient_checkpointing: bool = False
+    """recompute the layers' activations in the backward pass instead of keeping them (less
+    memory, about a third more compute)"""
     gamma: float = 1.0
     """discount over the tokens of a completion"""
     gae_lambda: float = 0.95
@@ -51,6 +66,9 @@ class Args(LMRunArgs):
     """weight of the value loss (TRL: 0.1)"""
     clip_vloss: bool = True
     """clip the value's change to clip_coef as PPO's value loss does"""
+    reward_weights: tuple[float, ...] | None = None
+    """weight of each reward the task names, in its order; the reward is their weighted sum
+    (default: 1 each)"""
     max_new_tokens: int | None = None
     """completion budget in tokens (default: the task's)"""
     temperature: float = 1.0
@@ -66,36 +84,97 @@ class Args(LMRunArgs):
 
 
 # ---- shared: lm/model ----
-def reward(completion: str | None, answer: str) -> float:
-    """The verifiable reward: 1.0 for exactly the answer, 0.0 for a wrong one and for a malformed
-    one (completion None: no end token within the budget)."""
-    return float(completion is not None and completion == answer)
+def final_answer(text: str) -> str | None:
+    """The answer a completion states last: the rest of the line after "####" (GSM8K), the
+    contents of \\boxed{...} (MATH, braces matched) or of <answer>...</answer>; None if none."""
+    found = [(m.start(), m.group(1)) for m in re.finditer(r"####[ \t]*([^\n]*)", text)]
+    found += [(m.start(), m.group(1)) for m in re.finditer(r"<answer>(.*?)</answer>", text, re.S)]
+    for m in re.finditer(r"\\boxed\{", text):
+        depth = 1
+        end = m.end()
+        while end < len(text) and depth:
+            depth += {"{": 1, "}": -1}.get(text[end], 0)
+            end += 1
+        if depth == 0:
+            found.append((m.start(), text[m.end() : end - 1]))
+    return max(found)[1].strip() if found else None
 
 
-def completion_texts(tokenizer, completions: torch.Tensor) -> list[str | None]:
-    """The text of each completion before its end token; None where it has none (truncated)."""
+def same_answer(given: str, answer: str) -> bool:
+    """given states answer: the same text, the same number (thousands commas aside), or the same
+    mathematics by math-verify (1/2 and \\frac{1}{2}, 2x+1 and 1+2x)."""
+    if given.strip() == answer.strip():
+        return True
+    try:
+        return float(given.replace(",", "")) == float(answer.replace(",", ""))
+    except ValueError:
+        from math_verify import parse, verify
+
+        return verify(parse(f"${answer}$"), parse(f"${given}$"))
+
+
+def reward_exact(completion: str, answer: str, task: dict) -> float:
+    """1.0 for exactly the answer (the whole completion), else 0.0."""
+    return float(completion == answer)
+
+
+def reward_final_answer(completion: str, answer: str, task: dict) -> float:
+    """1.0 where the answer the completion states last (final_answer) is the answer."""
+    given = final_answer(completion)
+    return float(given is not None and same_answer(given, answer))
+
+
+def reward_format(completion: str, answer: str, task: dict) -> float:
+    """1.0 where the whole completion matches the task's "format" expression."""
+    return float(re.fullmatch(task["format"], completion, re.DOTALL) is not None)
+
+
+REWARDS = {"exact": reward_exact, "final_answer": reward_final_answer, "format": reward_format}
+
+
+def score(texts: list, answers: list[str], task: dict, weights=None) -> dict:
+    """Each reward the task names (canonrl.lm.task_rewards) of each completion text, and "total":
+    their sum weighted by `weights` (default 1 each). A malformed completion (text None: no end
+    token within the budget) scores 0 under every reward."""
+    names = task_rewards(task)
+    weights = weights or [1.0] * len(names)
+    scores = {
+        name: [0.0 if t is None else REWARDS[name](t, a, task) for t, a in zip(texts, answers)]
+        for name in names
+    }
+    scores["total"] = [
+        sum(w * scores[n][i] for n, w in zip(names, weights)) for i in range(len(texts))
+    ]
+    return scores
+
+
+def completion_texts(tokenizer, completions: torch.Tensor, end_ids) -> list[str | None]:
+    """The text of each completion before its first end token; None where it has none
+    (truncated)."""
     texts = []
     for row in completions.tolist():
-        if tokenizer.eos_token_id in row:
-            texts.append(tokenizer.decode(row[: row.index(tokenizer.eos_token_id)]))
-        else:
-            texts.append(None)
+        end = next((i for i, token in enumerate(row) if token in end_ids), None)
+        texts.append(None if end is None else tokenizer.decode(row[:end]))
     return texts
+
+
+LOGIT_CHUNK = 2**24  # logits token_logprobs computes at once (64 MB of float32)
 
 
 class Policy(nn.Module):
     """A causal language model (transformers) as a policy over tokens. Prompts are padded on the
-    left, completions on the right after their end token; positions count real tokens only."""
+    left, completions on the right after their end token (any of end_ids); positions count real
+    tokens only."""
 
-    def __init__(self, lm, pad_id: int, eos_id: int):
+    def __init__(self, lm, pad_id: int, end_ids: list[int]):
         super().__init__()
         self.lm = lm
         self.pad_id = pad_id
-        self.eos_id = eos_id
+        self.end_ids = end_ids
+        self.register_buffer("end_tensor", torch.tensor(end_ids), persistent=False)
 
-    def forward(self, ids, mask, past_key_values=None, positions=None, hidden=False):
-        if positions is None:
-            positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    def forward(self, ids, mask, past_key_values=None, positions=None):
+        """The next-token logits of the last position only (generation's use), with the cache."""
         # on a GPU: bf16 mixed precision (the weights and Adam's state stay float32)
         with torch.autocast("cuda", torch.bfloat16, enabled=ids.is_cuda):
             return self.lm(
@@ -103,20 +182,52 @@ class Policy(nn.Module):
                 attention_mask=mask,
                 position_ids=positions,
                 past_key_values=past_key_values,
-                use_cache=past_key_values is not None,
-                output_hidden_states=hidden,
+                use_cache=True,
+                logits_to_keep=1,
             )
 
     def token_logprobs(self, ids, mask, n_prompt: int, temperature: float = 1.0):
         """Log-probabilities and entropies (B, T) of the tokens ids[:, n_prompt:] (the completions)
         under the policy at `temperature`, and the last layer's states (B, T, hidden) at the
-        positions that predict them (a value head reads these): one forward pass."""
-        out = self(ids, mask, hidden=True)
-        logits = out.logits[:, n_prompt - 1 : -1].float() / temperature
-        logp = torch.log_softmax(logits, dim=-1)
-        token_logp = logp.gather(-1, ids[:, n_prompt:, None]).squeeze(-1)
-        entropy = -(logp.exp() * logp).sum(-1)
-        return token_logp, entropy, out.hidden_states[-1][:, n_prompt - 1 : -1]
+        positions that predict them (a value head reads these). One pass through the layers, then
+        the output layer over chunks of positions: a token's log-probability is its logit minus
+        the log-sum-exp of all, so the (B, T, vocabulary) logits are never held at once (with
+        gradients, a chunk's logits are recomputed in the backward pass instead of kept). The
+        entropy is a statistic, without gradient."""
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        with torch.autocast("cuda", torch.bfloat16, enabled=ids.is_cuda):
+            out = self.lm.get_decoder()(
+                input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False
+            )
+        hidden = out.last_hidden_state[:, n_prompt - 1 : -1]
+        targets = ids[:, n_prompt:]
+        vocab = self.lm.get_output_embeddings().out_features
+        chunk = max(1, LOGIT_CHUNK // (len(ids) * vocab))  # positions per chunk
+        pieces = []
+        for start in range(0, targets.shape[1], chunk):
+            part = (
+                hidden[:, start : start + chunk],
+                targets[:, start : start + chunk],
+                temperature,
+            )
+            if torch.is_grad_enabled():
+                pieces.append(checkpoint(self.chunk_logprobs, *part, use_reentrant=False))
+            else:
+                pieces.append(self.chunk_logprobs(*part))
+        token_logp = torch.cat([p[0] for p in pieces], 1)
+        entropy = torch.cat([p[1] for p in pieces], 1)
+        return token_logp, entropy, hidden
+
+    def chunk_logprobs(self, hidden, targets, temperature: float):
+        """(log-probability, entropy) of the targets (B, t) from the states (B, t, hidden)."""
+        with torch.autocast("cuda", torch.bfloat16, enabled=hidden.is_cuda):
+            logits = self.lm.get_output_embeddings()(hidden)
+        logits = logits.float() / temperature
+        log_z = logits.logsumexp(-1)
+        token_logp = logits.gather(-1, targets[..., None]).squeeze(-1) - log_z
+        with torch.no_grad():
+            entropy = log_z - (logits.softmax(-1) * logits).sum(-1)
+        return token_logp, entropy
 
     @torch.no_grad()
     def generate(
@@ -148,7 +259,7 @@ class Policy(nn.Module):
             tokens.append(token)
             alive.append(~done)
             logps.append(torch.where(done, 0.0, dist.log_prob(token)))
-            done = done | (token == self.eos_id)
+            done = done | torch.isin(token, self.end_tensor)
             if done.all():
                 break
             mask = torch.cat([mask, (~done).long()[:, None]], dim=1)
@@ -160,31 +271,39 @@ class Policy(nn.Module):
         return completions, c_mask, nn.functional.pad(torch.stack(logps, 1), pad)
 
 
-def encode_prompts(tokenizer, prompts: list[str], device):
-    """(ids, mask) of prompts padded on the left to the longest."""
+def encode_prompts(tokenizer, prompts: list, device):
+    """(ids, mask) of prompts (text, or conversations through the chat template) padded on the
+    left to the longest of them."""
     tokenizer.padding_side = "left"
-    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    texts = [prompt_text(tokenizer, p) for p in prompts]
+    enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
     return enc["input_ids"].to(device), enc["attention_mask"].to(device)
 
 
 @torch.no_grad()
 def evaluate(
-    policy, tokenizer, pairs: list, max_new_tokens: int, device="cpu", batch_size: int = 500
+    policy, tokenizer, pairs: list, task: dict, max_new_tokens: int, device="cpu", batch_size=500
 ):
-    """Greedy completions of held-out [prompt, answer] pairs; returns one reward per prompt."""
-    rewards = []
+    """Greedy completions of held-out [prompt, answer] pairs: eval/episodic_return, each prompt's
+    total reward, and, where the task names several rewards, eval/reward_<name> of each."""
+    scores = {}
     for start in range(0, len(pairs), batch_size):
         chunk = pairs[start : start + batch_size]
         ids, mask = encode_prompts(tokenizer, [p for p, _ in chunk], device)
         completions, _, _ = policy.generate(ids, mask, max_new_tokens, greedy=True)
-        texts = completion_texts(tokenizer, completions)
-        rewards += [reward(text, answer) for text, (_, answer) in zip(texts, chunk)]
-    return rewards
+        texts = completion_texts(tokenizer, completions, policy.end_ids)
+        for name, values in score(texts, [a for _, a in chunk], task).items():
+            scores.setdefault(name, []).extend(values)
+    results = {"eval/episodic_return": scores.pop("total")}
+    if len(scores) > 1:
+        results.update({f"eval/reward_{name}": values for name, values in scores.items()})
+    return results
 
 
 def load_policy(model: str, device="cpu"):
     """(Policy, tokenizer) from a from_pretrained directory or id (a directory may be given relative
-    to the repository: the default base)."""
+    to the repository: the default base). A completion ends at any end token the tokenizer or the
+    generation config names; a tokenizer without a pad token pads with its end token."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging
 
@@ -201,7 +320,15 @@ def load_policy(model: str, device="cpu"):
         )
     finally:
         logging.set_verbosity(verbosity)
-    return Policy(lm, tokenizer.pad_token_id, tokenizer.eos_token_id).to(device), tokenizer
+    ends = lm.generation_config.eos_token_id if lm.generation_config is not None else None
+    ends = [ends] if isinstance(ends, int) else list(ends or [])
+    end_ids = sorted(
+        {*ends, *([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else [])}
+    )
+    if tokenizer.pad_token_id is None and tokenizer.eos_token is not None:
+        tokenizer.pad_token = tokenizer.eos_token  # (masked everywhere it pads)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (end_ids or [0])[0]
+    return Policy(lm, pad_id, end_ids).to(device), tokenizer
 
 
 # ---- end shared: lm/model ----
@@ -251,10 +378,23 @@ def masked_whiten(x, mask):
     return (x - mean) / (var.sqrt() + 1e-8) * mask
 
 
-def ppo_loss(logp, old_logp, advantages, values, old_values, returns, mask, clip_coef, clip_vloss):
+def ppo_loss(
+    logp,
+    old_logp,
+    advantages,
+    values,
+    old_values,
+    returns,
+    mask,
+    clip_coef,
+    clip_vloss,
+    tokens=None,
+):
     """PPO's clipped policy loss and (clipped) value loss, each a mean over the batch's completion
-    tokens. Returns (policy loss, value loss, statistics)."""
-    n = mask.sum().clamp(min=1)
+    tokens (`tokens` of them: the whole minibatch's where these rows are one micro-batch of it, so
+    that its micro-batches' losses and statistics sum to its own). Returns (policy loss, value
+    loss, statistics)."""
+    n = (mask.sum() if tokens is None else tokens).clamp(min=1)
     ratio = (logp - old_logp).exp()
     pg = torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - clip_coef, 1 + clip_coef))
     policy_loss = (pg * mask).sum() / n
@@ -277,20 +417,23 @@ def main(args: Args):
     task, policy, tokenizer = check_model_and_task(args, device)  # (nothing is written yet)
     max_new_tokens = args.max_new_tokens or task["max_new_tokens"]
     value_head = ValueHead(policy.lm.config.hidden_size).to(device)
-    reference = copy.deepcopy(policy).eval().requires_grad_(False)  # the frozen base: KL penalty
+    reference = None  # the frozen base of the KL penalty: none at --kl-coef 0
+    if args.kl_coef:
+        reference = copy.deepcopy(policy).eval().requires_grad_(False)
+    if args.gradient_checkpointing:
+        policy.lm.gradient_checkpointing_enable()
     params = [*policy.parameters(), *value_head.parameters()]
     optimizer = torch.optim.Adam(params, lr=args.learning_rate)
     np_rng = np.random.default_rng(args.seed)  # which train prompts each update samples
     heldout = task["heldout"][: args.eval_prompts]
-    train_ids, train_mask = encode_prompts(tokenizer, [p for p, _ in task["train"]], device)
+    prompts = [p for p, _ in task["train"]]
     answers = [a for _, a in task["train"]]
     minibatch = args.num_prompts // args.num_minibatches
     num_iterations = args.total_timesteps // args.num_prompts
     iteration = 0
 
     def run_eval():  # greedy, on the held-out prompts
-        rewards = evaluate(policy, tokenizer, heldout, max_new_tokens, device)
-        return {"eval/episodic_return": rewards}
+        return evaluate(policy, tokenizer, heldout, task, max_new_tokens, device)
 
     stateful = {
         "policy": policy,
@@ -316,15 +459,18 @@ def main(args: Args):
         phase_start = time.time()
         policy.eval()  # sampling: no dropout
         idx = torch.as_tensor(np_rng.choice(len(answers), args.num_prompts, replace=False))
-        ids = train_ids[idx]
-        mask = train_mask[idx]
+        ids, mask = encode_prompts(tokenizer, [prompts[i] for i in idx], device)
         completions, c_mask, _ = policy.generate(
             ids, mask, max_new_tokens, temperature=args.temperature
         )
         generation_seconds += time.time() - phase_start
         phase_start = time.time()
-        texts = completion_texts(tokenizer, completions)
-        score = torch.tensor([reward(t, answers[i]) for t, i in zip(texts, idx)], device=device)
+        texts = completion_texts(tokenizer, completions, policy.end_ids)
+        scores = score(texts, [answers[i] for i in idx], task, args.reward_weights)
+        total = torch.tensor(scores.pop("total"), device=device)
+        reward_means = {
+            f"train/reward_{k}": np.mean(v) for k, v in scores.items() if len(scores) > 1
+        }
         full_ids = torch.cat([ids, completions], dim=1)
         full_mask = torch.cat([mask, c_mask], dim=1)
         n_prompt = ids.shape[1]
@@ -334,10 +480,12 @@ def main(args: Args):
                 full_ids, full_mask, n_prompt, args.temperature
             )
             old_values = value_head(hidden) * c_mask
-            ref_logp, _, _ = reference.token_logprobs(
-                full_ids, full_mask, n_prompt, args.temperature
-            )
-            rewards = token_rewards(score, old_logp, ref_logp, c_mask, args.kl_coef)
+            ref_logp = old_logp  # (no reference at --kl-coef 0: no penalty)
+            if reference is not None:
+                ref_logp, _, _ = reference.token_logprobs(
+                    full_ids, full_mask, n_prompt, args.temperature
+                )
+            rewards = token_rewards(total, old_logp, ref_logp, c_mask, args.kl_coef)
             advantages, returns = token_gae(
                 rewards, old_values, c_mask, args.gamma, args.gae_lambda
             )
@@ -348,44 +496,52 @@ def main(args: Args):
             perm = torch.randperm(args.num_prompts, device=device)
             for start in range(0, args.num_prompts, minibatch):
                 mb = perm[start : start + minibatch]
-                logp, entropy, hidden = policy.token_logprobs(
-                    full_ids[mb], full_mask[mb], n_prompt, args.temperature
-                )
-                policy_loss, value_loss, stats = ppo_loss(
-                    logp,
-                    old_logp[mb],
-                    advantages[mb],
-                    value_head(hidden),
-                    old_values[mb],
-                    returns[mb],
-                    c_mask[mb],
-                    args.clip_coef,
-                    args.clip_vloss,
-                )
-                loss = policy_loss + args.vf_coef * value_loss
+                tokens = c_mask[mb].sum()  # what the losses are normalised by
                 optimizer.zero_grad()
-                loss.backward()
+                stats = {}
+                # one optimiser step per minibatch, its gradient summed over micro-batches
+                for micro in mb.tensor_split(args.gradient_accumulation_steps):
+                    logp, entropy, hidden = policy.token_logprobs(
+                        full_ids[micro], full_mask[micro], n_prompt, args.temperature
+                    )
+                    policy_loss, value_loss, micro_stats = ppo_loss(
+                        logp,
+                        old_logp[micro],
+                        advantages[micro],
+                        value_head(hidden),
+                        old_values[micro],
+                        returns[micro],
+                        c_mask[micro],
+                        args.clip_coef,
+                        args.clip_vloss,
+                        tokens,
+                    )
+                    loss = policy_loss + args.vf_coef * value_loss
+                    loss.backward()
+                    micro_stats["policy_loss"] = policy_loss.detach()
+                    micro_stats["value_loss"] = value_loss.detach()
+                    micro_stats["entropy"] = (entropy * c_mask[micro]).sum() / tokens
+                    for k, v in micro_stats.items():
+                        stats[k] = stats.get(k, 0.0) + v
                 nn.utils.clip_grad_norm_(params, args.max_grad_norm)
                 optimizer.step()
         stats = {k: float(v) for k, v in stats.items()}  # (on a GPU: waits for the update)
         update_seconds += time.time() - phase_start
         update_tokens += int(full_mask.sum()) * args.update_epochs
         n = c_mask.sum()
-        logger.last_return = float(score.mean())
+        logger.last_return = float(total.mean())
         global_step = iteration * args.num_prompts
         seconds = max(time.time() - sampling_start - logger.eval_seconds, 1e-9)
         logger.log(
             global_step,
             {
-                "train/episodic_return": score.mean(),
+                "train/episodic_return": total.mean(),
                 "train/episodic_length": c_mask.sum(1).mean(),
                 "charts/tokens_per_s": tokens_done / seconds,
                 "charts/generation_tokens_per_s": tokens_done / generation_seconds,
                 "charts/update_tokens_per_s": update_tokens / update_seconds,
-                "losses/policy_loss": policy_loss.detach(),
-                "losses/value_loss": value_loss.detach(),
+                **reward_means,
                 "losses/kl": ((old_logp - ref_logp) * c_mask).sum() / n,
-                "losses/entropy": (entropy.detach() * c_mask[mb]).sum() / c_mask[mb].sum(),
                 **{f"losses/{k}": v for k, v in stats.items()},
             },
         )
@@ -409,11 +565,16 @@ def check_args(args: Args):
 
 def check_flags(args: Args):
     """The flags alone: ranges and the sizes that must fit together."""
-    check_ranges(args, {"kl_coef": "x >= 0"})
+    check_ranges(args, {"kl_coef": "x >= 0", "gradient_accumulation_steps": "x >= 1"})
     if args.num_prompts % args.num_minibatches:
         fail(
             f"--num-minibatches {args.num_minibatches} does not divide --num-prompts "
             f"{args.num_prompts}"
+        )
+    if args.gradient_accumulation_steps > args.num_prompts // args.num_minibatches:
+        fail(
+            f"--gradient-accumulation-steps {args.gradient_accumulation_steps} exceeds the "
+            f"{args.num_prompts // args.num_minibatches} prompts of a minibatch"
         )
     if args.total_timesteps < args.num_prompts:
         fail(
@@ -425,7 +586,7 @@ def check_flags(args: Args):
 def check_model_and_task(args: Args, device="cpu"):
     """The model and the task file (canonrl.lm.check_task) and what they must fit, before
     anything is written; returns (task, policy, tokenizer): main() trains the model loaded here."""
-    task, policy, tokenizer = check_task(args, load_policy, device)
+    task, policy, tokenizer = check_task(args, load_policy, device, REWARDS)
     if len(task["train"]) < args.num_prompts:
         fail(f"--num-prompts {args.num_prompts} exceeds the {len(task['train'])} train prompts")
     return task, policy, tokenizer

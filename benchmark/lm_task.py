@@ -93,6 +93,66 @@ def make_model(tokenizer, seed: int) -> LlamaForCausalLM:
     return LlamaForCausalLM(config)
 
 
+CHAT_TEMPLATE = (  # Qwen2's turn markers, a system turn where the conversation has one
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def make_tiny_qwen(out: Path, seed: int = 0, vocab_size: int | None = None, layers: int = 2):
+    """A randomly initialised Qwen2ForCausalLM (64 wide) with a byte-level BPE tokenizer trained
+    here on arithmetic and words, written to `out` as a folder from_pretrained loads: a stand-in
+    for a real chat model (Qwen2.5-Instruct) on a machine with no model hub. Like Qwen's base
+    tokenizer it has no pad token; its end is <|endoftext|>, its chat template ends turns with
+    <|im_end|>, and the generation config names both as end tokens. vocab_size: the embedding's
+    rows (default: the tokenizer's; more rows make the output layer as wide as a real model's)."""
+    from tokenizers import trainers
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+    rng = random.Random(seed)
+    words = "the sum of and is answer so we add carry then total final a b".split()
+    corpus = [
+        " ".join(rng.choice(words) for _ in range(8))
+        + f" {rng.randint(0, 9999)}+{rng.randint(0, 999)}"
+        for _ in range(2000)
+    ]
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(corpus, trainer)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|endoftext|>", padding_side="left"
+    )
+    tokenizer.add_special_tokens({"additional_special_tokens": specials[1:]})
+    tokenizer.chat_template = CHAT_TEMPLATE
+    torch.manual_seed(seed)
+    end_ids = [tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")]
+    config = Qwen2Config(
+        vocab_size=vocab_size or len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+        eos_token_id=end_ids,
+    )
+    model = Qwen2ForCausalLM(config)
+    model.generation_config = GenerationConfig(eos_token_id=end_ids)
+    out.mkdir(parents=True, exist_ok=False)
+    transformers.utils.logging.disable_progress_bar()
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return model, tokenizer
+
+
 def sft_batch(tokenizer, prompts: list[str]):
     """input_ids, attention_mask, labels of prompt + answer + end; prompt and padding get -100."""
     ids = [
@@ -190,7 +250,7 @@ def make_pairs(model_dir: Path, samples: int, seed: int) -> dict:
         ids, mask = lm.encode_prompts(tokenizer, [p for p, _ in chunk], "cpu")
         ids, mask = ids.repeat_interleave(samples, 0), mask.repeat_interleave(samples, 0)
         completions, _, _ = policy.generate(ids, mask, task["max_new_tokens"])
-        texts = lm.completion_texts(tokenizer, completions)
+        texts = lm.completion_texts(tokenizer, completions, policy.end_ids)
         for i, (prompt, answer_) in enumerate(chunk):
             group = texts[i * samples : (i + 1) * samples]
             right = [t for t in group if t == answer_]

@@ -410,12 +410,15 @@ def main(argv=None) -> int:
         )
     total_updates = config.max_steps // steps_per_update
 
-    policy = lm.Policy(model, tokenizer.pad_token_id, tokenizer.eos_token_id)
+    policy = lm.Policy(model, policy.pad_id, policy.end_ids)
 
     def run_eval() -> list[float]:
         was_training = model.training
         model.eval()
-        rewards = lm.evaluate(policy, tokenizer, heldout, max_new_tokens) if heldout else []
+        rewards = []
+        if heldout:
+            results = lm.evaluate(policy, tokenizer, heldout, task, max_new_tokens)
+            rewards = results["eval/episodic_return"]
         model.train(was_training)
         return rewards
 

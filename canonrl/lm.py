@@ -1,10 +1,19 @@
 """The language-model scripts' tasks and model folders: a task file (prompts with their answers,
-train and held-out) read and checked whole, the model folder checked before anything is written
-(loaded with trust_remote_code=False: a model folder is data), paths given relative to the
-checkout, and the evaluation metrics they log."""
+train and held-out, and the rewards that score them) read and checked whole, prompts that are
+conversations written through the tokenizer's chat template, the model folder checked before
+anything is written (loaded with trust_remote_code=False: a model folder is data), paths given
+relative to the checkout.
+
+A task file is JSON: {"name": "addition-v0", "max_new_tokens": 5, "train": [[prompt, answer], ...],
+"heldout": [...]}, and optionally "rewards": a reward's name or a list of names (default "exact";
+the scripts' REWARDS: exact, final_answer, format), "format": the regular expression a completion
+must match whole under the format reward, and "reward": the rule in words. A prompt is a string
+or a conversation, a list of {"role": ..., "content": ...} messages (system, user, ...) that the
+tokenizer's chat template writes, ending with the turn the model answers."""
 
 import difflib
 import json
+import re
 import socket
 from pathlib import Path
 from urllib.parse import urlparse
@@ -33,10 +42,41 @@ def save_model_folder(run_dir: Path, lm, tokenizer, task: Path):
     (run_dir / "model" / "task.json").write_text(task.read_text())
 
 
-def task_problem(task) -> str | None:
+def task_rewards(task: dict) -> list[str]:
+    """The names of the rewards a task is scored by, in its order (the first is its correctness:
+    eval/accuracy is the share of held-out prompts where it is 1)."""
+    names = task.get("rewards", "exact")
+    return [names] if isinstance(names, str) else list(names)
+
+
+def is_conversation(prompt) -> bool:
+    """A prompt that is a list of chat messages {"role": str, "content": str}, not empty."""
+    return (
+        isinstance(prompt, list)
+        and len(prompt) > 0
+        and all(
+            isinstance(m, dict)
+            and set(m) == {"role", "content"}
+            and all(isinstance(v, str) for v in m.values())
+            for m in prompt
+        )
+    )
+
+
+def prompt_text(tokenizer, prompt) -> str:
+    """The text of a prompt as the model reads it: a string as it is; a conversation through the
+    tokenizer's chat template, with the opening of the assistant's turn after it."""
+    if isinstance(prompt, str):
+        return prompt
+    return tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+
+
+def task_problem(task, rewards=("exact",)) -> str | None:
     """What is wrong with a task file's contents (None: nothing): {"name": str, "max_new_tokens":
     int >= 1, "train": [[prompt, answer], ...] (not empty), "heldout": the same (not empty)}, every
-    prompt and answer a string, no prompt empty."""
+    prompt a string (not empty) or a conversation, every answer a string; its rewards among
+    `rewards` (the script's), a "format" expression that compiles where the format reward is
+    named."""
     if not isinstance(task, dict) or not isinstance(task.get("name"), str):
         return "is not an object with a task name"
     budget = task.get("max_new_tokens")
@@ -50,13 +90,28 @@ def task_problem(task) -> str | None:
             (
                 x
                 for x in pairs
-                if not (isinstance(x, list) and len(x) == 2 and all(isinstance(y, str) for y in x))
-                or not x[0]
+                if not (isinstance(x, list) and len(x) == 2 and isinstance(x[1], str))
+                or not (isinstance(x[0], str) and x[0] or is_conversation(x[0]))
             ),
             None,
         )
         if bad is not None:
-            return f"holds {bad!r} in {part}: each entry is [prompt, answer], two strings"
+            return (
+                f"holds {bad!r} in {part}: each entry is [prompt, answer], the prompt a string or "
+                'a list of {"role", "content"} messages, the answer a string'
+            )
+    names = task.get("rewards", "exact")
+    if not (isinstance(names, str) or isinstance(names, list) and names):
+        return f"has rewards {names!r}: give a reward's name or a list of names"
+    unknown = [n for n in task_rewards(task) if n not in rewards]
+    if unknown:
+        return f"names reward {unknown[0]!r}: the rewards are {', '.join(rewards)}"
+    if "format" in task_rewards(task):
+        try:
+            re.compile(task["format"])
+        except (KeyError, TypeError, re.error) as e:
+            why = "it has none" if isinstance(e, KeyError) else first_line(e)
+            return f'names the format reward but no "format" expression that compiles ({why})'
     return None
 
 
@@ -95,10 +150,11 @@ def check_model_folder(model: str):
         )
 
 
-def check_task(args, load_policy, device="cpu") -> tuple:
+def check_task(args, load_policy, device="cpu", rewards=("exact",)) -> tuple:
     """The model (config, weights, tokenizer; loaded by the script's load_policy onto device), then
-    the task file, before anything is written. Returns (task, policy, tokenizer): the model is
-    loaded once, for the checks and the training."""
+    the task file and its rewards (`rewards`: the names the script has), before anything is
+    written. Returns (task, policy, tokenizer): the model is loaded once, for the checks and the
+    training."""
     check_model_folder(args.model)
     try:
         policy, tokenizer = load_policy(args.model, device)
@@ -111,21 +167,37 @@ def check_task(args, load_policy, device="cpu") -> tuple:
         fail(f"--model {args.model} does not load ({first_line(e)})")
     if not finite(policy.state_dict()):
         fail(f"--model {args.model} holds weights that are not finite numbers")
-    if tokenizer.pad_token_id is None or tokenizer.eos_token_id is None:
-        fail(f"the tokenizer of --model {args.model} has no pad or no end (eos) token")
+    if not policy.end_ids:
+        fail(
+            f"neither the tokenizer nor the generation config of --model {args.model} names an "
+            "end (eos) token"
+        )
     path = task_path(args)
     try:
         task = load_task(path)
     except Exception as e:
         fail(f"task file {path} cannot be read ({type(e).__name__}); pass --task FILE.json")
-    problem = task_problem(task)
+    problem = task_problem(task, tuple(rewards))
     if problem:
         fail(f"task file {path} {problem}")
     names = task["name"]
     prompts = [p for p, _ in task["train"] + task["heldout"]]
+    if any(not isinstance(p, str) for p in prompts) and not tokenizer.chat_template:
+        fail(
+            f"task file {path} holds conversations and the tokenizer of --model has no chat "
+            "template: give prompts as text or a model whose tokenizer has one"
+        )
+    weights = getattr(args, "reward_weights", None)
+    if weights is not None and len(weights) != len(task_rewards(task)):
+        fail(
+            f"--reward-weights gives {len(weights)} weights for the {len(task_rewards(task))} "
+            f"rewards of task file {path} ({', '.join(task_rewards(task))})"
+        )
     max_new_tokens = args.max_new_tokens or task["max_new_tokens"]
     # text the tokenizer cannot write (a character outside its vocabulary) would be scored wrong
-    texts = sorted({text for pair in task["train"] + task["heldout"] for text in pair})
+    contents = [m["content"] for p in prompts if not isinstance(p, str) for m in p]
+    answers = [a for _, a in task["train"] + task["heldout"]]
+    texts = sorted({t for t in [p for p in prompts if isinstance(p, str)] + contents + answers})
     ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
     lost = next((t for t, i in zip(texts, ids) if tokenizer.decode(i) != t), None)
     if lost is not None:
@@ -140,7 +212,8 @@ def check_task(args, load_policy, device="cpu") -> tuple:
             f"{args.env_id} is not the task of {path} (it holds task '{names}'){hint}",
             *other_family(args.env_id),
         )
-    longest = max(len(x) for x in tokenizer(prompts, add_special_tokens=False)["input_ids"])
+    written = [prompt_text(tokenizer, p) for p in prompts]
+    longest = max(len(x) for x in tokenizer(written, add_special_tokens=False)["input_ids"])
     context = getattr(policy.lm.config, "max_position_embeddings", None)
     if context is not None and longest + max_new_tokens > context:
         fail(

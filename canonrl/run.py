@@ -102,6 +102,15 @@ class LMRunArgs(SharedArgs):
 ALGOS = Path(__file__).resolve().parents[1] / "algos"
 
 
+def correct(results: dict) -> list[float]:
+    """A language-model evaluation's accuracy per held-out prompt: 1.0 where its first reward (the
+    task's correctness; eval/reward_<name>, where the task names several, else the reward itself)
+    is 1."""
+    first = next((v for n, v in results.items() if n.startswith("eval/reward_")), None)
+    rewards = results.get("eval/episodic_return", []) if first is None else first
+    return [float(r == 1.0) for r in rewards]
+
+
 def fail(msg: str, *scripts: str):
     """Bad input: one line on stderr, exit status 2. It suggests those of `scripts` (names of
     algos/ scripts) that this checkout has."""
@@ -772,7 +781,7 @@ class RunLogger:
             self.log(
                 step,
                 {
-                    "eval/accuracy": float(np.mean(np.asarray(returns) == 1.0)),
+                    "eval/accuracy": float(np.mean(correct(by_name(results)))),
                     "eval/reward": float(np.mean(returns)),
                 },
             )
@@ -861,10 +870,7 @@ class RunLogger:
         saved = "model.pt, checkpoint.pt" if self.args.save_model else "checkpoint.pt"
         if isinstance(self.args, LMRunArgs):  # a reward per held-out prompt
             rewards = results.get("eval/episodic_return", [])
-            results = {
-                "eval/accuracy": [float(r == 1.0) for r in rewards],
-                "eval/reward": list(rewards),
-            }
+            results = {"eval/accuracy": correct(results), "eval/reward": list(rewards)}
             unit = "held-out prompts"
             digits = 3
             saved = "model.pt, model/, checkpoint.pt" if self.args.save_model else "checkpoint.pt"

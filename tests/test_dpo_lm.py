@@ -52,7 +52,7 @@ def test_dpo_loss_is_the_formula(dpo):
 
 def test_pair_log_probs_equal_one_unpadded_pass_per_completion(dpo, base):
     policy, tokenizer = base
-    ids, mask, n_prompt = dpo.encode_pairs(tokenizer, PAIRS, 5, "cpu")
+    ids, mask, n_prompt = dpo.encode_pairs(policy, tokenizer, PAIRS, 5, "cpu")
     assert ids.shape == (6, n_prompt + 5)
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
     completions = [c for _, c, _ in PAIRS] + [r for _, _, r in PAIRS]
@@ -74,21 +74,21 @@ def test_pair_log_probs_equal_one_unpadded_pass_per_completion(dpo, base):
 def test_prompt_and_padding_tokens_get_no_gradient(dpo, base):
     policy, tokenizer = base
     policy = dpo.copy.deepcopy(policy)
-    ids, mask, n_prompt = dpo.encode_pairs(tokenizer, PAIRS, 5, "cpu")
-    logits = {}
+    ids, mask, n_prompt = dpo.encode_pairs(policy, tokenizer, PAIRS, 5, "cpu")
+    states = {}
 
-    def keep(module, inputs, output):
+    def keep(module, inputs, output):  # the last layer's states, which the output layer reads
         output.retain_grad()
-        logits["head"] = output
+        states["last"] = output
 
-    hook = policy.lm.lm_head.register_forward_hook(keep)
+    hook = policy.lm.get_decoder().norm.register_forward_hook(keep)
     logp, _, _ = policy.token_logprobs(ids, mask, n_prompt)
     hook.remove()
     c_mask = mask[:, n_prompt:]
     seq = (logp * c_mask).sum(1)
     loss, _ = dpo.dpo_loss(seq[:3], seq[3:], seq[:3].detach() + 1, seq[3:].detach(), 0.5)
     loss.backward()
-    grad = logits["head"].grad.abs().sum(-1)
+    grad = states["last"].grad.abs().sum(-1)
     scored = torch.zeros_like(grad, dtype=torch.bool)
     scored[:, n_prompt - 1 : -1] = c_mask.bool()  # position t predicts token t + 1
     assert (grad[~scored] == 0).all(), "a prompt or padding position received gradient"
@@ -184,7 +184,8 @@ def test_run_leaves_the_contract_resumes_and_saves(dpo, tmp_path):
     policy, tokenizer = dpo.load_policy(str(run_dir / "model"))
     heldout = load_task(BASE / "task.json")["heldout"][:20]
     final = metrics["eval/episodic_return"][1][-20:].tolist()
-    assert dpo.evaluate(policy, tokenizer, heldout, 5) == final
+    task = load_task(BASE / "task.json")
+    assert dpo.evaluate(policy, tokenizer, heldout, task, 5) == {"eval/episodic_return": final}
     out = run_script("dpo_lm.py", ["--resume", str(run_dir), "--total-timesteps", "96"], fork=True)
     assert out.returncode == 0, out.stderr[-2000:]
     rows = read_rows(run_dir)

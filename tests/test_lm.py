@@ -154,19 +154,19 @@ def test_prompt_and_padding_tokens_get_no_gradient(grpo, base):
     ids, mask = left_padded(grpo, tokenizer, ["1+2=", "123+456=", "99+1="] * 2)
     torch.manual_seed(1)
     completions, c_mask, old = policy.generate(ids, mask, 5)
-    logits = {}
+    states = {}
 
-    def keep(module, inputs, output):
+    def keep(module, inputs, output):  # the last layer's states, which the output layer reads
         output.retain_grad()
-        logits["head"] = output
+        states["last"] = output
 
-    hook = policy.lm.lm_head.register_forward_hook(keep)
+    hook = policy.lm.get_decoder().norm.register_forward_hook(keep)
     full = torch.cat([ids, completions], 1)
     logp, _, _ = policy.token_logprobs(full, torch.cat([mask, c_mask], 1), ids.shape[1])
     hook.remove()
     loss, _ = grpo.clipped_loss(logp, old, torch.randn(len(ids)), c_mask, 0.2, 0.2, "token", 5)
     loss.backward()
-    grad = logits["head"].grad.abs().sum(-1)  # (B, prompt + completion) positions
+    grad = states["last"].grad.abs().sum(-1)  # (B, prompt + completion) positions
     n = ids.shape[1]
     scored = torch.zeros_like(grad, dtype=torch.bool)
     scored[:, n - 1 : -1] = c_mask.bool()  # position t predicts token t + 1
@@ -197,14 +197,17 @@ def test_bad_input_is_one_line(flags, expected, tmp_path):
     assert expected in one_error_line("grpo_lm.py", flags, tmp_path / "run")
 
 
-def test_a_tokenizer_without_end_token_is_refused(tmp_path):
+def test_a_model_that_names_no_end_token_is_refused(tmp_path):
     model = tmp_path / "model"
     shutil.copytree(BASE, model)
     config = json.loads((model / "tokenizer_config.json").read_text())
     config.pop("eos_token")  # (the pad token is also in tokenizer.json's padding settings)
     (model / "tokenizer_config.json").write_text(json.dumps(config))
+    generation = json.loads((model / "generation_config.json").read_text())
+    generation.pop("eos_token_id")
+    (model / "generation_config.json").write_text(json.dumps(generation))
     out = run_script("grpo_lm.py", ["--model", str(model)], tmp_path / "run", fork=True)
-    assert out.returncode == 2 and "no pad or no end" in out.stderr, out.stderr
+    assert out.returncode == 2 and "names an end (eos) token" in out.stderr, out.stderr
     assert not (tmp_path / "run").exists()
 
 
@@ -253,7 +256,8 @@ def test_dapo_run_leaves_the_contract_resumes_and_saves(grpo, tmp_path):
     assert (run_dir / "model" / "task.json").read_bytes() == (BASE / "task.json").read_bytes()
     heldout = load_task(BASE / "task.json")["heldout"][:20]
     final = metrics["eval/episodic_return"][1][-20:].tolist()
-    assert grpo.evaluate(policy, tokenizer, heldout, 5) == final
+    task = load_task(BASE / "task.json")
+    assert grpo.evaluate(policy, tokenizer, heldout, task, 5) == {"eval/episodic_return": final}
     out = run_script("grpo_lm.py", ["--resume", str(run_dir), "--total-timesteps", "48"], fork=True)
     assert out.returncode == 0, out.stderr[-2000:]
     rows = read_rows(run_dir)
@@ -276,7 +280,7 @@ BAD_TASKS = {
     "budget 2.5": (small_task(max_new_tokens=2.5), "max_new_tokens 2.5"),
     "no train prompts": (small_task(train=[]), "no train prompts"),
     "no held-out prompts": (small_task(heldout=[]), "no heldout prompts"),
-    "answers as numbers": (small_task(train=[["321+654=", 975]]), "two strings"),
+    "answers as numbers": (small_task(train=[["321+654=", 975]]), "the answer a string"),
     "a character the tokenizer lacks": (small_task(train=[["321+654=", "97x"]]), "cannot write"),
 }
 

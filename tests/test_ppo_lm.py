@@ -116,20 +116,20 @@ def test_values_are_read_where_each_token_is_predicted_and_prompts_get_no_gradie
             prefix = full[b][full_mask[b].bool()][: int(mask[b].sum()) + t]
             states = policy.lm(input_ids=prefix[None], output_hidden_states=True).hidden_states
             assert values[b, t].item() == pytest.approx(head(states[-1][0, -1]).item(), abs=1e-4)
-    logits = {}
+    states = {}
 
-    def keep(module, inputs, output):
+    def keep(module, inputs, output):  # the last layer's states, which the output layer reads
         output.retain_grad()
-        logits["head"] = output
+        states["last"] = output
 
-    hook = policy.lm.lm_head.register_forward_hook(keep)
+    hook = policy.lm.get_decoder().norm.register_forward_hook(keep)
     logp, _, hidden = policy.token_logprobs(full, full_mask, n)
     hook.remove()
     c = c_mask.double()
     adv = torch.randn(3, 5, dtype=torch.float64)
     pl, vl, _ = ppo.ppo_loss(logp, logp.detach(), adv, head(hidden), 0, 1.0, c, 0.2, False)
     pl.backward()
-    grad = logits["head"].grad.abs().sum(-1)
+    grad = states["last"].grad.abs().sum(-1)
     scored = torch.zeros_like(grad, dtype=torch.bool)
     scored[:, n - 1 : -1] = c_mask.bool()
     assert (grad[~scored] == 0).all(), "a prompt or padding position received gradient"
@@ -177,7 +177,8 @@ def test_run_leaves_the_contract_resumes_and_saves(ppo, tmp_path):
     policy, tokenizer = ppo.load_policy(str(run_dir / "model"))
     heldout = load_task(BASE / "task.json")["heldout"][:20]
     final = metrics["eval/episodic_return"][1][-20:].tolist()
-    assert ppo.evaluate(policy, tokenizer, heldout, 5) == final
+    task = load_task(BASE / "task.json")
+    assert ppo.evaluate(policy, tokenizer, heldout, task, 5) == {"eval/episodic_return": final}
     out = run_script("ppo_lm.py", ["--resume", str(run_dir), "--total-timesteps", "96"], fork=True)
     assert out.returncode == 0, out.stderr[-2000:]
     rows = read_rows(run_dir)

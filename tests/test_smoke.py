@@ -60,9 +60,9 @@ def reloaded_lm(module, saved: dict, episodes: int) -> list[float]:
     policy, tokenizer = module.load_policy(args.model)
     policy.load_state_dict(saved["policy"])
     task = load_task(task_path(args))
-    return module.evaluate(
-        policy, tokenizer, task["heldout"][:episodes], args.max_new_tokens or task["max_new_tokens"]
-    )
+    budget = args.max_new_tokens or task["max_new_tokens"]
+    results = module.evaluate(policy, tokenizer, task["heldout"][:episodes], task, budget)
+    return results["eval/episodic_return"]
 
 
 # Rebuild each script's policy from model.pt alone and evaluate it as the script does at the end of
