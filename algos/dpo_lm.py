@@ -58,6 +58,12 @@ class Args(LMRunArgs):
     gradient_checkpointing: bool = False
     """recompute the layers' activations in the backward pass instead of keeping them (less
     memory, about a third more compute)"""
+    lora_r: int = 0
+    """rank of LoRA adapters (peft) that train instead of the weights (0: the weights train)"""
+    lora_alpha: float = 16.0
+    """LoRA's scale: the adapters' product is multiplied by lora_alpha / lora_r"""
+    lora_target_modules: tuple[str, ...] = ("all-linear",)
+    """linear layers given adapters, by name (q_proj v_proj ...; all-linear: all but the output)"""
     max_grad_norm: float = 1.0
     """global gradient norm clip"""
     max_new_tokens: int | None = None
@@ -227,9 +233,13 @@ class Policy(nn.Module):
     ):
         """Sample (or, greedy, take the most probable) completions token by token with a KV cache.
         Returns completions (B, max_new_tokens) padded after the end token, their mask (1 up to
-        and including the end token) and each sampled token's log-probability (0 where masked)."""
+        and including the end token) and each sampled token's log-probability (0 where masked).
+        The model samples in eval mode (in train mode, gradient checkpointing turns off the
+        cache)."""
         from transformers import DynamicCache
 
+        was_training = self.training
+        self.eval()
         cache = DynamicCache()
         mask = prompt_mask
         step_ids = prompt_ids
@@ -252,6 +262,7 @@ class Policy(nn.Module):
             mask = torch.cat([mask, (~done).long()[:, None]], dim=1)
             step_ids = token[:, None]
             positions = mask.sum(-1, keepdim=True) - 1
+        self.train(was_training)
         pad = (0, max_new_tokens - len(tokens))  # every batch is max_new_tokens wide
         completions = nn.functional.pad(torch.stack(tokens, 1), pad, value=self.pad_id)
         c_mask = nn.functional.pad(torch.stack(alive, 1).long(), pad)
@@ -318,6 +329,28 @@ def load_policy(model: str, device="cpu"):
     return Policy(lm, pad_id, end_ids).to(device), tokenizer
 
 
+def add_lora(policy, r: int, alpha: float, target_modules: tuple[str, ...]):
+    """LoRA (Hu et al. 2021) through peft: rank-r adapters, scaled by alpha / r, on the linear
+    layers named target_modules ("all-linear": every one but the output layer), zero at the start;
+    the base's weights are frozen, so only the adapters train."""
+    from peft import LoraConfig, get_peft_model
+
+    targets = "all-linear" if tuple(target_modules) == ("all-linear",) else list(target_modules)
+    config = LoraConfig(r=r, lora_alpha=alpha, target_modules=targets, lora_dropout=0.0)
+    policy.lm = get_peft_model(policy.lm, config)
+
+
+def reference_logprobs(policy, reference, ids, mask, n_prompt: int, temperature: float = 1.0):
+    """Token log-probabilities (B, T) of the completions under the frozen base: the reference
+    model, or, with LoRA (reference None), the policy with its adapters turned off (no second
+    copy of the weights)."""
+    with torch.no_grad():
+        if reference is not None:
+            return reference.token_logprobs(ids, mask, n_prompt, temperature)[0]
+        with policy.lm.disable_adapter():
+            return policy.token_logprobs(ids, mask, n_prompt, temperature)[0]
+
+
 # ---- end shared: lm/model ----
 
 
@@ -378,10 +411,13 @@ def main(args: Args):
     task, policy, tokenizer = check_model_and_task(args, device)  # (nothing is written yet)
     max_new_tokens = args.max_new_tokens or task["max_new_tokens"]
     pairs = load_preferences(preferences_path(args))["pairs"]
-    reference = copy.deepcopy(policy).eval().requires_grad_(False)  # the frozen base
+    reference = None  # the frozen base; with LoRA, the policy with its adapters off
+    if not args.lora_r:
+        reference = copy.deepcopy(policy).eval().requires_grad_(False)
     if args.gradient_checkpointing:
-        policy.lm.gradient_checkpointing_enable()
-    optimizer = torch.optim.Adam(policy.parameters(), lr=args.learning_rate)
+        policy.lm.gradient_checkpointing_enable({"use_reentrant": False})
+    trained = [p for p in policy.parameters() if p.requires_grad]  # with LoRA: the adapters
+    optimizer = torch.optim.Adam(trained, lr=args.learning_rate)
     heldout = task["heldout"][: args.eval_prompts]
     num_iterations = args.total_timesteps // args.batch_size
     iteration = 0
@@ -414,8 +450,7 @@ def main(args: Args):
             part = [batch[i] for i in micro]
             ids, mask, n_prompt = encode_pairs(policy, tokenizer, part, max_new_tokens, device)
             c_mask = mask[:, n_prompt:]
-            with torch.no_grad():
-                ref_logp, _, _ = reference.token_logprobs(ids, mask, n_prompt)
+            ref_logp = reference_logprobs(policy, reference, ids, mask, n_prompt)
             logp, entropy, _ = policy.token_logprobs(ids, mask, n_prompt)
             seq_logp = (logp * c_mask).sum(1)
             ref_seq_logp = (ref_logp * c_mask).sum(1)
@@ -430,7 +465,7 @@ def main(args: Args):
             lengths.append(c_mask.sum(1))
             entropy_sum = entropy_sum + (entropy * c_mask).sum()
             tokens_done += int(mask.sum())
-        nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)
+        nn.utils.clip_grad_norm_(trained, args.max_grad_norm)
         optimizer.step()
         policy.eval()
         lengths = torch.cat(lengths)
@@ -471,7 +506,15 @@ def check_args(args: Args):
 
 def check_flags(args: Args):
     """The flags alone: ranges and the sizes that must fit together."""
-    check_ranges(args, {"beta": "x > 0", "gradient_accumulation_steps": "x >= 1"})
+    check_ranges(
+        args,
+        {
+            "beta": "x > 0",
+            "gradient_accumulation_steps": "x >= 1",
+            "lora_r": "x >= 0",
+            "lora_alpha": "x > 0",
+        },
+    )
     if args.gradient_accumulation_steps > args.batch_size:
         fail(
             f"--gradient-accumulation-steps {args.gradient_accumulation_steps} exceeds "
@@ -487,7 +530,7 @@ def check_flags(args: Args):
 def check_model_and_task(args: Args, device="cpu"):
     """The model and the task file (canonrl.lm.check_task) and what they must fit, before
     anything is written; returns (task, policy, tokenizer): main() trains the model loaded here."""
-    task, policy, tokenizer = check_task(args, load_policy, device, REWARDS)
+    task, policy, tokenizer = check_task(args, load_policy, device, REWARDS, add_lora)
     path = preferences_path(args)
     try:
         prefs = load_preferences(path)

@@ -76,6 +76,12 @@ class Args(LMRunArgs):
     """dynamic sampling: at most this many rounds of prompts per update"""
     mask_truncated: bool = False
     """DAPO's overlong filtering: no loss on completions never ended"""
+    lora_r: int = 0
+    """rank of LoRA adapters (peft) that train instead of the weights (0: the weights train)"""
+    lora_alpha: float = 16.0
+    """LoRA's scale: the adapters' product is multiplied by lora_alpha / lora_r"""
+    lora_target_modules: tuple[str, ...] = ("all-linear",)
+    """linear layers given adapters, by name (q_proj v_proj ...; all-linear: all but the output)"""
     reward_weights: tuple[float, ...] | None = None
     """weight of each reward the task names, in its order; the reward is their weighted sum
     (default: 1 each)"""
@@ -250,9 +256,13 @@ class Policy(nn.Module):
     ):
         """Sample (or, greedy, take the most probable) completions token by token with a KV cache.
         Returns completions (B, max_new_tokens) padded after the end token, their mask (1 up to
-        and including the end token) and each sampled token's log-probability (0 where masked)."""
+        and including the end token) and each sampled token's log-probability (0 where masked).
+        The model samples in eval mode (in train mode, gradient checkpointing turns off the
+        cache)."""
         from transformers import DynamicCache
 
+        was_training = self.training
+        self.eval()
         cache = DynamicCache()
         mask = prompt_mask
         step_ids = prompt_ids
@@ -275,6 +285,7 @@ class Policy(nn.Module):
             mask = torch.cat([mask, (~done).long()[:, None]], dim=1)
             step_ids = token[:, None]
             positions = mask.sum(-1, keepdim=True) - 1
+        self.train(was_training)
         pad = (0, max_new_tokens - len(tokens))  # every batch is max_new_tokens wide
         completions = nn.functional.pad(torch.stack(tokens, 1), pad, value=self.pad_id)
         c_mask = nn.functional.pad(torch.stack(alive, 1).long(), pad)
@@ -339,6 +350,28 @@ def load_policy(model: str, device="cpu"):
         tokenizer.pad_token = tokenizer.eos_token  # (masked everywhere it pads)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (end_ids or [0])[0]
     return Policy(lm, pad_id, end_ids).to(device), tokenizer
+
+
+def add_lora(policy, r: int, alpha: float, target_modules: tuple[str, ...]):
+    """LoRA (Hu et al. 2021) through peft: rank-r adapters, scaled by alpha / r, on the linear
+    layers named target_modules ("all-linear": every one but the output layer), zero at the start;
+    the base's weights are frozen, so only the adapters train."""
+    from peft import LoraConfig, get_peft_model
+
+    targets = "all-linear" if tuple(target_modules) == ("all-linear",) else list(target_modules)
+    config = LoraConfig(r=r, lora_alpha=alpha, target_modules=targets, lora_dropout=0.0)
+    policy.lm = get_peft_model(policy.lm, config)
+
+
+def reference_logprobs(policy, reference, ids, mask, n_prompt: int, temperature: float = 1.0):
+    """Token log-probabilities (B, T) of the completions under the frozen base: the reference
+    model, or, with LoRA (reference None), the policy with its adapters turned off (no second
+    copy of the weights)."""
+    with torch.no_grad():
+        if reference is not None:
+            return reference.token_logprobs(ids, mask, n_prompt, temperature)[0]
+        with policy.lm.disable_adapter():
+            return policy.token_logprobs(ids, mask, n_prompt, temperature)[0]
 
 
 # ---- end shared: lm/model ----
@@ -477,12 +510,13 @@ def main(args: Args):
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     task, policy, tokenizer = check_model_and_task(args, device)  # (nothing is written yet)
     max_new_tokens = args.max_new_tokens or task["max_new_tokens"]
-    reference = None  # the frozen base of the KL penalty: none at --beta 0
-    if args.beta:
+    reference = None  # the frozen base of the KL penalty: none at --beta 0 or with LoRA
+    if args.beta and not args.lora_r:
         reference = copy.deepcopy(policy).eval().requires_grad_(False)
     if args.gradient_checkpointing:
-        policy.lm.gradient_checkpointing_enable()
-    optimizer = torch.optim.Adam(policy.parameters(), lr=args.learning_rate)
+        policy.lm.gradient_checkpointing_enable({"use_reentrant": False})
+    trained = [p for p in policy.parameters() if p.requires_grad]  # with LoRA: the adapters
+    optimizer = torch.optim.Adam(trained, lr=args.learning_rate)
     np_rng = np.random.default_rng(args.seed)  # which train prompts each update samples
     heldout = task["heldout"][: args.eval_prompts]
     prompts = [p for p, _ in task["train"]]
@@ -547,11 +581,10 @@ def main(args: Args):
         full_mask = torch.cat([b["mask"], b["c_mask"]], dim=1)
         n_prompt = b["ids"].shape[1]
         ref_logp = None
-        if reference is not None:
-            with torch.no_grad():
-                ref_logp, _, _ = reference.token_logprobs(
-                    full_ids, full_mask, n_prompt, args.temperature
-                )
+        if args.beta:
+            ref_logp = reference_logprobs(
+                policy, reference, full_ids, full_mask, n_prompt, args.temperature
+            )
         policy.train()
         n = len(full_ids)
         for epoch in range(args.update_epochs):
@@ -586,7 +619,7 @@ def main(args: Args):
                     )
                     for k, v in micro_stats.items():
                         stats[k] = stats.get(k, 0.0) + v
-                nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)
+                nn.utils.clip_grad_norm_(trained, args.max_grad_norm)
                 optimizer.step()
         stats = {k: float(v) for k, v in stats.items()}  # (on a GPU: waits for the update)
         update_seconds += time.time() - phase_start
@@ -641,6 +674,8 @@ def check_flags(args: Args):
             "beta": "x >= 0",
             "max_sampling_rounds": "x >= 1",
             "gradient_accumulation_steps": "x >= 1",
+            "lora_r": "x >= 0",
+            "lora_alpha": "x > 0",
         },
     )
     if (args.num_prompts * args.group_size) % args.num_minibatches:
@@ -664,7 +699,7 @@ def check_flags(args: Args):
 def check_model_and_task(args: Args, device="cpu"):
     """The model and the task file (canonrl.lm.check_task) and what they must fit, before
     anything is written; returns (task, policy, tokenizer): main() trains the model loaded here."""
-    task, policy, tokenizer = check_task(args, load_policy, device, REWARDS)
+    task, policy, tokenizer = check_task(args, load_policy, device, REWARDS, add_lora)
     if len(task["train"]) < args.num_prompts:
         fail(f"--num-prompts {args.num_prompts} exceeds the {len(task['train'])} train prompts")
     return task, policy, tokenizer

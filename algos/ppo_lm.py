@@ -66,6 +66,12 @@ class Args(LMRunArgs):
     """weight of the value loss (TRL: 0.1)"""
     clip_vloss: bool = True
     """clip the value's change to clip_coef as PPO's value loss does"""
+    lora_r: int = 0
+    """rank of LoRA adapters (peft) that train instead of the weights (0: the weights train)"""
+    lora_alpha: float = 16.0
+    """LoRA's scale: the adapters' product is multiplied by lora_alpha / lora_r"""
+    lora_target_modules: tuple[str, ...] = ("all-linear",)
+    """linear layers given adapters, by name (q_proj v_proj ...; all-linear: all but the output)"""
     reward_weights: tuple[float, ...] | None = None
     """weight of each reward the task names, in its order; the reward is their weighted sum
     (default: 1 each)"""
@@ -240,9 +246,13 @@ class Policy(nn.Module):
     ):
         """Sample (or, greedy, take the most probable) completions token by token with a KV cache.
         Returns completions (B, max_new_tokens) padded after the end token, their mask (1 up to
-        and including the end token) and each sampled token's log-probability (0 where masked)."""
+        and including the end token) and each sampled token's log-probability (0 where masked).
+        The model samples in eval mode (in train mode, gradient checkpointing turns off the
+        cache)."""
         from transformers import DynamicCache
 
+        was_training = self.training
+        self.eval()
         cache = DynamicCache()
         mask = prompt_mask
         step_ids = prompt_ids
@@ -265,6 +275,7 @@ class Policy(nn.Module):
             mask = torch.cat([mask, (~done).long()[:, None]], dim=1)
             step_ids = token[:, None]
             positions = mask.sum(-1, keepdim=True) - 1
+        self.train(was_training)
         pad = (0, max_new_tokens - len(tokens))  # every batch is max_new_tokens wide
         completions = nn.functional.pad(torch.stack(tokens, 1), pad, value=self.pad_id)
         c_mask = nn.functional.pad(torch.stack(alive, 1).long(), pad)
@@ -329,6 +340,28 @@ def load_policy(model: str, device="cpu"):
         tokenizer.pad_token = tokenizer.eos_token  # (masked everywhere it pads)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (end_ids or [0])[0]
     return Policy(lm, pad_id, end_ids).to(device), tokenizer
+
+
+def add_lora(policy, r: int, alpha: float, target_modules: tuple[str, ...]):
+    """LoRA (Hu et al. 2021) through peft: rank-r adapters, scaled by alpha / r, on the linear
+    layers named target_modules ("all-linear": every one but the output layer), zero at the start;
+    the base's weights are frozen, so only the adapters train."""
+    from peft import LoraConfig, get_peft_model
+
+    targets = "all-linear" if tuple(target_modules) == ("all-linear",) else list(target_modules)
+    config = LoraConfig(r=r, lora_alpha=alpha, target_modules=targets, lora_dropout=0.0)
+    policy.lm = get_peft_model(policy.lm, config)
+
+
+def reference_logprobs(policy, reference, ids, mask, n_prompt: int, temperature: float = 1.0):
+    """Token log-probabilities (B, T) of the completions under the frozen base: the reference
+    model, or, with LoRA (reference None), the policy with its adapters turned off (no second
+    copy of the weights)."""
+    with torch.no_grad():
+        if reference is not None:
+            return reference.token_logprobs(ids, mask, n_prompt, temperature)[0]
+        with policy.lm.disable_adapter():
+            return policy.token_logprobs(ids, mask, n_prompt, temperature)[0]
 
 
 # ---- end shared: lm/model ----
@@ -417,12 +450,13 @@ def main(args: Args):
     task, policy, tokenizer = check_model_and_task(args, device)  # (nothing is written yet)
     max_new_tokens = args.max_new_tokens or task["max_new_tokens"]
     value_head = ValueHead(policy.lm.config.hidden_size).to(device)
-    reference = None  # the frozen base of the KL penalty: none at --kl-coef 0
-    if args.kl_coef:
+    reference = None  # the frozen base of the KL penalty: none at --kl-coef 0 or with LoRA
+    if args.kl_coef and not args.lora_r:
         reference = copy.deepcopy(policy).eval().requires_grad_(False)
     if args.gradient_checkpointing:
-        policy.lm.gradient_checkpointing_enable()
-    params = [*policy.parameters(), *value_head.parameters()]
+        policy.lm.gradient_checkpointing_enable({"use_reentrant": False})
+    # with LoRA: the adapters and the value head
+    params = [p for p in [*policy.parameters(), *value_head.parameters()] if p.requires_grad]
     optimizer = torch.optim.Adam(params, lr=args.learning_rate)
     np_rng = np.random.default_rng(args.seed)  # which train prompts each update samples
     heldout = task["heldout"][: args.eval_prompts]
@@ -481,9 +515,9 @@ def main(args: Args):
             )
             old_values = value_head(hidden) * c_mask
             ref_logp = old_logp  # (no reference at --kl-coef 0: no penalty)
-            if reference is not None:
-                ref_logp, _, _ = reference.token_logprobs(
-                    full_ids, full_mask, n_prompt, args.temperature
+            if args.kl_coef:
+                ref_logp = reference_logprobs(
+                    policy, reference, full_ids, full_mask, n_prompt, args.temperature
                 )
             rewards = token_rewards(total, old_logp, ref_logp, c_mask, args.kl_coef)
             advantages, returns = token_gae(
@@ -565,7 +599,15 @@ def check_args(args: Args):
 
 def check_flags(args: Args):
     """The flags alone: ranges and the sizes that must fit together."""
-    check_ranges(args, {"kl_coef": "x >= 0", "gradient_accumulation_steps": "x >= 1"})
+    check_ranges(
+        args,
+        {
+            "kl_coef": "x >= 0",
+            "gradient_accumulation_steps": "x >= 1",
+            "lora_r": "x >= 0",
+            "lora_alpha": "x > 0",
+        },
+    )
     if args.num_prompts % args.num_minibatches:
         fail(
             f"--num-minibatches {args.num_minibatches} does not divide --num-prompts "
@@ -586,7 +628,7 @@ def check_flags(args: Args):
 def check_model_and_task(args: Args, device="cpu"):
     """The model and the task file (canonrl.lm.check_task) and what they must fit, before
     anything is written; returns (task, policy, tokenizer): main() trains the model loaded here."""
-    task, policy, tokenizer = check_task(args, load_policy, device, REWARDS)
+    task, policy, tokenizer = check_task(args, load_policy, device, REWARDS, add_lora)
     if len(task["train"]) < args.num_prompts:
         fail(f"--num-prompts {args.num_prompts} exceeds the {len(task['train'])} train prompts")
     return task, policy, tokenizer

@@ -22,10 +22,12 @@ from canonrl.run import fail, finite, first_line, other_family
 
 
 def find(path: str) -> str:
-    """path as given, or relative to the repository root where it exists only there."""
+    """path made absolute where it exists, here or relative to the repository root (where a LoRA
+    adapter records its base); a hub id as given."""
     root = Path(__file__).resolve().parents[1]  # the checkout that holds canonrl/ and algos/
-    if not Path(path).exists() and (root / path).exists():
-        return str(root / path)
+    for candidate in (Path(path), root / path):
+        if candidate.exists():
+            return str(candidate.resolve())
     return path
 
 
@@ -150,11 +152,11 @@ def check_model_folder(model: str):
         )
 
 
-def check_task(args, load_policy, device="cpu", rewards=("exact",)) -> tuple:
+def check_task(args, load_policy, device="cpu", rewards=("exact",), add_lora=None) -> tuple:
     """The model (config, weights, tokenizer; loaded by the script's load_policy onto device), then
-    the task file and its rewards (`rewards`: the names the script has), before anything is
-    written. Returns (task, policy, tokenizer): the model is loaded once, for the checks and the
-    training."""
+    the task file and its rewards (`rewards`: the names the script has), then, with --lora-r, the
+    adapters (the script's add_lora), before anything is written. Returns (task, policy,
+    tokenizer): the model is loaded once, for the checks and the training."""
     check_model_folder(args.model)
     try:
         policy, tokenizer = load_policy(args.model, device)
@@ -220,4 +222,11 @@ def check_task(args, load_policy, device="cpu", rewards=("exact",)) -> tuple:
             f"prompts of up to {longest} tokens + --max-new-tokens {max_new_tokens} exceed the "
             f"model's context of {context} tokens"
         )
+    if getattr(args, "lora_r", 0):
+        try:
+            add_lora(policy, args.lora_r, args.lora_alpha, args.lora_target_modules)
+        except ImportError:
+            fail("--lora-r needs peft: pip install peft")
+        except ValueError as e:
+            fail(f"--lora-target-modules {' '.join(args.lora_target_modules)}: {first_line(e)}")
     return task, policy, tokenizer

@@ -246,3 +246,58 @@ def test_micro_batches_take_the_same_step(script, flags, tmp_path):
     )[0]
     moved = torch.cat([(one[k] - v).abs().flatten() for k, v in base.state_dict().items()])
     assert (moved > 1e-5).float().mean() > 0.5, "the update moved the weights"
+
+
+BASE = load_script("grpo_lm.py").find("benchmark/policies/lm-addition-base")
+
+
+def test_lora_trains_the_adapters_only_and_saves_an_adapter_peft_loads(grpo, tmp_path):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    run_dir = tmp_path / "run"
+    flags = ["--env-id", "addition-v0", "--total-timesteps", "32", "--num-prompts", "8"]
+    flags += ["--group-size", "4", "--eval-prompts", "20", "--lora-r", "8", "--beta", "0.04"]
+    flags += ["--learning-rate", "3e-3", "--save-model"]
+    out = run_script("grpo_lm.py", flags, run_dir, fork=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    metrics = read_metrics(run_dir)
+    # the reference is the policy with its adapters off: at the first update (adapters 0) the same
+    assert metrics["losses/kl"][1][0] == pytest.approx(0.0, abs=1e-7)
+    assert metrics["losses/kl"][1][-1] > 0
+    assert not (run_dir / "model" / "model.safetensors").exists(), "an adapter, not the weights"
+    base = AutoModelForCausalLM.from_pretrained(BASE)
+    original = {k: v.clone() for k, v in base.state_dict().items()}
+    saved = torch.load(run_dir / "model.pt", weights_only=True)["policy"]
+    adapters = {k: v for k, v in saved.items() if "lora_" in k}
+    assert adapters and any(v.abs().sum() > 0 for k, v in adapters.items() if "lora_B" in k)
+    for key, value in saved.items():
+        if key not in adapters:  # every weight of the base as it was
+            name = key.removeprefix("lm.base_model.model.").replace(".base_layer", "")
+            assert torch.equal(value, original[name]), key
+    model = PeftModel.from_pretrained(base, run_dir / "model")
+    _, tokenizer = grpo.load_policy(BASE)
+    policy = grpo.Policy(model, tokenizer.pad_token_id, [tokenizer.eos_token_id])
+    task = json.loads((run_dir / "model" / "task.json").read_text())
+    final = metrics["eval/episodic_return"][1][-20:].tolist()
+    results = grpo.evaluate(policy, tokenizer, task["heldout"][:20], task, 5)
+    assert results == {"eval/episodic_return": final}, "the adapter's accuracy is the run's"
+    assert 0 < np.mean(final) < 1
+
+
+def test_lora_target_modules_the_model_lacks_is_one_line(tmp_path):
+    flags = ["--lora-r", "4", "--lora-target-modules", "c_attn"]
+    line = one_error_line("grpo_lm.py", flags, tmp_path / "run")
+    assert line.startswith("error: --lora-target-modules c_attn:"), line
+
+
+def test_gradient_checkpointing_samples_as_without(grpo):
+    """In train mode, transformers' gradient checkpointing turns the KV cache off; generate()
+    samples in eval mode, so that the evaluation after an update is the same with it or not."""
+    policy, tokenizer = grpo.load_policy(BASE)
+    ids, mask = grpo.encode_prompts(tokenizer, ["321+654=", "12+5="], "cpu")
+    plain, _, _ = policy.generate(ids, mask, 5, greedy=True)
+    policy.lm.gradient_checkpointing_enable({"use_reentrant": False})
+    policy.train()
+    checkpointed, _, _ = policy.generate(ids, mask, 5, greedy=True)
+    assert torch.equal(plain, checkpointed) and policy.training
