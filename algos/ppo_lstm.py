@@ -1,8 +1,7 @@
 """PPO with an LSTM (recurrent PPO) on partially observed classic control, discrete or continuous.
 
-Schulman et al. 2017, CleanRL's ppo_atari_lstm design: obs -> tanh layer -> LSTM -> logits (or a
-Normal's mean) and value; the state is reset where an episode ends, the update reruns whole env
-sequences from each rollout's first state. Envs: CartPoleNoVel-v1, PendulumNoVel-v1, RepeatFirst-v0.
+Schulman et al. 2017 with rl-zoo's recurrent policy: actor and critic LSTMs on the observation, a
+ReLU layer after each; states reset where an episode ends, the update reruns whole env sequences.
 
 Run:    python algos/ppo_lstm.py --env-id CartPoleNoVel-v1 --seed 1
 Quick:  python algos/ppo_lstm.py --env-id RepeatFirst-v0 --total-timesteps 8192
@@ -45,7 +44,7 @@ class Args(RunArgs):
     anneal_clip: bool = True
     """anneal the clip coefficient linearly to 0"""
     lstm_size: int = 64
-    """units of the LSTM (and of the layer before it)"""
+    """units of each LSTM (the actor's and the critic's)"""
     num_steps: int = 32
     """steps per env per rollout (the length of the sequences the update runs the LSTM over)"""
     gamma: float = 0.98
@@ -119,80 +118,85 @@ def make_env(env_id, video_dir=None):
     )
 
 
-def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
-    nn.init.orthogonal_(layer.weight, std)
-    nn.init.constant_(layer.bias, bias_const)
-    return layer
-
-
 class Agent(nn.Module):
-    """obs -> lstm_size (tanh) -> LSTM(lstm_size) -> logits / value; orthogonal init, the LSTM's
-    biases 0 (CleanRL's ppo_atari_lstm). continuous: the actor's n_actions outputs are the mean
-    of a Normal whose log-std is a parameter (std 1 at the start), instead of logits. Inputs are
-    in time-major order: x of shape (T * N, obs) holds T steps of N envs, `starts` (T * N) is 1
-    where an observation begins an episode (the state of that env is zeroed before it)."""
+    """rl-zoo's recurrent policy for these envs (sb3-contrib's RecurrentPPO with its tuned
+    CartPoleNoVel-v1 settings): an actor and a critic, each an LSTM(lstm_size) on the observation,
+    then one ReLU layer of 64, then the logits (continuous: the mean of a Normal whose log-std is a
+    parameter, std 1 at the start) or the value; PyTorch's default initialisation. The state (h, c)
+    holds the actor's and the critic's side by side, each of shape (1, num_envs, 2 * lstm_size).
+    Inputs are in time-major order: x of shape (T * N, obs) holds T steps of N envs, `starts`
+    (T * N) is 1 where an observation begins an episode (that env's states are zeroed before it)."""
 
     def __init__(self, obs_dim: int, n_actions: int, lstm_size: int = 64, continuous=False):
         super().__init__()
-        self.encoder = nn.Sequential(layer_init(nn.Linear(obs_dim, lstm_size)), nn.Tanh())
-        self.lstm = nn.LSTM(lstm_size, lstm_size)
-        for name, param in self.lstm.named_parameters():
-            if "bias" in name:
-                nn.init.constant_(param, 0.0)
-            else:
-                nn.init.orthogonal_(param, 1.0)
-        self.actor = layer_init(nn.Linear(lstm_size, n_actions), std=0.01)
-        self.critic = layer_init(nn.Linear(lstm_size, 1), std=1.0)
+        self.actor_lstm = nn.LSTM(obs_dim, lstm_size)
+        self.critic_lstm = nn.LSTM(obs_dim, lstm_size)
+        self.actor = nn.Sequential(nn.Linear(lstm_size, 64), nn.ReLU(), nn.Linear(64, n_actions))
+        self.critic = nn.Sequential(nn.Linear(lstm_size, 64), nn.ReLU(), nn.Linear(64, 1))
         self.continuous = continuous
         if continuous:
             self.actor_logstd = nn.Parameter(torch.zeros(n_actions))
 
     def initial_state(self, num_envs: int, device="cpu"):
-        """The zero (h, c) state of num_envs envs, each of shape (1, num_envs, lstm_size)."""
-        zeros = torch.zeros(1, num_envs, self.lstm.hidden_size, device=device)
+        """The zero (h, c) state of num_envs envs: the actor's and the critic's, side by side."""
+        zeros = torch.zeros(1, num_envs, 2 * self.actor_lstm.hidden_size, device=device)
         return zeros, zeros.clone()
 
     def get_states(self, x, lstm_state, starts):
-        """The LSTM's output at every step (T * N, lstm_size), one step at a time so that each
-        env's state is zeroed where its episode starts, and the state after the last step."""
+        """The actor's and the critic's LSTM outputs at every step (each (T * N, lstm_size)), one
+        step at a time so that each env's states are zeroed where its episode starts, and the
+        state after the last step."""
         num_envs = lstm_state[0].shape[1]
-        features = self.encoder(x).view(-1, num_envs, self.lstm.input_size)
-        outputs = []
-        for feature, start in zip(features, starts.view(-1, num_envs)):
+        size = self.actor_lstm.hidden_size
+        h, c = lstm_state
+        actor_state = (h[..., :size], c[..., :size])
+        critic_state = (h[..., size:], c[..., size:])
+        actor_outputs = []
+        critic_outputs = []
+        for obs, start in zip(x.view(-1, num_envs, x.shape[-1]), starts.view(-1, num_envs)):
             keep = (1.0 - start).view(1, -1, 1)
-            output, lstm_state = self.lstm(
-                feature[None], (keep * lstm_state[0], keep * lstm_state[1])
+            output, actor_state = self.actor_lstm(
+                obs[None], (keep * actor_state[0], keep * actor_state[1])
             )
-            outputs.append(output[0])
-        return torch.cat(outputs), lstm_state
+            actor_outputs.append(output[0])
+            output, critic_state = self.critic_lstm(
+                obs[None], (keep * critic_state[0], keep * critic_state[1])
+            )
+            critic_outputs.append(output[0])
+        state = (
+            torch.cat([actor_state[0], critic_state[0]], dim=-1),
+            torch.cat([actor_state[1], critic_state[1]], dim=-1),
+        )
+        return torch.cat(actor_outputs), torch.cat(critic_outputs), state
 
     def get_value(self, x, lstm_state, starts):
-        hidden, _ = self.get_states(x, lstm_state, starts)
-        return self.critic(hidden).squeeze(-1)
+        _, critic_hidden, _ = self.get_states(x, lstm_state, starts)
+        return self.critic(critic_hidden).squeeze(-1)
 
     def get_greedy_action(self, x, lstm_state, starts):
         """The most probable action (the mean, if continuous) and the next LSTM state: the policy
         that evaluate() runs."""
-        hidden, lstm_state = self.get_states(x, lstm_state, starts)
+        actor_hidden, _, lstm_state = self.get_states(x, lstm_state, starts)
         if self.continuous:
-            return self.actor(hidden), lstm_state
-        return self.actor(hidden).argmax(dim=-1), lstm_state
+            return self.actor(actor_hidden), lstm_state
+        return self.actor(actor_hidden).argmax(dim=-1), lstm_state
 
     def get_action_and_value(self, x, lstm_state, starts, action=None):
         """Sample an action (or take the given one); return it with its log-probability, the
         entropy, V(x) and the next LSTM state."""
-        hidden, lstm_state = self.get_states(x, lstm_state, starts)
+        actor_hidden, critic_hidden, lstm_state = self.get_states(x, lstm_state, starts)
         if self.continuous:
             dist = torch.distributions.Normal(
-                self.actor(hidden), self.actor_logstd.exp(), validate_args=False
+                self.actor(actor_hidden), self.actor_logstd.exp(), validate_args=False
             )
             # the action's dimensions are independent: sum their log-probabilities
             dist = torch.distributions.Independent(dist, 1)
         else:
-            dist = torch.distributions.Categorical(logits=self.actor(hidden), validate_args=False)
+            logits = self.actor(actor_hidden)
+            dist = torch.distributions.Categorical(logits=logits, validate_args=False)
         if action is None:
             action = dist.sample()
-        value = self.critic(hidden).squeeze(-1)
+        value = self.critic(critic_hidden).squeeze(-1)
         return action, dist.log_prob(action), dist.entropy(), value, lstm_state
 
 

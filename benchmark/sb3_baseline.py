@@ -59,17 +59,20 @@ def ppo_same(a) -> tuple[int, dict]:
 
 
 def ppo_lstm_same(a) -> tuple[int, dict]:
-    """ppo_lstm.py's Args -> (n_envs, sb3-contrib RecurrentPPO kwargs): ppo.py's mapping, one LSTM
-    of the same size shared by actor and critic, the heads right on its output, observations
-    normalised, and rewards with --norm-reward, as ours."""
+    """ppo_lstm.py's Args -> (n_envs, sb3-contrib RecurrentPPO kwargs): ppo.py's mapping and
+    ppo_lstm.py's network, which is rl-zoo's for CartPoleNoVel-v1 (its published model's
+    policy_kwargs): separate actor and critic LSTMs of --lstm-size on the observation, one ReLU
+    layer of 64 after each, PyTorch's default init; observations normalised, and rewards with
+    --norm-reward, as ours."""
     n_envs, kwargs = ppo_same(a)
     kwargs["normalize"] = True if a.norm_reward else "obs"
     kwargs["policy_kwargs"] = {
-        "net_arch": [],
-        "activation_fn": "Tanh",
+        "net_arch": {"pi": [64], "vf": [64]},
+        "activation_fn": "ReLU",
+        "ortho_init": False,
         "lstm_hidden_size": a.lstm_size,
-        "shared_lstm": True,
-        "enable_critic_lstm": False,
+        "shared_lstm": False,
+        "enable_critic_lstm": True,
     }
     return n_envs, kwargs
 
@@ -257,10 +260,8 @@ DIFFERENCES = {
     "at 10, ours the squared error unclipped (CleanRL); SB3's replay stores "
     "both stacks of every transition, ours each frame once; SB3's VecFrameStack "
     "pads a new episode's stack with zeros, ours with its first frame",
-    "ppo_lstm.py": "SB3's MlpLstmPolicy feeds the observation to the LSTM directly, ours through "
-    "a tanh layer first; with a shared LSTM SB3 trains it by the policy loss only (the critic "
-    "reads it detached), ours by both losses; SB3 pads each minibatch's sequences, ours "
-    "takes whole env rollouts",
+    "ppo_lstm.py": "the same network; SB3 splits a minibatch's env sequences where episodes end "
+    "and pads them, ours reruns whole env rollouts, zeroing the state at each episode start",
     "qrdqn.py": "none of substance (sb3-contrib's QRDQN: the same network, loss, Adam epsilon "
     "and schedules; it also copies the target network before learning starts, ours from then on)",
     "ppo_atari.py": "SB3 clips the value prediction and takes the squared "

@@ -97,7 +97,6 @@ COPIES = {
         "pqn.py",
         "impala.py",
         "ppo.py",
-        "ppo_lstm.py",
         "ppo_continuous.py",
         "ppo_atari.py",
         "ppo_atari_envpool.py",

@@ -54,23 +54,31 @@ def test_update_starts_from_the_rollouts_states(env_id, num_minibatches, tmp_pat
 def test_a_start_zeroes_the_state():
     torch.manual_seed(0)
     agent = lstm.Agent(obs_dim=3, n_actions=2, lstm_size=8)
+
+    def both(*a):  # the actor's and the critic's outputs side by side
+        actor, critic, _ = agent.get_states(*a)
+        return torch.cat([actor, critic], dim=-1)
+
     x = torch.randn(10, 2, 3)  # 10 steps of 2 envs
     starts = torch.zeros(10, 2)
     starts[6, 0] = 1.0  # env 0 begins an episode at step 6
-    state = (torch.randn(1, 2, 8), torch.randn(1, 2, 8))
-    hidden, _ = agent.get_states(x.flatten(0, 1), state, starts.flatten())
-    hidden = hidden.view(10, 2, 8)
+    state = (torch.randn(1, 2, 16), torch.randn(1, 2, 16))  # the actor's and the critic's
+    hidden = both(x.flatten(0, 1), state, starts.flatten()).view(10, 2, 16)
     # env 0 from step 6 on: as a fresh sequence from the zero state
-    fresh, _ = agent.get_states(x[6:, :1].flatten(0, 1), agent.initial_state(1), torch.zeros(4))
+    fresh = both(x[6:, :1].flatten(0, 1), agent.initial_state(1), torch.zeros(4))
     assert torch.allclose(hidden[6:, 0], fresh, atol=1e-6)
-    # env 1 never restarts: its outputs depend on the initial state all along
-    other = (state[0].clone(), state[1].clone())
-    other[0][:, 1] += 1.0
-    changed, _ = agent.get_states(x.flatten(0, 1), other, starts.flatten())
-    assert not torch.allclose(changed.view(10, 2, 8)[9, 1], hidden[9, 1], atol=1e-4)
+    # env 1 never restarts: its outputs depend on the initial state all along, the actor's on
+    # the actor's state, the critic's on the critic's
+    for half in (slice(0, 8), slice(8, 16)):
+        other = (state[0].clone(), state[1].clone())
+        other[0][:, 1, half] += 1.0
+        changed = both(x.flatten(0, 1), other, starts.flatten()).view(10, 2, 16)
+        assert not torch.allclose(changed[9, 1, half], hidden[9, 1, half], atol=1e-4)
+        rest = slice(8, 16) if half.start == 0 else slice(0, 8)
+        assert torch.equal(changed[9, 1, rest], hidden[9, 1, rest]), "two separate LSTMs"
     # without the start, env 0's step 6 still sees its past
-    unreset, _ = agent.get_states(x.flatten(0, 1), state, torch.zeros(20))
-    assert not torch.allclose(unreset.view(10, 2, 8)[6, 0], hidden[6, 0], atol=1e-4)
+    unreset = both(x.flatten(0, 1), state, torch.zeros(20)).view(10, 2, 16)
+    assert not torch.allclose(unreset[6, 0], hidden[6, 0], atol=1e-4)
 
 
 def test_greedy_action_carries_the_state():
@@ -80,8 +88,8 @@ def test_greedy_action_carries_the_state():
     obs = torch.randn(5)
     start = torch.zeros(1)
     _, state = agent.get_greedy_action(torch.randn(5), agent.initial_state(1), start)
-    after_history, _ = agent.get_states(obs, state, start)
-    from_zero, _ = agent.get_states(obs, agent.initial_state(1), start)
+    after_history, _, _ = agent.get_states(obs, state, start)
+    from_zero, _, _ = agent.get_states(obs, agent.initial_state(1), start)
     assert not torch.allclose(after_history, from_zero)
 
 
@@ -93,7 +101,7 @@ def test_continuous_policy_is_a_normal_over_clipped_actions():
     x, starts = torch.randn(6, 3), torch.zeros(6)  # 3 steps of 2 envs
     state = agent.initial_state(2)
     action, logprob, entropy, _, _ = agent.get_action_and_value(x, state, starts)
-    hidden, _ = agent.get_states(x, state, starts)
+    hidden, _, _ = agent.get_states(x, state, starts)
     mean, std = agent.actor(hidden), torch.tensor([0.3, -0.5]).exp()
     # the density of two independent Normals, written out
     expected = (-((action - mean) ** 2) / (2 * std**2) - std.log() - 0.5 * np.log(2 * np.pi)).sum(
@@ -229,7 +237,10 @@ def test_sb3_contrib_gets_the_same_lstm_and_normalisation():
     model = sb3_baseline.make_model(algo, "CartPoleNoVel-v1", n_envs, kwargs, seed=0)
     assert algo == "RecurrentPPO" and n_envs == a.num_envs
     assert model.policy.lstm_actor.hidden_size == a.lstm_size
-    assert model.policy.lstm_critic is None  # one LSTM for actor and critic, as ours
+    assert model.policy.lstm_critic.hidden_size == a.lstm_size  # the critic's own, as ours
+    ours = lstm.Agent(4, 2, a.lstm_size)
+    shapes = sorted(tuple(p.shape) for p in ours.parameters())
+    assert sorted(tuple(p.shape) for p in model.policy.parameters()) == shapes, "the same network"
     env = model.get_env()
     assert isinstance(env, VecNormalize) and env.norm_obs and not env.norm_reward
     assert (model.n_steps, model.n_epochs, model.gamma, model.gae_lambda) == (
