@@ -26,10 +26,10 @@ from torch.utils.checkpoint import checkpoint
 
 from canonrl.lm import (
     check_task,
+    default_env_id,
     find,
     prompt_text,
     save_model_folder,
-    task_path,
     task_rewards,
 )
 from canonrl.run import LMRunArgs, RNGs, RunLogger, check_ranges, fail, load_states, start_run
@@ -41,7 +41,9 @@ class Args(LMRunArgs):
     """causal LM directory or id"""
     task: str | None = None
     """task file (JSON: name, max_new_tokens, [prompt, answer] lists train and heldout, optional
-    rewards and format; a prompt is text or a list of chat messages); default: <model>/task.json"""
+    rewards and format; a prompt is text or a list of chat messages), or rg:<dataset>[:<key>=
+    <value>,...]: a reasoning-gym task (e.g. rg:chain_sum:max_terms=3); default:
+    <model>/task.json"""
     preferences: str | None = None
     """preference file (JSON: task, pairs [prompt, chosen, rejected]); default:
     <model>/preferences.json"""
@@ -71,7 +73,7 @@ class Args(LMRunArgs):
     eval_prompts: int = 500
     """held-out prompts per greedy evaluation (at most the task's; 0: none)"""
     env_id: str = "addition-v0"
-    """the task's name, checked against the task file"""
+    """the task's name, checked against the task file (with --task rg:..., default: its name)"""
     total_timesteps: int = 14784
     """preference pairs trained on (updates * batch_size: 231 x 64, two epochs of the 7,409)"""
 
@@ -106,33 +108,62 @@ def same_answer(given: str, answer: str) -> bool:
         return verify(parse(f"${answer}$"), parse(f"${given}$"))
 
 
-def reward_exact(completion: str, answer: str, task: dict) -> float:
+def reward_exact(completion: str, answer: str, task: dict, info=None) -> float:
     """1.0 for exactly the answer (the whole completion), else 0.0."""
     return float(completion == answer)
 
 
-def reward_final_answer(completion: str, answer: str, task: dict) -> float:
+def reward_final_answer(completion: str, answer: str, task: dict, info=None) -> float:
     """1.0 where the answer the completion states last (final_answer) is the answer."""
     given = final_answer(completion)
     return float(given is not None and same_answer(given, answer))
 
 
-def reward_format(completion: str, answer: str, task: dict) -> float:
+def reward_format(completion: str, answer: str, task: dict, info=None) -> float:
     """1.0 where the whole completion matches the task's "format" expression."""
     return float(re.fullmatch(task["format"], completion, re.DOTALL) is not None)
 
 
-REWARDS = {"exact": reward_exact, "final_answer": reward_final_answer, "format": reward_format}
+def reward_reasoning_gym(completion: str, answer: str, task: dict, info=None) -> float:
+    """reasoning-gym's verifier of the task's dataset (its score_answer, given the problem's
+    answer and metadata, info) on the answer the completion states last (final_answer), or on the
+    whole completion where it states none: 1.0 for the right answer, part of 1 for some near
+    misses (the dataset's rule), else 0.0."""
+    from reasoning_gym import get_score_answer_fn
+
+    given = final_answer(completion)
+    verify = get_score_answer_fn(task["reasoning_gym"]["dataset"])
+    entry = {"answer": answer, "metadata": info or {}}
+    return float(verify((completion if given is None else given).strip(), entry))
 
 
-def score(texts: list, answers: list[str], task: dict, weights=None) -> dict:
-    """Each reward the task names (canonrl.lm.task_rewards) of each completion text, and "total":
-    their sum weighted by `weights` (default 1 each). A malformed completion (text None: no end
-    token within the budget) scores 0 under every reward."""
+REWARDS = {
+    "exact": reward_exact,
+    "final_answer": reward_final_answer,
+    "format": reward_format,
+    "reasoning_gym": reward_reasoning_gym,
+}
+
+
+def problem_targets(pairs: list) -> list[tuple]:
+    """(answer, info) of each task entry [prompt, answer] or [prompt, answer, info]: what its
+    completions are scored against (info: data a reward reads, such as a reasoning-gym problem's
+    metadata; None where the entry has none)."""
+    return [(x[1], x[2] if len(x) > 2 else None) for x in pairs]
+
+
+def score(texts: list, targets: list[tuple], task: dict, weights=None) -> dict:
+    """Each reward the task names (canonrl.lm.task_rewards) of each completion text against its
+    (answer, info) target, and "total": their sum weighted by `weights` (default 1 each). A
+    malformed completion (text None: no end token within the budget) scores 0 under every
+    reward."""
     names = task_rewards(task)
     weights = weights or [1.0] * len(names)
     scores = {
-        name: [0.0 if t is None else REWARDS[name](t, a, task) for t, a in zip(texts, answers)]
+        name: [
+            0.0 if t is None else REWARDS[name](t, answer, task, info)
+            for t, (answer, info) in zip(texts, targets)
+        ]
         for name in names
     }
     scores["total"] = [
@@ -287,10 +318,10 @@ def evaluate(
     scores = {}
     for start in range(0, len(pairs), batch_size):
         chunk = pairs[start : start + batch_size]
-        ids, mask = encode_prompts(tokenizer, [p for p, _ in chunk], device)
+        ids, mask = encode_prompts(tokenizer, [x[0] for x in chunk], device)
         completions, _, _ = policy.generate(ids, mask, max_new_tokens, greedy=True)
         texts = completion_texts(tokenizer, completions, policy.end_ids)
-        for name, values in score(texts, [a for _, a in chunk], task).items():
+        for name, values in score(texts, problem_targets(chunk), task).items():
             scores.setdefault(name, []).extend(values)
     results = {"eval/episodic_return": scores.pop("total")}
     if len(scores) > 1:
@@ -488,7 +519,7 @@ def main(args: Args):
         global_step,
         run_eval if heldout else None,
         model={"policy": policy.state_dict()},
-        save_also=lambda run_dir: save_model_folder(run_dir, policy.lm, tokenizer, task_path(args)),
+        save_also=lambda run_dir: save_model_folder(run_dir, policy.lm, tokenizer, task),
     )
 
 
@@ -506,6 +537,7 @@ def check_args(args: Args):
 
 def check_flags(args: Args):
     """The flags alone: ranges and the sizes that must fit together."""
+    default_env_id(args)  # --task rg:...: --env-id is its name
     check_ranges(
         args,
         {
@@ -543,7 +575,7 @@ def check_model_and_task(args: Args, device="cpu"):
         fail(f"preference file {path} is of task '{name}', not of the task '{task['name']}'")
     if not pairs or not ok:
         fail(f"preference file {path} holds no pairs [prompt, chosen, rejected] of strings")
-    train = {p for p, _ in task["train"]}
+    train = {x[0] for x in task["train"]}
     if not all(p in train for p, _, _ in pairs):
         fail(f"preference file {path} holds prompts that are not train prompts of its task")
     same = next((p for p in pairs if p[1] == p[2]), None)

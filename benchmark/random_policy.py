@@ -53,9 +53,9 @@ def register(env_id: str) -> str:
 
 def random_returns(env_id: str, episodes: int = 100, seed: int = 0) -> np.ndarray:
     """Undiscounted returns of `episodes` episodes of uniform random actions (time limits as
-    registered); for the language-model task addition-v0, lm_random_returns."""
-    if env_id == "addition-v0":
-        return lm_random_returns(episodes, seed)
+    registered); for a language-model task (LM_BASES), lm_random_returns."""
+    if env_id in LM_BASES:
+        return lm_random_returns(env_id, episodes, seed)
     import gymnasium as gym
 
     env = gym.make(register(env_id))
@@ -74,24 +74,35 @@ def random_returns(env_id: str, episodes: int = 100, seed: int = 0) -> np.ndarra
     return np.asarray(returns)
 
 
-def lm_random_returns(episodes: int, seed: int) -> np.ndarray:
-    """addition-v0: after each of the first `episodes` held-out prompts (cycled), tokens drawn
-    uniformly from the base's vocabulary up to the task's completion budget; the task's reward (1
-    for exactly the answer followed by the end token, else 0)."""
+# the language-model tasks and the bases whose folders hold them
+LM_BASES = {
+    "addition-v0": "lm-addition-base",
+    "rg:chain_sum:max_digits=1,max_terms=4": "lm-chain-sum-base",
+}
+
+
+def lm_random_returns(env_id: str, episodes: int, seed: int) -> np.ndarray:
+    """A language-model task (LM_BASES): after each of the first `episodes` held-out prompts
+    (cycled), tokens drawn uniformly from its base's vocabulary up to the task's completion
+    budget, scored by the task's reward as the LM scripts score it (text before the end token; none:
+    0)."""
     import json
     import random
 
     from transformers import AutoTokenizer
 
-    base = ROOT / "benchmark" / "policies" / "lm-addition-base"
+    from benchmark.runs import load_script
+
+    lm = load_script("grpo_lm.py")
+    base = ROOT / "benchmark" / "policies" / LM_BASES[env_id]
     tokenizer = AutoTokenizer.from_pretrained(base, trust_remote_code=False)
     task = json.loads((base / "task.json").read_text())
     rng, eos, returns = random.Random(seed), tokenizer.eos_token_id, []
     for i in range(episodes):
-        _, answer = task["heldout"][i % len(task["heldout"])]
+        problem = task["heldout"][i % len(task["heldout"])]
         tokens = [rng.randrange(len(tokenizer)) for _ in range(task["max_new_tokens"])]
         text = tokenizer.decode(tokens[: tokens.index(eos)]) if eos in tokens else None
-        returns.append(float(text == answer))
+        returns += lm.score([text], lm.problem_targets([problem]), task)["total"]
     return np.asarray(returns)
 
 
@@ -114,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     for env_id in a.env_ids:
         x = random_returns(env_id, a.episodes, a.seed)
-        solved = None if env_id == "addition-v0" else gym.spec(register(env_id)).reward_threshold
+        solved = None if env_id in LM_BASES else gym.spec(register(env_id)).reward_threshold
         print(
             f'["{env_id}"]\nrandom = {x.mean():.2f}\nstd = '
             f"{x.std():.2f}\nepisodes = {a.episodes}\nseed = {a.seed}"

@@ -329,24 +329,25 @@ def make_callback(
     return OurRun()
 
 
-def addition_reward(tokenizer, counters: dict):
-    """Our reward as a TRL reward function: 1.0 where the completion's ids hold the end token and
-    the text before the first one is the answer, 0.0 otherwise (truncated: 0). It also counts the
-    completion tokens sampled (the end token included, as ours) and keeps the rewards of the
-    update for train/episodic_return."""
-    eos = tokenizer.eos_token_id
+def task_reward(lm, tokenizer, task: dict, end_ids, weights, counters: dict):
+    """Our reward as a TRL reward function: the text before a completion's first end token scored
+    by our script's score() (the task's rewards, weighted as --reward-weights; a completion with no
+    end token, truncated, scores 0). It also counts the completion tokens sampled (the end token
+    included, as ours) and keeps the rewards of the update for train/episodic_return."""
 
-    def reward(prompts, completions, completion_ids, answer, **kwargs):
-        out = []
-        for ids, target in zip(completion_ids, answer, strict=True):
-            ids = list(ids)
-            text = tokenizer.decode(ids[: ids.index(eos)]) if eos in ids else None
-            out.append(float(text is not None and text == target))
-            counters["tokens"] = counters.get("tokens", 0) + len(ids)
+    def reward(prompts, completions, completion_ids, answer, info, **kwargs):
+        import torch
+
+        width = max(len(ids) for ids in completion_ids)  # -1 pads: never an end token
+        rows = torch.tensor([list(ids) + [-1] * (width - len(ids)) for ids in completion_ids])
+        texts = lm.completion_texts(tokenizer, rows, end_ids)
+        targets = [(a, json.loads(i)) for a, i in zip(answer, info, strict=True)]
+        out = lm.score(texts, targets, task, weights)["total"]
+        counters["tokens"] = counters.get("tokens", 0) + sum(len(ids) for ids in completion_ids)
         counters.setdefault("rewards", []).extend(out)
         return out
 
-    reward.__name__ = "addition_reward"
+    reward.__name__ = "task_reward"
     return reward
 
 
@@ -391,8 +392,13 @@ def main(argv=None) -> int:
     if a.same_as == "grpo_lm.py":
         trainer_name, config = grpo_config(a, ours, max_new_tokens, out_dir)
         unit, steps_per_update = ours.num_prompts, ours.update_epochs * ours.num_minibatches
+        targets = lm.problem_targets(task["train"])
         data = Dataset.from_dict(
-            {"prompt": [q for q, _ in task["train"]], "answer": [x for _, x in task["train"]]}
+            {
+                "prompt": [x[0] for x in task["train"]],
+                "answer": [a for a, _ in targets],
+                "info": [json.dumps(i) for _, i in targets],  # (a column of one type)
+            }
         )
     else:
         dpo = load_script("dpo_lm.py")
@@ -453,7 +459,9 @@ def main(argv=None) -> int:
         trainer_cls = getattr(trl, trainer_name)
         trainer = trainer_cls(
             model=model,
-            reward_funcs=addition_reward(tokenizer, counters),
+            reward_funcs=task_reward(
+                lm, tokenizer, task, policy.end_ids, ours.reward_weights, counters
+            ),
             args=config,
             train_dataset=data,
             processing_class=tokenizer,

@@ -5,16 +5,24 @@ anything is written (loaded with trust_remote_code=False: a model folder is data
 relative to the checkout.
 
 A task file is JSON: {"name": "addition-v0", "max_new_tokens": 5, "train": [[prompt, answer], ...],
-"heldout": [...]}, and optionally "rewards": a reward's name or a list of names (default "exact";
-the scripts' REWARDS: exact, final_answer, format), "format": the regular expression a completion
-must match whole under the format reward, and "reward": the rule in words. A prompt is a string
-or a conversation, a list of {"role": ..., "content": ...} messages (system, user, ...) that the
-tokenizer's chat template writes, ending with the turn the model answers."""
+"heldout": [...]} (an entry may be [prompt, answer, info]: an object a reward reads, such as a
+reasoning-gym problem's metadata), and optionally "rewards": a reward's name or a list of names
+(default "exact"; the scripts' REWARDS: exact, final_answer, format, reasoning_gym), "format":
+the regular expression a completion must match whole under the format reward, "reasoning_gym":
+{"dataset": name} for that reward, and "reward": the rule in words. A prompt is a string or a
+conversation, a list of {"role": ..., "content": ...} messages (system, user, ...) that the
+tokenizer's chat template writes, ending with the turn the model answers.
+
+--task rg:<dataset>[:<key>=<value>,...] builds the task from reasoning-gym (a library of procedural
+reasoning tasks with verifiers): its dataset with that configuration, a train set of 20,000 and a
+held-out set of 500 problems (fixed seeds; no held-out question is a train question), scored by
+the dataset's own verifier (the reasoning_gym reward)."""
 
 import difflib
 import json
 import re
 import socket
+from importlib.metadata import version
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -31,17 +39,125 @@ def find(path: str) -> str:
     return path
 
 
-def load_task(path: Path) -> dict:
-    """The task file: {"name", "max_new_tokens", "train": [[prompt, answer], ...], "heldout"}."""
-    return json.loads(Path(path).read_text())
+RG = "rg:"  # --task rg:<dataset>[:<key>=<value>,...]: a reasoning-gym task
+RG_SEED, RG_TRAIN, RG_HELDOUT = 12345, 20_000, 500  # the sets' seed and sizes
+RG_MAX_NEW_TOKENS = 16  # the completion budget of a reasoning-gym task (--max-new-tokens: more)
 
 
-def save_model_folder(run_dir: Path, lm, tokenizer, task: Path):
+def reasoning_gym_spec(spec: str) -> tuple[str, dict]:
+    """(dataset, configuration) of "rg:<dataset>[:<key>=<value>,...]"; a value is a JSON number,
+    true, false or null, or else text."""
+    dataset, _, rest = spec.removeprefix(RG).partition(":")
+    config = {}
+    for item in filter(None, rest.split(",")):
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            fail(
+                f"--task {spec}: write the configuration as key=value pairs, e.g. "
+                "rg:chain_sum:max_terms=3"
+            )
+        try:
+            config[key.strip()] = json.loads(value)
+        except ValueError:
+            config[key.strip()] = value
+    return dataset.strip(), config
+
+
+def reasoning_gym_name(spec: str) -> str:
+    """The task name of a reasoning-gym spec: rg:<dataset>, its configuration's keys sorted."""
+    dataset, config = reasoning_gym_spec(spec)
+    pairs = ",".join(
+        f"{k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in sorted(config.items())
+    )
+    return RG + dataset + (f":{pairs}" if pairs else "")
+
+
+def reasoning_gym_task(spec: str) -> dict:
+    """The task of "rg:<dataset>[:<key>=<value>,...]": reasoning-gym's dataset with that
+    configuration, RG_TRAIN train problems (seed RG_SEED) and RG_HELDOUT held-out ones drawn after
+    them, a held-out question that is also a train question skipped; [question, answer] pairs,
+    scored by the dataset's own verifier on the answer alone (a dataset whose verifier needs more
+    than the answer is refused)."""
+    try:
+        import reasoning_gym
+    except ImportError:
+        fail(f"--task {spec} needs reasoning-gym: pip install reasoning-gym")
+    dataset, config = reasoning_gym_spec(spec)
+    from reasoning_gym.factory import DATASETS
+
+    if dataset not in DATASETS:
+        close = difflib.get_close_matches(dataset, list(DATASETS), n=1)
+        hint = f"; did you mean '{close[0]}'?" if close else ""
+        fail(f"--task {spec}: reasoning-gym has no dataset '{dataset}'{hint}")
+    if {"seed", "size"} & set(config):
+        fail(f"--task {spec}: the seed and size of the train and held-out sets are fixed here")
+
+    def make(seed: int, size: int):
+        try:
+            return reasoning_gym.create_dataset(dataset, **config, seed=seed, size=size)
+        except (TypeError, ValueError, AssertionError) as e:
+            fail(f"--task {spec}: reasoning-gym refuses the configuration ({first_line(e)})")
+
+    def problem(entry) -> list:  # [question, answer, metadata] (JSON, as a task file holds it)
+        info = json.loads(json.dumps(entry.get("metadata", {}), default=str))
+        return [entry["question"], str(entry["answer"]), info]
+
+    train = [problem(x) for x in make(RG_SEED, RG_TRAIN)]
+    questions = {x[0] for x in train}
+    heldout = []
+    for x in make(RG_SEED + RG_TRAIN, 4 * RG_HELDOUT):
+        if x["question"] not in questions and len(heldout) < RG_HELDOUT:
+            questions.add(x["question"])
+            heldout.append(problem(x))
+    if len(heldout) < RG_HELDOUT:
+        fail(
+            f"--task {spec}: too few distinct problems for a held-out set apart from the train set"
+        )
+    verify = reasoning_gym.get_score_answer_fn(dataset)
+
+    def verified(pairs, with_info: bool) -> bool:  # each oracle answer scores 1
+        try:
+            return all(
+                verify(x[1], {"answer": x[1], "metadata": x[2] if with_info else {}}) == 1.0
+                for x in pairs
+            )
+        except Exception:
+            return False
+
+    if verified(heldout, with_info=False):  # scored on the answer alone: no metadata kept
+        train, heldout = [x[:2] for x in train], [x[:2] for x in heldout]
+    elif not verified(heldout, with_info=True):
+        fail(
+            f"--task {spec}: reasoning-gym's verifier of {dataset} does not give its own answers "
+            "a score of 1 from the answer and metadata alone, so this task cannot be scored here"
+        )
+    return {
+        "name": reasoning_gym_name(spec),
+        "reward": f"reasoning-gym {version('reasoning-gym')}'s verifier of {dataset} "
+        "(score_answer) on the answer the completion states (its final answer, or the whole "
+        "completion)",
+        "rewards": "reasoning_gym",
+        "reasoning_gym": {"dataset": dataset, "config": config, "seed": RG_SEED},
+        "max_new_tokens": RG_MAX_NEW_TOKENS,
+        "train": train,
+        "heldout": heldout,
+    }
+
+
+def load_task(source) -> dict:
+    """The task: a task file's contents (a path), or a reasoning-gym task ("rg:..."), as
+    {"name", "max_new_tokens", "train": [[prompt, answer], ...], "heldout", ...}."""
+    if isinstance(source, str) and source.startswith(RG):
+        return reasoning_gym_task(source)
+    return json.loads(Path(source).read_text())
+
+
+def save_model_folder(run_dir: Path, lm, tokenizer, task: dict):
     """<run_dir>/model: the weights and tokenizer as a folder from_pretrained loads, with the task
-    beside them (--model <run_dir>/model runs on it without --task)."""
+    beside them as task.json (--model <run_dir>/model runs on it without --task)."""
     lm.save_pretrained(run_dir / "model")
     tokenizer.save_pretrained(run_dir / "model")
-    (run_dir / "model" / "task.json").write_text(task.read_text())
+    (run_dir / "model" / "task.json").write_text(json.dumps(task, separators=(",", ":")) + "\n")
 
 
 def task_rewards(task: dict) -> list[str]:
@@ -92,15 +208,18 @@ def task_problem(task, rewards=("exact",)) -> str | None:
             (
                 x
                 for x in pairs
-                if not (isinstance(x, list) and len(x) == 2 and isinstance(x[1], str))
+                if not (isinstance(x, list) and len(x) in (2, 3) and isinstance(x[1], str))
                 or not (isinstance(x[0], str) and x[0] or is_conversation(x[0]))
+                or len(x) == 3
+                and not isinstance(x[2], dict)
             ),
             None,
         )
         if bad is not None:
             return (
-                f"holds {bad!r} in {part}: each entry is [prompt, answer], the prompt a string or "
-                'a list of {"role", "content"} messages, the answer a string'
+                f"holds {bad!r} in {part}: each entry is [prompt, answer] or [prompt, answer, "
+                'info], the prompt a string or a list of {"role", "content"} messages, the '
+                "answer a string, info an object"
             )
     names = task.get("rewards", "exact")
     if not (isinstance(names, str) or isinstance(names, list) and names):
@@ -108,6 +227,11 @@ def task_problem(task, rewards=("exact",)) -> str | None:
     unknown = [n for n in task_rewards(task) if n not in rewards]
     if unknown:
         return f"names reward {unknown[0]!r}: the rewards are {', '.join(rewards)}"
+    rg = task.get("reasoning_gym")
+    if "reasoning_gym" in task_rewards(task) and not (
+        isinstance(rg, dict) and isinstance(rg.get("dataset"), str)
+    ):
+        return 'names the reasoning_gym reward but no "reasoning_gym": {"dataset": name}'
     if "format" in task_rewards(task):
         try:
             re.compile(task["format"])
@@ -117,8 +241,20 @@ def task_problem(task, rewards=("exact",)) -> str | None:
     return None
 
 
-def task_path(args) -> Path:
+def task_path(args):
+    """Where the task comes from: --task (a file, or a reasoning-gym spec "rg:..."), else the
+    model folder's task.json."""
+    if args.task and args.task.startswith(RG):
+        return args.task
     return Path(find(args.task)) if args.task else Path(find(args.model)) / "task.json"
+
+
+def default_env_id(args):
+    """With --task rg:..., an --env-id left at its default becomes the reasoning-gym task's name
+    (called before the run folder is named)."""
+    task = getattr(args, "task", None)
+    if task and task.startswith(RG) and args.env_id == getattr(type(args), "env_id", None):
+        args.env_id = reasoning_gym_name(task)
 
 
 def check_model_folder(model: str):
@@ -177,13 +313,13 @@ def check_task(args, load_policy, device="cpu", rewards=("exact",), add_lora=Non
     path = task_path(args)
     try:
         task = load_task(path)
-    except Exception as e:
+    except (OSError, ValueError) as e:
         fail(f"task file {path} cannot be read ({type(e).__name__}); pass --task FILE.json")
     problem = task_problem(task, tuple(rewards))
     if problem:
         fail(f"task file {path} {problem}")
     names = task["name"]
-    prompts = [p for p, _ in task["train"] + task["heldout"]]
+    prompts = [x[0] for x in task["train"] + task["heldout"]]
     if any(not isinstance(p, str) for p in prompts) and not tokenizer.chat_template:
         fail(
             f"task file {path} holds conversations and the tokenizer of --model has no chat "
@@ -198,7 +334,7 @@ def check_task(args, load_policy, device="cpu", rewards=("exact",), add_lora=Non
     max_new_tokens = args.max_new_tokens or task["max_new_tokens"]
     # text the tokenizer cannot write (a character outside its vocabulary) would be scored wrong
     contents = [m["content"] for p in prompts if not isinstance(p, str) for m in p]
-    answers = [a for _, a in task["train"] + task["heldout"]]
+    answers = [x[1] for x in task["train"] + task["heldout"]]
     texts = sorted({t for t in [p for p in prompts if isinstance(p, str)] + contents + answers})
     ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
     lost = next((t for t, i in zip(texts, ids) if tokenizer.decode(i) != t), None)

@@ -62,7 +62,8 @@ def test_a_chain_of_thought_with_the_right_final_answer_scores_1(grpo):
     assert grpo.reward_final_answer("#### 81", "82", {}) == 0.0
     assert grpo.final_answer("\\boxed{\\frac{1}{2}") is None, "an unclosed box states nothing"
     task = {"rewards": ["final_answer", "format"], "format": r".*#### \d+"}
-    scores = grpo.score([gsm8k, "#### 81", "\\boxed{82}", None], ["82"] * 4, task, [1.0, 0.5])
+    texts = [gsm8k, "#### 81", "\\boxed{82}", None]
+    scores = grpo.score(texts, [("82", None)] * 4, task, [1.0, 0.5])
     assert scores["final_answer"] == [1.0, 0.0, 1.0, 0.0]
     assert scores["format"] == [1.0, 1.0, 0.0, 0.0], "None (no end token): 0 under every reward"
     assert scores["total"] == [1.5, 0.5, 1.0, 0.0]

@@ -258,6 +258,8 @@ def test_the_trl_baseline_checks_every_flag_as_our_script_does(
         ("steps -5", "--steps must be >= 1"),
         ("batch 30000", "--batch-size from 1 to 4096"),
         ("lr nan", "--lr must be"),
+        ("task a file", "give a reasoning-gym task"),
+        ("task unknown", "reasoning-gym has no dataset 'chain_summ'"),
     ],
 )
 def test_lm_task_refuses_a_bad_folder_or_flag_in_one_line(case, expected, tmp_path, capsys):
@@ -281,9 +283,12 @@ def test_lm_task_refuses_a_bad_folder_or_flag_in_one_line(case, expected, tmp_pa
     elif case == "task not JSON":
         (model / "task.json").write_text("{")
     else:
-        flag, value = {"steps -5": ("--steps", "-5"), "batch 30000": ("--batch-size", "30000")}.get(
-            case, ("--lr", "nan")
-        )
+        flag, value = {
+            "steps -5": ("--steps", "-5"),
+            "batch 30000": ("--batch-size", "30000"),
+            "task a file": ("--task", "my_task.json"),
+            "task unknown": ("--task", "rg:chain_summ"),
+        }.get(case, ("--lr", "nan"))
         argv = ["--out", str(tmp_path / "new"), flag, value]
     before = digests(model)
     with pytest.raises(SystemExit) as e:

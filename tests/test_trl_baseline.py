@@ -109,3 +109,24 @@ def test_two_updates(tmp_path, script, steps, every, unit):
     assert m["charts/tokens_per_s"][0].tolist() == [unit, 2 * unit]
     assert (m["charts/tokens_per_s"][1] > 0).all() and len(m["charts/update_seconds"][1]) == 2
     assert run_finished(run_dir)
+
+
+def test_the_trl_reward_is_our_score_of_the_text_before_the_first_end_token():
+    """TRL's completion ids (of any lengths) scored by our script's score(): the text before the
+    first end token, a completion with none scores 0; the info column is each problem's JSON."""
+    from benchmark.runs import load_script
+    from benchmark.trl_baseline import task_reward
+
+    lm = load_script("grpo_lm.py")
+    policy, tokenizer = lm.load_policy("benchmark/policies/lm-addition-base")
+    eos = tokenizer.eos_token_id
+    ids = [tokenizer.encode("975") + [eos], tokenizer.encode("976") + [eos], tokenizer.encode("97")]
+    counters = {}
+    reward = task_reward(lm, tokenizer, {"name": "addition-v0"}, [eos], None, counters)
+    out = reward([""] * 3, [""] * 3, ids, ["975"] * 3, ["null"] * 3)
+    assert out == [1.0, 0.0, 0.0]
+    assert counters == {"tokens": 10, "rewards": [1.0, 0.0, 0.0]}
+    rg = {"rewards": ["reasoning_gym", "format"], "reasoning_gym": {"dataset": "chain_sum"}}
+    rg["format"] = r"\d+"
+    reward = task_reward(lm, tokenizer, rg, [eos], [1.0, 0.5], {})
+    assert reward([""] * 3, [""] * 3, ids, ["975"] * 3, ["{}"] * 3) == [1.5, 0.5, 0.0]
