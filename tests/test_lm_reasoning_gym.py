@@ -53,8 +53,15 @@ def test_the_datasets_verifier_scores_the_stated_answer(grpo, chain_sum):
     assert accuracy.REWARDS["reasoning_gym"] is accuracy.reward_reasoning_gym
 
 
-def test_a_verifier_that_needs_the_metadata_gets_it(grpo):
+def test_a_verifier_that_needs_the_metadata_gets_it(grpo, monkeypatch):
+    import canonrl.lm
+
+    # countdown's generator searches for a solution of each problem (20,000 take minutes): a
+    # smaller build of the same code
+    monkeypatch.setattr(canonrl.lm, "RG_TRAIN", 40)
+    monkeypatch.setattr(canonrl.lm, "RG_HELDOUT", 10)
     task = load_task("rg:countdown")
+    assert len(task["train"]) == 40 and len(task["heldout"]) == 10
     prompt, answer, info = task["heldout"][0]
     assert "numbers" in info and "target" in info
     assert grpo.score([answer], grpo.problem_targets([[prompt, answer, info]]), task)["total"] == [
