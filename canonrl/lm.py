@@ -76,8 +76,9 @@ def reasoning_gym_task(spec: str) -> dict:
     """The task of "rg:<dataset>[:<key>=<value>,...]": reasoning-gym's dataset with that
     configuration, RG_TRAIN train problems (seed RG_SEED) and RG_HELDOUT held-out ones drawn after
     them, a held-out question that is also a train question skipped; [question, answer] pairs,
-    scored by the dataset's own verifier on the answer alone (a dataset whose verifier needs more
-    than the answer is refused)."""
+    scored by the dataset's own verifier, with the problem's metadata as a third element where the
+    verifier needs it (a dataset whose verifier does not score its own answers 1 even so is
+    refused)."""
     try:
         import reasoning_gym
     except ImportError:
