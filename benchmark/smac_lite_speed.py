@@ -25,7 +25,7 @@ from benchmark.smac_lite_battles import load_text, report_path  # noqa: E402
 from smac_lite.policies import random_policy  # noqa: E402
 
 ANCHORS = (
-    "Anchors measured on this machine (reference-numbers.md): Python "
+    "Anchors measured on this 2-core machine, 2026-11: Python "
     "SMAClite 50-105 env steps/s; JaxMARL SMAX (JAX, CPU, 2 cores) "
     "~42k joint steps/s on 3m and ~19k on 2s3z with 64-512 battles."
 )
