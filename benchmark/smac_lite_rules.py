@@ -3,9 +3,9 @@ many battles of one map with the scripted focus-fire, pull-back and take-turns p
 (smac_lite.policies) and, given a run of mappo, ippo, qmix or vdn_smac_lite.py, its trained policy
 (greedy, as its evaluation), first under smac_lite's rules and then with one rule changed at a time:
 
-- `enemy pursues its target`: an enemy whose target steps out of its weapon range follows it
-  (while it is within sight range 9) instead of turning to the closest ally (the map entry
-  `pursue=True`);
+- `enemy drops a target out of range`: an enemy whose target steps out of its weapon range turns
+  to the closest ally instead of following it while it is within sight range 9 (the map entry
+  `pursue=False`; smac_lite's enemies pursue, as SC2's attack-moving units do);
 - `collisions`: marines push each other apart, as SC2 units do (smac_lite turns collisions on only
   for the maps where swarms decide the battle);
 - `enemy reacts every loop` / `every 8 loops`: the enemy (and a stopped agent, which fires at the
@@ -43,7 +43,7 @@ from smac_lite.policies import play_battles  # noqa: E402
 # name: (changes to the map's entry, changes to smac_lite.core's constants)
 VARIANTS = {
     "smac_lite's rules": ({}, {}),
-    "enemy pursues its target": ({"pursue": True}, {}),
+    "enemy drops a target out of range": ({"pursue": False}, {}),
     "collisions": ({"collide": True}, {}),
     "enemy reacts every loop": ({}, {"RETARGET_EVERY": 1}),
     "enemy reacts every 8 loops": ({}, {"RETARGET_EVERY": 8}),

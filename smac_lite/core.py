@@ -280,10 +280,10 @@ class BatchedSMAC:
         # right.
         self._x0, self._y0 = self._formation(spec)
 
-        # Enemies that pursue (a map entry with pursue=True) keep a target that left their weapon
-        # range while it is within ACQUIRE_RANGE; by default they drop it and acquire the closest
-        # ally instead.
-        self.pursue = bool(spec.get("pursue", False))
+        # Enemies pursue, as SC2's attack-moving units do: they keep a target that left their
+        # weapon range while it is within ACQUIRE_RANGE. A map entry with pursue=False makes them
+        # drop it and acquire the closest ally instead.
+        self.pursue = bool(spec.get("pursue", True))
         # Ground collisions (maps with collide=True): pairs closer than the sum of their radii are
         # pushed apart.
         self.collide = bool(spec.get("collide", False))
@@ -490,12 +490,12 @@ class BatchedSMAC:
 
         Agents without a live order (stop, or their target died) fire at the closest enemy they can
         hit in range. Enemies follow SC2-like auto-targeting under their one attack-move order: keep
-        the current target while it lives and is within weapon range (or, on a map with pursue,
-        within ACQUIRE_RANGE); otherwise acquire the closest ally within ACQUIRE_RANGE that they can
-        hit, preferring allies that can shoot back; with none, walk on to the attack-move point (the
-        allies' start). Enemy medivacs heal their most damaged teammate. Updates self.enemy_target;
-        returns the closest enemy of every agent (N, A) and whether each enemy may fire (N, E): not
-        while heading for the point."""
+        the current target while it lives and is within ACQUIRE_RANGE (within weapon range only,
+        on a map with pursue=False); otherwise acquire the closest ally within ACQUIRE_RANGE that
+        they can hit, preferring allies that can shoot back; with none, walk on to the attack-move
+        point (the allies' start). Enemy medivacs heal their most damaged teammate. Updates
+        self.enemy_target; returns the closest enemy of every agent (N, A) and whether each enemy
+        may fire (N, E): not while heading for the point."""
         A = self.n_agents
         x = self.x
         y = self.y

@@ -229,9 +229,9 @@ def unit_stats(name):
 # apart. collide: ground units push each other apart (SC2 unit collision; colossi and air units are
 # exempt). On for the swarm and area-damage maps, where stacking would decide the battle (64
 # zerglings in one spot die to one colossus volley); off elsewhere, where it changes little and
-# would cost speed. pursue: an enemy keeps chasing its target when the target steps out of its
-# weapon range (while it is within sight range 9) instead of turning to the closest ally. Off on
-# every SMAC map here (see smac_lite/README.md, Rules).
+# would cost speed. pursue (default True, as SC2's attack-moving units): an enemy keeps chasing its
+# target when the target steps out of its weapon range (while it is within sight range 9); with
+# pursue=False it turns to the closest ally instead (see smac_lite/README.md, Rules).
 _T = "T"
 _P = "P"
 _Z = "Z"
