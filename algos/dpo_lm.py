@@ -8,6 +8,7 @@ on; --save-model writes <run_dir>/model (from_pretrained) beside model.pt.
 
 Run:    python algos/dpo_lm.py --seed 1
 Quick:  python algos/dpo_lm.py --total-timesteps 1280
+2 GPUs: torchrun --standalone --nproc-per-node 2 algos/dpo_lm.py --cuda (the comment below main)
 Results: benchmark/references.toml (ours-dpo_lm-addition-v0), README.md
 """
 
@@ -24,6 +25,7 @@ import torch.nn as nn
 import tyro
 from torch.utils.checkpoint import checkpoint
 
+from canonrl.distributed import Ranks
 from canonrl.lm import (
     check_task,
     default_env_id,
@@ -32,7 +34,7 @@ from canonrl.lm import (
     save_model_folder,
     task_rewards,
 )
-from canonrl.run import LMRunArgs, RNGs, RunLogger, check_ranges, fail, load_states, start_run
+from canonrl.run import LMRunArgs, RNGs, check_ranges, fail, load_states, start_run
 
 
 @dataclass
@@ -437,9 +439,12 @@ def pair_indices(seed: int, first: int, count: int, n: int) -> list[int]:
 
 
 def main(args: Args):
-    args, ckpt, run_dir = start_run(args, check_flags, __file__)
-    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    task, policy, tokenizer = check_model_and_task(args, device)  # (nothing is written yet)
+    ranks = Ranks()  # torchrun's processes (see the comment below main); without torchrun: one
+    with ranks.said_by_rank_0():  # bad input stops every rank; rank 0 alone says why
+        args, ckpt, run_dir = start_run(args, check_flags, __file__)
+        device = ranks.device(args.cuda)
+        task, policy, tokenizer = check_model_and_task(args, device)  # (nothing is written yet)
+    ranks.join(device)
     max_new_tokens = args.max_new_tokens or task["max_new_tokens"]
     pairs = load_preferences(preferences_path(args))["pairs"]
     reference = None  # the frozen base; with LoRA, the policy with its adapters off
@@ -460,8 +465,10 @@ def main(args: Args):
     if ckpt is not None:
         load_states(stateful, ckpt, run_dir)
         iteration = ckpt["iteration"]
+    ranks.check_same_weights(policy)
     global_step = iteration * args.batch_size
-    logger = RunLogger(
+    # the RunLogger (rank 0 alone writes the run)
+    logger = ranks.logger(
         args, run_dir, num_iterations * args.batch_size, global_step, ckpt=ckpt, script=__file__
     )
     if ckpt is None and heldout:  # the first evaluation: the model as loaded
@@ -471,14 +478,15 @@ def main(args: Args):
     for iteration in range(iteration + 1, num_iterations + 1):
         first = (iteration - 1) * args.batch_size
         batch = [pairs[i] for i in pair_indices(args.seed, first, args.batch_size, len(pairs))]
+        mine = batch[ranks.share(len(batch))]  # this rank's pairs (all of them in one process)
         policy.train()
         optimizer.zero_grad()
         stats = {}
         lengths = []
         entropy_sum = 0.0
         # one optimiser step per update, its gradient summed over micro-batches of pairs
-        for micro in np.array_split(np.arange(len(batch)), args.gradient_accumulation_steps):
-            part = [batch[i] for i in micro]
+        for micro in np.array_split(np.arange(len(mine)), args.gradient_accumulation_steps):
+            part = [mine[i] for i in micro]
             ids, mask, n_prompt = encode_pairs(policy, tokenizer, part, max_new_tokens, device)
             c_mask = mask[:, n_prompt:]
             ref_logp = reference_logprobs(policy, reference, ids, mask, n_prompt)
@@ -495,24 +503,28 @@ def main(args: Args):
                 stats[k] = stats.get(k, 0.0) + v * share
             lengths.append(c_mask.sum(1))
             entropy_sum = entropy_sum + (entropy * c_mask).sum()
-            tokens_done += int(mask.sum())
+            tokens_done += int(ranks.sum(mask.sum()))
+        # the sum over the ranks: each rank's loss is its share of the batch's mean
+        ranks.reduce_gradients(trained, average=False)
         nn.utils.clip_grad_norm_(trained, args.max_grad_norm)
         optimizer.step()
         policy.eval()
-        lengths = torch.cat(lengths)
+        lengths = torch.cat(lengths)  # (every rank as many completions)
         global_step = iteration * args.batch_size
         seconds = max(time.time() - start_time - logger.eval_seconds, 1e-9)
         logger.log(
             global_step,
             {
-                "train/episodic_length": lengths.float().mean(),
+                "train/episodic_length": ranks.mean(lengths.float().mean()),
                 "charts/tokens_per_s": tokens_done / seconds,
-                "losses/entropy": entropy_sum / lengths.sum(),
-                **{f"losses/{k}": v for k, v in stats.items()},
+                "losses/entropy": ranks.sum(entropy_sum) / ranks.sum(lengths.sum()),
+                **{f"losses/{k}": v for k, v in ranks.sum_of(stats).items()},
             },
         )
         logger.progress(global_step)
+        ranks.agree_to_stop(logger)
         logger.end_iteration(stateful, iteration, global_step, run_eval if heldout else None)
+    ranks.leave()  # no collective after it: the other ranks end while rank 0 evaluates
     logger.finish(
         stateful,
         num_iterations,
@@ -521,6 +533,17 @@ def main(args: Args):
         model={"policy": policy.state_dict()},
         save_also=lambda run_dir: save_model_folder(run_dir, policy.lm, tokenizer, task),
     )
+
+
+# Several processes: torchrun --standalone --nproc-per-node N algos/dpo_lm.py ... (NCCL between
+# GPUs with --cuda, gloo between CPU processes; one process without torchrun). Every rank takes the
+# same batch of pairs and computes the loss of its own batch_size / N of them, weighted by its share
+# of the whole batch; the gradients are summed over the ranks before the step: the step of one
+# process on the whole batch. Rank 0 alone logs (the whole batch's statistics), evaluates and writes
+# the run directory; the others wait for it at the next update. Ctrl-C (torchrun passes it to every
+# rank) stops every rank after the same iteration, saved by rank 0; bad flags stop every rank before
+# the process group starts, rank 0 alone printing the error. --batch-size, the steps and the
+# checkpoint are those of the whole batch, so a run resumes with any number of processes.
 
 
 def preferences_path(args: Args) -> Path:
@@ -547,10 +570,17 @@ def check_flags(args: Args):
             "lora_alpha": "x > 0",
         },
     )
-    if args.gradient_accumulation_steps > args.batch_size:
+    world_size = Ranks().world_size  # torchrun's processes, each its share of the pairs
+    if args.batch_size % world_size:
+        fail(
+            f"--batch-size {args.batch_size} cannot be shared by {world_size} processes; "
+            "make it a multiple of torchrun's --nproc-per-node"
+        )
+    if args.gradient_accumulation_steps > args.batch_size // world_size:
         fail(
             f"--gradient-accumulation-steps {args.gradient_accumulation_steps} exceeds "
             f"--batch-size {args.batch_size}"
+            + (f" ({args.batch_size // world_size} pairs per process)" if world_size > 1 else "")
         )
     if args.total_timesteps < args.batch_size:
         fail(
@@ -594,4 +624,6 @@ def check_model_and_task(args: Args, device="cpu"):
 
 
 if __name__ == "__main__":
-    main(tyro.cli(Args, description=__doc__))
+    with Ranks().said_by_rank_0():  # a flag that cannot be parsed: said once, not once per rank
+        cli_args = tyro.cli(Args, description=__doc__)
+    main(cli_args)

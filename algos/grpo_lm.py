@@ -2,13 +2,13 @@
 
 Shao et al. 2024 (DeepSeekMath): G sampled completions per prompt, advantages relative to the group,
 the clipped token-level ratio objective, an optional k3 KL penalty to the frozen reference (--beta).
-Variants as flags: Dr. GRPO (Liu et al. 2025): --no-scale-rewards --loss-type dr_grpo; DAPO (Yu et
-al. 2025): --clip-eps-high 0.28 --loss-type token --dynamic-sampling --mask-truncated; RLOO's
-leave-one-out baseline (Ahmadian et al. 2024): --baseline rloo --no-scale-rewards. A step is one
-prompt trained on; --save-model writes <run_dir>/model (from_pretrained) beside model.pt.
+Variants: Dr. GRPO (Liu et al. 2025): --no-scale-rewards --loss-type dr_grpo; DAPO (Yu et al. 2025):
+--clip-eps-high 0.28 --loss-type token --dynamic-sampling --mask-truncated; RLOO (Ahmadian et al.
+2024): --baseline rloo --no-scale-rewards. A step is one prompt; --save-model adds <run_dir>/model.
 
 Run:    python algos/grpo_lm.py --seed 1
 Quick:  python algos/grpo_lm.py --total-timesteps 1600
+2 GPUs: torchrun --standalone --nproc-per-node 2 algos/grpo_lm.py --cuda (the comment below main)
 Results: benchmark/references.toml (ours-grpo_lm-addition-v0-4800), README.md
 """
 
@@ -24,6 +24,7 @@ import torch.nn as nn
 import tyro
 from torch.utils.checkpoint import checkpoint
 
+from canonrl.distributed import Ranks
 from canonrl.lm import (
     check_task,
     default_env_id,
@@ -32,7 +33,7 @@ from canonrl.lm import (
     save_model_folder,
     task_rewards,
 )
-from canonrl.run import LMRunArgs, RNGs, RunLogger, check_ranges, fail, load_states, start_run
+from canonrl.run import LMRunArgs, RNGs, check_ranges, fail, load_states, start_run
 
 
 @dataclass
@@ -537,9 +538,12 @@ def keep_groups(rounds: list, num_prompts: int, group_size: int) -> dict:
 
 
 def main(args: Args):
-    args, ckpt, run_dir = start_run(args, check_flags, __file__)
-    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    task, policy, tokenizer = check_model_and_task(args, device)  # (nothing is written yet)
+    ranks = Ranks()  # torchrun's processes (see the comment below main); without torchrun: one
+    with ranks.said_by_rank_0():  # bad input stops every rank; rank 0 alone says why
+        args, ckpt, run_dir = start_run(args, check_flags, __file__)
+        device = ranks.device(args.cuda)
+        task, policy, tokenizer = check_model_and_task(args, device)  # (nothing is written yet)
+    ranks.join(device)
     max_new_tokens = args.max_new_tokens or task["max_new_tokens"]
     reference = None  # the frozen base of the KL penalty: none at --beta 0 or with LoRA
     if args.beta and not args.lora_r:
@@ -552,7 +556,8 @@ def main(args: Args):
     heldout = task["heldout"][: args.eval_prompts]
     prompts = [x[0] for x in task["train"]]
     answers = problem_targets(task["train"])  # (answer, info) of each train prompt
-    minibatch = args.num_prompts * args.group_size // args.num_minibatches
+    my_prompts = args.num_prompts // ranks.world_size  # this rank's prompts of each update
+    minibatch = my_prompts * args.group_size // args.num_minibatches  # (this rank's part)
     num_iterations = args.total_timesteps // args.num_prompts
     clip_high = args.clip_eps_high if args.clip_eps_high is not None else args.clip_eps
     iteration = 0
@@ -564,8 +569,12 @@ def main(args: Args):
     if ckpt is not None:
         load_states(stateful, ckpt, run_dir)
         iteration = ckpt["iteration"]
+    ranks.check_same_weights(policy)
+    if ranks.rank > 0:  # each rank its own samples (rank 0's: those of one process)
+        torch.manual_seed(args.seed + 10_000 * ranks.rank + iteration)
     global_step = iteration * args.num_prompts
-    logger = RunLogger(
+    # the RunLogger (rank 0 alone writes the run)
+    logger = ranks.logger(
         args, run_dir, num_iterations * args.num_prompts, global_step, ckpt=ckpt, script=__file__
     )
     if ckpt is None and heldout:  # the first evaluation: the model as loaded
@@ -583,6 +592,7 @@ def main(args: Args):
         lengths = []
         for _ in range(args.max_sampling_rounds if args.dynamic_sampling else 1):
             idx = torch.as_tensor(np_rng.choice(len(answers), args.num_prompts, replace=False))
+            idx = idx[ranks.share(args.num_prompts)]  # every rank draws the same, keeps its part
             sampled = sample_groups(
                 policy,
                 tokenizer,
@@ -592,18 +602,18 @@ def main(args: Args):
                 args,
                 max_new_tokens,
             )
-            keep = torch.ones(args.num_prompts, dtype=torch.bool, device=device)
+            keep = torch.ones(my_prompts, dtype=torch.bool, device=device)
             if args.dynamic_sampling:  # DAPO eq. 11: a group of equal rewards has no signal
                 keep = sampled["rewards"].std(1) > 0
             rounds.append((sampled, keep))
             rewards_seen.append(sampled["rewards"].flatten())
             lengths.append(sampled["c_mask"].sum(1))
-            if sum(int(k.sum()) for _, k in rounds) >= args.num_prompts:
+            if sum(int(k.sum()) for _, k in rounds) >= my_prompts:
                 break
         if not any(bool(k.any()) for _, k in rounds):  # none kept: the last round (advantages 0)
             rounds[-1] = (rounds[-1][0], torch.ones_like(rounds[-1][1]))
-        b = keep_groups(rounds, args.num_prompts, args.group_size)
-        tokens_done += int(torch.cat(lengths).sum())
+        b = keep_groups(rounds, my_prompts, args.group_size)
+        tokens_done += int(ranks.sum(torch.cat(lengths).sum()))
         generation_seconds += time.time() - phase_start
         phase_start = time.time()
         advantages = group_advantages(b["rewards"], args.scale_rewards, args.baseline).flatten()
@@ -622,7 +632,13 @@ def main(args: Args):
             perm = torch.randperm(n, device=device)
             for start in range(0, n, minibatch):
                 mb = perm[start : start + minibatch]
-                counts = (len(mb), loss_mask[mb].sum())  # what the loss is normalised by
+                # what the loss is normalised by: the counts of the whole minibatch, all ranks'
+                # parts of it, so that the ranks' losses sum to the loss of one process
+                completions, tokens, c_tokens = ranks.sum(
+                    torch.tensor(
+                        [len(mb), loss_mask[mb].sum(), b["c_mask"][mb].sum()], device=device
+                    ).float()
+                )
                 optimizer.zero_grad()
                 stats = {}
                 # one optimiser step per minibatch, its gradient summed over micro-batches
@@ -641,34 +657,41 @@ def main(args: Args):
                         max_new_tokens,
                         None if ref_logp is None else ref_logp[micro],
                         args.beta,
-                        counts,
+                        (completions, tokens),
                     )
                     loss.backward()
                     c_mask = b["c_mask"][micro]
-                    micro_stats["entropy"] = (entropy * c_mask).sum() / b["c_mask"][mb].sum().clamp(
-                        min=1
-                    )
+                    micro_stats["entropy"] = (entropy * c_mask).sum() / c_tokens.clamp(min=1)
                     for k, v in micro_stats.items():
                         stats[k] = stats.get(k, 0.0) + v
+                # the sum over the ranks: each rank's loss is its part of the minibatch's
+                ranks.reduce_gradients(trained, average=False)
                 nn.utils.clip_grad_norm_(trained, args.max_grad_norm)
                 optimizer.step()
-        stats = {k: float(v) for k, v in stats.items()}  # (on a GPU: waits for the update)
+        # the last minibatch's losses: each rank's part of them, summed
+        stats = ranks.sum_of(stats)
         update_seconds += time.time() - phase_start
-        update_tokens += int(full_mask.sum()) * args.update_epochs
+        update_tokens += int(ranks.sum(full_mask.sum())) * args.update_epochs
         all_rewards = torch.cat(rewards_seen)
         reward_means = {  # each reward the task names, where it names several
             f"train/{k}": np.mean([r[0]["means"][k] for r in rounds]) for k in rounds[0][0]["means"]
         }
-        logger.last_return = float(all_rewards.mean())
+        batch_stats = {
+            "train/episodic_return": all_rewards.mean(),
+            "train/episodic_length": torch.cat(lengths).float().mean(),
+            "charts/truncated": b["truncated"].float().mean(),
+            "charts/kept_groups": len(b["rewards"]) / (len(all_rewards) / args.group_size),
+        }
+        # the whole batch's: the means of the ranks' parts (of the same size: no dynamic sampling)
+        batch_stats = ranks.mean_of(batch_stats)
+        reward_means = ranks.mean_of(reward_means)
+        logger.last_return = batch_stats["train/episodic_return"]
         global_step = iteration * args.num_prompts
         seconds = max(time.time() - sampling_start - logger.eval_seconds, 1e-9)
         logger.log(
             global_step,
             {
-                "train/episodic_return": all_rewards.mean(),
-                "train/episodic_length": torch.cat(lengths).float().mean(),
-                "charts/truncated": b["truncated"].float().mean(),
-                "charts/kept_groups": len(b["rewards"]) / (len(all_rewards) / args.group_size),
+                **batch_stats,
                 "charts/tokens_per_s": tokens_done / seconds,
                 "charts/generation_tokens_per_s": tokens_done / generation_seconds,
                 "charts/update_tokens_per_s": update_tokens / update_seconds,
@@ -677,7 +700,9 @@ def main(args: Args):
             },
         )
         logger.progress(global_step)
+        ranks.agree_to_stop(logger)
         logger.end_iteration(stateful, iteration, global_step, run_eval if heldout else None)
+    ranks.leave()  # no collective after it: the other ranks end while rank 0 evaluates
     logger.finish(
         stateful,
         num_iterations,
@@ -686,6 +711,18 @@ def main(args: Args):
         model={"policy": policy.state_dict()},
         save_also=lambda run_dir: save_model_folder(run_dir, policy.lm, tokenizer, task),
     )
+
+
+# Several processes: torchrun --standalone --nproc-per-node N algos/grpo_lm.py ... (NCCL between
+# GPUs with --cuda, gloo between CPU processes; one process without torchrun). Every rank draws the
+# same prompts and samples the completions of its own num_prompts / N of them; each minibatch's loss
+# is normalised by the counts of the whole minibatch (every rank's part of it) and the gradients are
+# summed over the ranks before the step: the step of one process on the whole batch. Rank 0 alone
+# logs (the whole batch's statistics), evaluates and writes the run directory; the others wait for
+# it at the next update. Ctrl-C (torchrun passes it to every rank) stops every rank after the same
+# iteration, saved by rank 0; bad flags stop every rank before the process group starts, rank 0
+# alone printing the error. --num-prompts, the steps and the checkpoint are those of the whole
+# batch, so a run resumes with any number of processes.
 
 
 def check_args(args: Args):
@@ -710,12 +747,25 @@ def check_flags(args: Args):
             "lora_alpha": "x > 0",
         },
     )
-    if (args.num_prompts * args.group_size) % args.num_minibatches:
+    world_size = Ranks().world_size  # torchrun's processes, each its share of the prompts
+    if args.num_prompts % world_size:
+        fail(
+            f"--num-prompts {args.num_prompts} cannot be shared by {world_size} processes; "
+            "make it a multiple of torchrun's --nproc-per-node"
+        )
+    if world_size > 1 and args.dynamic_sampling:
+        fail(
+            "--dynamic-sampling runs in one process only (each rank would keep a different "
+            "number of groups); drop it or run without torchrun"
+        )
+    completions = args.num_prompts // world_size * args.group_size  # of each rank's batch
+    if completions % args.num_minibatches:
         fail(
             f"--num-minibatches {args.num_minibatches} does not divide the batch num_prompts * "
             f"group_size = {args.num_prompts * args.group_size}"
+            + (f" ({completions} in each of {world_size} processes)" if world_size > 1 else "")
         )
-    minibatch = args.num_prompts * args.group_size // args.num_minibatches
+    minibatch = completions // args.num_minibatches
     if args.gradient_accumulation_steps > minibatch:
         fail(
             f"--gradient-accumulation-steps {args.gradient_accumulation_steps} exceeds the "
@@ -738,4 +788,6 @@ def check_model_and_task(args: Args, device="cpu"):
 
 
 if __name__ == "__main__":
-    main(tyro.cli(Args, description=__doc__))
+    with Ranks().said_by_rank_0():  # a flag that cannot be parsed: said once, not once per rank
+        cli_args = tyro.cli(Args, description=__doc__)
+    main(cli_args)

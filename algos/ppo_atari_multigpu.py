@@ -3,7 +3,7 @@
 ppo_atari.py's algorithm and defaults. Each rank (one per GPU, or CPU process) steps its own
 --num-envs envs and the gradients are averaged over ranks before each step: an update's batch is
 world_size x num_envs x num_steps, and the global step counts all ranks' steps. Rank 0 alone logs,
-evaluates and writes the run (see the comment above said_by_rank_0). NCCL between GPUs with --cuda,
+evaluates and writes the run (see the comment below main). NCCL between GPUs with --cuda,
 gloo between CPU processes without it.
 
 Run:    torchrun --standalone --nproc_per_node=2 algos/ppo_atari_multigpu.py --seed 1 --cuda
@@ -12,11 +12,7 @@ Quick:  torchrun --standalone --nproc_per_node=2 algos/ppo_atari_multigpu.py \
 Results: benchmark/references.toml
 """
 
-import contextlib
-import hashlib
 import os
-import signal
-import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -24,16 +20,15 @@ import ale_py
 import gymnasium as gym
 import numpy as np
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 import tyro
 from stable_baselines3.common.atari_wrappers import AtariWrapper
 from torch.distributions import Categorical
 
+from canonrl.distributed import Ranks
 from canonrl.run import (
     RNGs,
     RunArgs,
-    RunLogger,
     check_ranges,
     env_spaces,
     fail,
@@ -287,12 +282,10 @@ def evaluate(agent, env_id, episodes, seed, device="cpu", video_dir=None):
 
 
 def main(args: Args):
-    rank = int(os.environ.get("RANK", "0"))
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    # torchrun's environment; without torchrun: one process
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    ranks = Ranks()  # torchrun's environment; without torchrun: one process
+    world_size = ranks.world_size
     # bad input stops every rank before the process group starts; rank 0 alone says why
-    with said_by_rank_0():
+    with ranks.said_by_rank_0():
         # on every rank: the same flags, checks, seeds and checkpoint
         args, ckpt, run_dir = start_run(args, check_args, __file__)
         if (
@@ -305,13 +298,8 @@ def main(args: Args):
                 f"{run_dir} ran {ran} process(es), not {world_size}; "
                 "resume it with as many (torchrun --nproc_per_node)"
             )
-    device = (
-        torch.device("cuda", local_rank)
-        if torch.cuda.is_available() and args.cuda
-        else torch.device("cpu")
-    )
-    if world_size > 1:
-        join_process_group(device)
+    device = ranks.device(args.cuda)
+    ranks.join(device)
     # same-step autoreset: a finished episode's last observation is in infos
     envs = gym.vector.SyncVectorEnv(
         [lambda: make_env(args.env_id)] * args.num_envs,
@@ -341,23 +329,20 @@ def main(args: Args):
         iteration = ckpt["iteration"]
     # the same initial weights on every rank, then each its own actions (rank 0's: those of
     # ppo_atari.py)
-    if rank > 0:
-        torch.manual_seed(args.seed + 10_000 * rank + iteration)
-    check_same_weights(agent, world_size, device)
+    if ranks.rank > 0:
+        torch.manual_seed(args.seed + 10_000 * ranks.rank + iteration)
+    ranks.check_same_weights(agent)
     global_step = iteration * global_batch
-    if rank == 0:
+    if ranks.rank == 0:
         print(
             f"{world_size} process(es) x {args.num_envs} envs x {args.num_steps} steps = "
             f"{global_batch:,} steps per update (minibatches of {minibatch_size} per process); "
             f"{num_iterations:,} updates to --total-timesteps {args.total_timesteps:,} over all "
             "processes" + (", the learning rate annealed over them" if args.anneal_lr else "")
         )
-    logger = (
-        RunLogger(
-            args, run_dir, num_iterations * global_batch, global_step, ckpt=ckpt, script=__file__
-        )
-        if rank == 0
-        else QuietLogger()
+    # the RunLogger (rank 0 alone writes the run)
+    logger = ranks.logger(
+        args, run_dir, num_iterations * global_batch, global_step, ckpt=ckpt, script=__file__
     )
 
     @torch.no_grad()
@@ -373,7 +358,7 @@ def main(args: Args):
     dones = torch.zeros((args.num_steps, args.num_envs), device=device)
     values = torch.zeros((args.num_steps, args.num_envs), device=device)
     # a resumed run: fresh episodes
-    next_obs, _ = envs.reset(seed=args.seed + global_step + rank * args.num_envs)
+    next_obs, _ = envs.reset(seed=args.seed + global_step + ranks.rank * args.num_envs)
     # steps of the game (all its lives) each env is playing
     game_length = np.zeros(args.num_envs, dtype=np.int64)
     for iteration in range(iteration + 1, num_iterations + 1):
@@ -435,25 +420,19 @@ def main(args: Args):
                 )
                 optimizer.zero_grad()
                 loss.backward()
-                if world_size > 1:
-                    average_gradients(agent.parameters(), world_size)
+                ranks.reduce_gradients(agent.parameters())
                 nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
                 optimizer.step()
-            if (
-                args.target_kl is not None
-                and mean_over_ranks(stats["approx_kl"], world_size) > args.target_kl
-            ):
+            if args.target_kl is not None and ranks.mean(stats["approx_kl"]) > args.target_kl:
                 break  # on every rank at once: they take the same number of steps
         # nan: constant returns
         stats["explained_variance"] = 1 - (b_returns - b_values).var() / b_returns.var()
         # rank 0 logs them
-        stats = dict(zip(stats, mean_over_ranks(torch.stack(list(stats.values())), world_size)))
+        stats = dict(zip(stats, ranks.mean(torch.stack(list(stats.values())))))
         # a Ctrl-C that reached any rank (before this all-reduce; a later one: next iteration) stops
         # every rank now
-        stop = bool(
-            mean_over_ranks(torch.tensor(float(logger.stop_requested), device=device), world_size)
-            > 0
-        )
+        ranks.agree_to_stop(logger)
+        stop = logger.stop_requested
         logger.log(
             global_step,
             {
@@ -469,20 +448,18 @@ def main(args: Args):
         ):
             logger.evaluate(global_step, run_eval)
         if iteration % max(1, args.checkpoint_every // global_batch) == 0 or stop:
-            check_same_weights(agent, world_size, device)
+            ranks.check_same_weights(agent)
             logger.save_checkpoint(stateful, iteration, global_step)
         if stop:  # Ctrl-C: the iteration it came in is finished and saved
             logger.exit_interrupted()
     envs.close()
     # the barrier: no rank tears the group down while another is still in the last all-reduce
     # (gloo aborts it then). No collective after it: the other ranks end while rank 0 evaluates
-    if world_size > 1:
-        dist.barrier()
-        dist.destroy_process_group()
+    ranks.leave()
     video_dir = run_dir / "videos" if args.capture_video else None
     eval_returns = logger.evaluate(global_step, lambda: run_eval(video_dir))
     logger.save_checkpoint(stateful, num_iterations, global_step, finished=True)
-    if args.save_model and rank == 0:
+    if args.save_model and ranks.rank == 0:
         save_model(
             {
                 "agent": agent.state_dict(),
@@ -513,100 +490,6 @@ def main(args: Args):
 # 130 (Ctrl-C), but torchrun's own status is 1 after any rank's failure or a Ctrl-C, with its own
 # traceback (ChildFailedError or SignalException). Without torchrun (no WORLD_SIZE in the
 # environment) it is one process, ppo_atari.py step for step.
-
-
-@contextlib.contextmanager
-def said_by_rank_0():
-    """Drop what the block prints on ranks other than 0 (torchrun's RANK): every rank parses and
-    checks the flags and stops on bad ones, and one copy of the message is enough. A traceback is
-    still printed on every rank."""
-    if int(os.environ.get("RANK", "0")) == 0:
-        yield
-        return
-    with (
-        open(os.devnull, "w") as devnull,
-        contextlib.redirect_stdout(devnull),
-        contextlib.redirect_stderr(devnull),
-    ):
-        yield
-
-
-def join_process_group(device: torch.device):
-    """Join the process group torchrun's environment describes (RANK, WORLD_SIZE, MASTER_ADDR,
-    MASTER_PORT): NCCL between GPUs, gloo between CPU processes. The barrier: no rank writes the run
-    directory before every rank has checked it (start_run)."""
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    dist.init_process_group(
-        "nccl" if device.type == "cuda" else "gloo",
-        device_id=device if device.type == "cuda" else None,
-    )
-    dist.barrier()
-
-
-def mean_over_ranks(x: torch.Tensor, world_size: int) -> torch.Tensor:
-    """x averaged over the ranks (one all-reduce); x itself in one process."""
-    if world_size == 1:
-        return x
-    x = x.clone()
-    dist.all_reduce(x)
-    return x.div_(world_size)
-
-
-def average_gradients(params, world_size: int):
-    """Replace every rank's gradients by their mean over the ranks, with one all-reduce of them all,
-    flattened. This is what DistributedDataParallel computes (in buckets, overlapped with the
-    backward pass); an explicit all-reduce keeps Agent, its methods and --compile exactly as in
-    ppo_atari.py (DDP only syncs through forward(), which the agent's get_action_and_value is not),
-    and one all-reduce of 1.7M floats per minibatch is cheap."""
-    grads = [p.grad for p in params]
-    flat = mean_over_ranks(torch.cat([g.flatten() for g in grads]), world_size)
-    for grad, mean in zip(grads, flat.split([g.numel() for g in grads])):
-        grad.copy_(mean.view_as(grad))
-
-
-def check_same_weights(agent: nn.Module, world_size: int, device: torch.device):
-    """Raise unless every rank holds bit-identical parameters (64 bits of a SHA-256 of their bytes,
-    gathered)."""
-    if world_size == 1:
-        return
-    digest = hashlib.sha256(
-        b"".join(p.detach().cpu().numpy().tobytes() for p in agent.parameters())
-    ).digest()
-    mine = torch.tensor(int.from_bytes(digest[:8], "little", signed=True), device=device)
-    every = [torch.zeros_like(mine) for _ in range(world_size)]
-    dist.all_gather(every, mine)
-    if any(d != mine for d in every):
-        raise RuntimeError(
-            f"the ranks hold different weights (rank {dist.get_rank()}: {mine.item():x}); a "
-            "rank resumed from another checkpoint, or the ranks' hardware computes differently"
-        )
-
-
-class QuietLogger:
-    """What ranks other than 0 hold in place of the RunLogger: they log, evaluate and save nothing
-    (rank 0 does so for the run). A Ctrl-C that reaches one of them (torchrun passes it to every
-    rank) stops the run as on rank 0."""
-
-    def __init__(self):
-        self.stop_requested = False
-        self.last_return = float("nan")
-        signal.signal(signal.SIGINT, self.request_stop)
-
-    def request_stop(self, *_):
-        self.stop_requested = True
-        signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C stops at once
-
-    def log(self, *args, **kwargs):  # and the rest: nothing to write
-        pass
-
-    log_episode = progress = save_checkpoint = close = log
-
-    def evaluate(self, step: int, run_episodes):
-        return []
-
-    def exit_interrupted(self):
-        sys.exit(130)
 
 
 def check_args(args: Args):
@@ -646,6 +529,6 @@ def check_args(args: Args):
 
 if __name__ == "__main__":
     # a flag that cannot be parsed (and --help): printed once, not once per rank
-    with said_by_rank_0():
+    with Ranks().said_by_rank_0():
         cli_args = tyro.cli(Args, description=__doc__)
     main(cli_args)

@@ -8,6 +8,7 @@ trained on; --save-model writes <run_dir>/model (from_pretrained) beside model.p
 
 Run:    python algos/ppo_lm.py --seed 1
 Quick:  python algos/ppo_lm.py --total-timesteps 1024
+2 GPUs: torchrun --standalone --nproc-per-node 2 algos/ppo_lm.py --cuda (the comment below main)
 Results: benchmark/references.toml (ours-ppo_lm-addition-v0), README.md
 """
 
@@ -22,6 +23,7 @@ import torch.nn as nn
 import tyro
 from torch.utils.checkpoint import checkpoint
 
+from canonrl.distributed import Ranks
 from canonrl.lm import (
     check_task,
     default_env_id,
@@ -30,7 +32,7 @@ from canonrl.lm import (
     save_model_folder,
     task_rewards,
 )
-from canonrl.run import LMRunArgs, RNGs, RunLogger, check_ranges, fail, load_states, start_run
+from canonrl.run import LMRunArgs, RNGs, check_ranges, fail, load_states, start_run
 
 
 @dataclass
@@ -434,11 +436,12 @@ def token_gae(rewards, values, mask, gamma: float, gae_lambda: float):
     return advantages, advantages + values
 
 
-def masked_whiten(x, mask):
-    """(x - mean) / std over the masked entries, as PPO normalises advantages."""
-    n = mask.sum()
-    mean = (x * mask).sum() / n
-    var = (((x - mean) * mask) ** 2).sum() / (n - 1).clamp(min=1)
+def masked_whiten(x, mask, sum_over=lambda t: t):
+    """(x - mean) / std over the masked entries, as PPO normalises advantages. sum_over: a sum's
+    total over every part of the batch (Ranks.sum where each process holds a part)."""
+    n = sum_over(mask.sum())
+    mean = sum_over((x * mask).sum()) / n
+    var = sum_over((((x - mean) * mask) ** 2).sum()) / (n - 1).clamp(min=1)
     return (x - mean) / (var.sqrt() + 1e-8) * mask
 
 
@@ -476,9 +479,12 @@ def ppo_loss(
 
 
 def main(args: Args):
-    args, ckpt, run_dir = start_run(args, check_flags, __file__)
-    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    task, policy, tokenizer = check_model_and_task(args, device)  # (nothing is written yet)
+    ranks = Ranks()  # torchrun's processes (see the comment below main); without torchrun: one
+    with ranks.said_by_rank_0():  # bad input stops every rank; rank 0 alone says why
+        args, ckpt, run_dir = start_run(args, check_flags, __file__)
+        device = ranks.device(args.cuda)
+        task, policy, tokenizer = check_model_and_task(args, device)  # (nothing is written yet)
+    ranks.join(device)
     max_new_tokens = args.max_new_tokens or task["max_new_tokens"]
     value_head = ValueHead(policy.lm.config.hidden_size).to(device)
     reference = None  # the frozen base of the KL penalty: none at --kl-coef 0 or with LoRA
@@ -493,7 +499,8 @@ def main(args: Args):
     heldout = task["heldout"][: args.eval_prompts]
     prompts = [x[0] for x in task["train"]]
     answers = problem_targets(task["train"])  # (answer, info) of each train prompt
-    minibatch = args.num_prompts // args.num_minibatches
+    my_prompts = args.num_prompts // ranks.world_size  # this rank's prompts of each update
+    minibatch = my_prompts // args.num_minibatches  # (this rank's part)
     num_iterations = args.total_timesteps // args.num_prompts
     iteration = 0
 
@@ -509,8 +516,12 @@ def main(args: Args):
     if ckpt is not None:
         load_states(stateful, ckpt, run_dir)
         iteration = ckpt["iteration"]
+    ranks.check_same_weights(policy, value_head)
+    if ranks.rank > 0:  # each rank its own samples (rank 0's: those of one process)
+        torch.manual_seed(args.seed + 10_000 * ranks.rank + iteration)
     global_step = iteration * args.num_prompts
-    logger = RunLogger(
+    # the RunLogger (rank 0 alone writes the run)
+    logger = ranks.logger(
         args, run_dir, num_iterations * args.num_prompts, global_step, ckpt=ckpt, script=__file__
     )
     if ckpt is None and heldout:  # the first evaluation: the model as loaded
@@ -524,6 +535,7 @@ def main(args: Args):
         phase_start = time.time()
         policy.eval()  # sampling: no dropout
         idx = torch.as_tensor(np_rng.choice(len(answers), args.num_prompts, replace=False))
+        idx = idx[ranks.share(args.num_prompts)]  # every rank draws the same, keeps its part
         ids, mask = encode_prompts(tokenizer, [prompts[i] for i in idx], device)
         completions, c_mask, _ = policy.generate(
             ids, mask, max_new_tokens, temperature=args.temperature
@@ -536,6 +548,7 @@ def main(args: Args):
         reward_means = {
             f"train/reward_{k}": np.mean(v) for k, v in scores.items() if len(scores) > 1
         }
+        reward_means = ranks.mean_of(reward_means)  # (every rank as many prompts)
         full_ids = torch.cat([ids, completions], dim=1)
         full_mask = torch.cat([mask, c_mask], dim=1)
         n_prompt = ids.shape[1]
@@ -554,14 +567,16 @@ def main(args: Args):
             advantages, returns = token_gae(
                 rewards, old_values, c_mask, args.gamma, args.gae_lambda
             )
-            advantages = masked_whiten(advantages, c_mask)
-        tokens_done += int(c_mask.sum())
+            advantages = masked_whiten(advantages, c_mask, ranks.sum)  # over the whole batch
+        tokens_done += int(ranks.sum(c_mask.sum()))
         policy.train()
         for epoch in range(args.update_epochs):
-            perm = torch.randperm(args.num_prompts, device=device)
-            for start in range(0, args.num_prompts, minibatch):
+            perm = torch.randperm(my_prompts, device=device)
+            for start in range(0, my_prompts, minibatch):
                 mb = perm[start : start + minibatch]
-                tokens = c_mask[mb].sum()  # what the losses are normalised by
+                # what the losses are normalised by: the tokens of the whole minibatch, all ranks'
+                # parts of it, so that the ranks' losses sum to the loss of one process
+                tokens = ranks.sum(c_mask[mb].sum())
                 optimizer.zero_grad()
                 stats = {}
                 # one optimiser step per minibatch, its gradient summed over micro-batches
@@ -588,30 +603,37 @@ def main(args: Args):
                     micro_stats["entropy"] = (entropy * c_mask[micro]).sum() / tokens
                     for k, v in micro_stats.items():
                         stats[k] = stats.get(k, 0.0) + v
+                # the sum over the ranks: each rank's loss is its part of the minibatch's
+                ranks.reduce_gradients(params, average=False)
                 nn.utils.clip_grad_norm_(params, args.max_grad_norm)
                 optimizer.step()
-        stats = {k: float(v) for k, v in stats.items()}  # (on a GPU: waits for the update)
+        # the last minibatch's losses: each rank's part of them, summed
+        stats = ranks.sum_of(stats)
         update_seconds += time.time() - phase_start
-        update_tokens += int(full_mask.sum()) * args.update_epochs
-        n = c_mask.sum()
-        logger.last_return = float(total.mean())
+        update_tokens += int(ranks.sum(full_mask.sum())) * args.update_epochs
+        n = ranks.sum(c_mask.sum())
+        # the whole batch's: the means of the ranks' parts (of the same size)
+        mean_return = ranks.mean(total.mean())
+        logger.last_return = float(mean_return)
         global_step = iteration * args.num_prompts
         seconds = max(time.time() - sampling_start - logger.eval_seconds, 1e-9)
         logger.log(
             global_step,
             {
-                "train/episodic_return": total.mean(),
-                "train/episodic_length": c_mask.sum(1).mean(),
+                "train/episodic_return": mean_return,
+                "train/episodic_length": ranks.mean(c_mask.sum(1).mean()),
                 "charts/tokens_per_s": tokens_done / seconds,
                 "charts/generation_tokens_per_s": tokens_done / generation_seconds,
                 "charts/update_tokens_per_s": update_tokens / update_seconds,
                 **reward_means,
-                "losses/kl": ((old_logp - ref_logp) * c_mask).sum() / n,
+                "losses/kl": ranks.sum(((old_logp - ref_logp) * c_mask).sum()) / n,
                 **{f"losses/{k}": v for k, v in stats.items()},
             },
         )
         logger.progress(global_step)
+        ranks.agree_to_stop(logger)
         logger.end_iteration(stateful, iteration, global_step, run_eval if heldout else None)
+    ranks.leave()  # no collective after it: the other ranks end while rank 0 evaluates
     logger.finish(
         stateful,
         num_iterations,
@@ -620,6 +642,19 @@ def main(args: Args):
         model={"policy": policy.state_dict(), "value_head": value_head.state_dict()},
         save_also=lambda run_dir: save_model_folder(run_dir, policy.lm, tokenizer, task),
     )
+
+
+# Several processes: torchrun --standalone --nproc-per-node N algos/ppo_lm.py ... (NCCL between
+# GPUs with --cuda, gloo between CPU processes; one process without torchrun). Every rank draws the
+# same prompts and samples the completions of its own num_prompts / N of them; the advantages are
+# whitened with the whole batch's mean and std, each minibatch's losses are normalised by the tokens
+# of the whole minibatch (every rank's part of it) and the gradients are summed over the ranks
+# before the step: the step of one process on the whole batch. Rank 0 alone logs (the whole batch's
+# statistics), evaluates and writes the run directory; the others wait for it at the next update.
+# Ctrl-C (torchrun passes it to every rank) stops every rank after the same iteration, saved by rank
+# 0; bad flags stop every rank before the process group starts, rank 0 alone printing the error.
+# --num-prompts, the steps and the checkpoint are those of the whole batch, so a run resumes with
+# any number of processes.
 
 
 def check_args(args: Args):
@@ -640,15 +675,23 @@ def check_flags(args: Args):
             "lora_alpha": "x > 0",
         },
     )
-    if args.num_prompts % args.num_minibatches:
+    world_size = Ranks().world_size  # torchrun's processes, each its share of the prompts
+    if args.num_prompts % world_size:
+        fail(
+            f"--num-prompts {args.num_prompts} cannot be shared by {world_size} processes; "
+            "make it a multiple of torchrun's --nproc-per-node"
+        )
+    prompts = args.num_prompts // world_size  # of each rank's batch
+    if prompts % args.num_minibatches:
         fail(
             f"--num-minibatches {args.num_minibatches} does not divide --num-prompts "
             f"{args.num_prompts}"
+            + (f" ({prompts} in each of {world_size} processes)" if world_size > 1 else "")
         )
-    if args.gradient_accumulation_steps > args.num_prompts // args.num_minibatches:
+    if args.gradient_accumulation_steps > prompts // args.num_minibatches:
         fail(
             f"--gradient-accumulation-steps {args.gradient_accumulation_steps} exceeds the "
-            f"{args.num_prompts // args.num_minibatches} prompts of a minibatch"
+            f"{prompts // args.num_minibatches} prompts of a minibatch"
         )
     if args.total_timesteps < args.num_prompts:
         fail(
@@ -667,4 +710,6 @@ def check_model_and_task(args: Args, device="cpu"):
 
 
 if __name__ == "__main__":
-    main(tyro.cli(Args, description=__doc__))
+    with Ranks().said_by_rank_0():  # a flag that cannot be parsed: said once, not once per rank
+        cli_args = tyro.cli(Args, description=__doc__)
+    main(cli_args)
