@@ -5,7 +5,11 @@ benchmark/reports/smac_lite-speed/smac_lite-speed-<device>-<date>-<time>-<commit
 machine's load average (the machine may be shared: a high load makes the numbers low).
 
     OMP_NUM_THREADS=1 python benchmark/smac_lite_speed.py [--maps 3m 2s3z] \\
-        [--envs 1 64 1024 4096] [--repeats 5]
+        [--envs 1 64 1024 4096] [--repeats 5] [--compare-pursue]
+
+--compare-pursue measures every cell twice, under the default rules (enemies pursue a target that
+left their range) and with pursue=False (the former rule: they turn to the closest ally), the two
+alternating repeat by repeat so that the machine's load falls on both alike, and reports the ratio.
 """
 
 import argparse
@@ -36,8 +40,9 @@ def _sync(device):
         torch.cuda.synchronize()
 
 
-def measure(map_name, num_envs, device, steps, repeats, warmup=20):
+def measure(map_name, num_envs, device, steps, repeats, warmup=20, pursue=True):
     env = smac_lite.BatchedSMAC(map_name, num_envs=num_envs, device=device, seed=0)
+    env.pursue = pursue  # what a map entry's pursue=False sets (read at every step)
     gen = torch.Generator(device=device).manual_seed(0)
     _, _, avail = env.reset()
 
@@ -67,6 +72,11 @@ def main():
     )
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--no-report", action="store_true")
+    p.add_argument(
+        "--compare-pursue",
+        action="store_true",
+        help="each cell under the default rules and with pursue=False, and their ratio",
+    )
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     devices = (
@@ -84,6 +94,22 @@ def main():
             for n in args.envs:
                 # About 0.3-1 s per repeat: fewer steps for many battles, more for few.
                 steps = max(20, min(400, int(200_000 / (n * 8)) + 20))
+                if args.compare_pursue:  # the two rules alternate, one repeat each at a time
+                    rates = {True: [], False: []}
+                    for _ in range(args.repeats):
+                        for pursue in (True, False):
+                            rates[pursue].append(measure(m, n, device, steps, 1, pursue=pursue)[0])
+                    ratios = [a / b for a, b in zip(rates[True], rates[False])]
+                    on, off = statistics.median(rates[True]), statistics.median(rates[False])
+                    rows.append(
+                        (m, n, on, off, statistics.median(ratios), min(ratios), max(ratios))
+                    )
+                    print(
+                        f"{dev_name} {m:6s} {n:5d} battles: pursue {on:10.0f}, pursue=False "
+                        f"{off:10.0f} joint steps/s, ratio {rows[-1][4]:.3f}",
+                        flush=True,
+                    )
+                    continue
                 med, lo, hi = measure(m, n, device, steps, args.repeats)
                 rows.append((m, n, med, lo, hi))
                 print(
@@ -114,12 +140,29 @@ def main():
             "regeneration, armour, bonus damage, medivac healing, air targeting, SC2-like enemy "
             "targeting (area damage and collisions exist only on maps that use them).",
             "",
-            "| map | battles | joint steps/s (median) | min | max |",
-            "|---|---:|---:|---:|---:|",
         ]
-        lines += [
-            f"| {m} | {n} | {med:,.0f} | {lo:,.0f} | {hi:,.0f} |" for m, n, med, lo, hi in rows
-        ]
+        if args.compare_pursue:
+            lines += [
+                "Rules: the default (enemies pursue a target that left their weapon range) against "
+                "pursue=False (they turn to the closest ally), each repeat of one alternating with "
+                "one of the other; the ratio is default / pursue=False, its median over the "
+                "repeats (min and max in brackets).",
+                "",
+                "| map | battles | joint steps/s, default | pursue=False | ratio | min | max |",
+                "|---|---:|---:|---:|---:|---:|---:|",
+            ]
+            lines += [
+                f"| {m} | {n} | {on:,.0f} | {off:,.0f} | {r:.3f} | {lo:.3f} | {hi:.3f} |"
+                for m, n, on, off, r, lo, hi in rows
+            ]
+        else:
+            lines += [
+                "| map | battles | joint steps/s (median) | min | max |",
+                "|---|---:|---:|---:|---:|",
+            ]
+            lines += [
+                f"| {m} | {n} | {med:,.0f} | {lo:,.0f} | {hi:,.0f} |" for m, n, med, lo, hi in rows
+            ]
         lines += [
             "",
             ANCHORS,
@@ -128,7 +171,8 @@ def main():
             "",
             f"Command: `OMP_NUM_THREADS={args.threads} python "
             f"benchmark/smac_lite_speed.py --maps {' '.join(args.maps)} "
-            f"--envs {' '.join(map(str, args.envs))} --repeats {args.repeats}`",
+            f"--envs {' '.join(map(str, args.envs))} --repeats {args.repeats}"
+            + (" --compare-pursue`" if args.compare_pursue else "`"),
             "",
         ]
         out = report_path("speed", dev_name, started)

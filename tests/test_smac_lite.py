@@ -2,6 +2,9 @@
 PettingZoo API."""
 
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -589,3 +592,19 @@ def test_render_rgb_array(tmp_path):
     assert len(np.unique(frame.reshape(-1, 3), axis=0)) > 3  # something is drawn
     won, ret, length = smac_lite.save_gif("3m", "focus_fire", str(tmp_path / "b.gif"))
     assert (tmp_path / "b.gif").stat().st_size > 0 and length > 0
+
+
+def test_the_speed_tool_compares_the_two_pursuit_rules():
+    """benchmark/smac_lite_speed.py --compare-pursue measures each cell under both rules (a few
+    seconds at 2 battles)."""
+    tool = Path(__file__).resolve().parents[1] / "benchmark" / "smac_lite_speed.py"
+    flags = ["--maps", "3m", "--envs", "2", "--repeats", "2", "--device", "cpu"]
+    out = subprocess.run(
+        [sys.executable, str(tool), *flags, "--compare-pursue", "--no-report"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    line = out.stdout.strip().splitlines()[-1]
+    assert "pursue=False" in line and float(line.rsplit("ratio ", 1)[1]) > 0
