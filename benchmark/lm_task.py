@@ -237,6 +237,22 @@ def scripts_block():
     return load_script("grpo_lm.py")
 
 
+def sft_optimizer(model, lr: float):
+    """(AdamW, its 50-step linear warm-up) of the bases' supervised fine-tuning."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.0)
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 50))
+
+
+def sft_step(model, optimizer, warmup, input_ids, mask, labels) -> torch.Tensor:
+    """One step of supervised fine-tuning: the cross-entropy of the labels (-100: no loss)."""
+    loss = model(input_ids=input_ids, attention_mask=mask, labels=labels).loss
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    warmup.step()
+    return loss
+
+
 def train_base(steps: int, batch_size: int, lr: float, seed: int, target: float, task=None):
     """Supervised fine-tuning on the train prompts' answers (cross-entropy on the answer and end
     tokens only), AdamW with a 50-step linear warm-up. The loss leaves its plateau abruptly, so the
@@ -262,8 +278,7 @@ def train_base(steps: int, batch_size: int, lr: float, seed: int, target: float,
         checked = [i for i, x in enumerate(pairs) if count[x[0]] == 1][:CHECKED]
         train = sorted(set(range(len(pairs))) - set(checked))
     rng = random.Random(seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.0)
-    warmup = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 50))
+    optimizer, warmup = sft_optimizer(model, lr)
     for step in range(1, steps + 1):
         batch = rng.sample(train, batch_size)
         if pairs is None:
@@ -271,11 +286,7 @@ def train_base(steps: int, batch_size: int, lr: float, seed: int, target: float,
         else:
             prompts, answers = zip(*[pairs[i][:2] for i in batch])
             input_ids, mask, labels = sft_batch(tokenizer, list(prompts), list(answers))
-        loss = model(input_ids=input_ids, attention_mask=mask, labels=labels).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        warmup.step()
+        loss = sft_step(model, optimizer, warmup, input_ids, mask, labels)
         if step % 25 == 0:
             model.eval()
             if pairs is None:

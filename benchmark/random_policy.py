@@ -78,6 +78,7 @@ def random_returns(env_id: str, episodes: int = 100, seed: int = 0) -> np.ndarra
 LM_BASES = {
     "addition-v0": "lm-addition-base",
     "rg:chain_sum:max_digits=1,max_terms=4": "lm-chain-sum-base",
+    "calc-v0": "lm-calc-base",  # scored as one turn: random tokens make no well-formed call
 }
 
 

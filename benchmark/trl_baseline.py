@@ -26,6 +26,10 @@ TRL's trainer by grpo_config / rloo_config / dpo_config below:
   completion's token ids hold the end token and the text before it is the answer, else 0 (it reads
   completion_ids, not TRL's decoded text, which drops special tokens and so cannot tell a truncated
   completion from an ended one).
+  grpo_agent_lm.py -> GRPOTrainer as for grpo_lm.py, with rollout_func: our multi-turn rollout
+  (grpo_agent_lm.py's, on the trainer's model) samples each trajectory, the calculator's tokens
+  marked 0 in env_mask so that TRL's loss skips them; the reward is our score() of each
+  trajectory's answer (agent_rollout, agent_reward below).
   dpo_lm.py -> DPOTrainer: beta, learning_rate, per_device_train_batch_size = --batch-size,
   max_steps = --total-timesteps // --batch-size (two epochs of the pairs by default), the sigmoid
   loss, no truncation (max_length None), chosen and rejected completions followed by the end token.
@@ -60,6 +64,13 @@ Where TRL cannot do what ours does (DIFFERENCES, also written into config.json):
   - Old log-probabilities: with one pass (mu 1) TRL's ratio is that of the policy to itself
     (per_token_logps.detach()), ours the policy to the sampling log-probabilities; the same up to
     rounding. With mu > 1 TRL recomputes the old log-probabilities by a forward pass.
+  - TRL's own tool path (GRPOTrainer(tools=[...]) or environment_factory) cannot run calc-v0 on
+    the project's base: with text or chat prompts alike it stops at once with "ValueError: The
+    provided chat template does not support tool calling. The template must be able to render a
+    full tool-calling conversation (user -> assistant with tool_calls -> tool)." The base has no
+    chat template, and TRL's calls are the JSON tool calls a chat template renders and the
+    tokenizer's response schema parses, not <calc>...</calc> in the model's own text. The
+    trl:grpo_agent_lm.py row therefore trains TRL's loss on our rollouts (rollout_func, above).
   - No BOS token: the base's tokenizer has none, so TRL adds none (checked in the test).
   - Logging: TRL's own metrics are not written; only the rows above.
 """
@@ -86,7 +97,11 @@ from benchmark.runs import load_script, parse_baseline_args, print_baseline_end 
 from canonrl.lm import find, load_task, task_path  # noqa: E402
 
 TRL_VERSION = "1.16.0"
-SAME = {"grpo_lm.py": "GRPOTrainer or RLOOTrainer", "dpo_lm.py": "DPOTrainer"}
+SAME = {
+    "grpo_lm.py": "GRPOTrainer or RLOOTrainer",
+    "grpo_agent_lm.py": "GRPOTrainer with rollout_func",
+    "dpo_lm.py": "DPOTrainer",
+}
 LOSS_TYPES = {"grpo": "grpo", "token": "dapo", "dr_grpo": "dr_grpo"}
 DIFFERENCES = {
     "grpo_lm.py": "TRL samples with transformers' generate and walks a seeded permutation of "
@@ -97,6 +112,11 @@ DIFFERENCES = {
     "rloo": "TRL's RLOOTrainer clips a per-sequence ratio and sums the completion's token "
     "log-probabilities (gradient A per token; ours A / |o|, --loss-type grpo); no per-group "
     "std scaling; KL (beta > 0) as a k1 reward penalty (ours: k3 in the loss)",
+    "grpo_agent_lm.py": "TRL's GRPOTrainer trains on trajectories that our rollout samples (its "
+    "rollout_func: the model's tokens and the calculator's interleaved, the calculator's masked by "
+    "env_mask): its own tool path refuses the base ('ValueError: The provided chat template does "
+    "not support tool calling'); it walks a seeded permutation of the train prompts (ours: fresh "
+    "prompts each update)",
     "dpo_lm.py": "TRL shuffles the pairs each epoch and drops each epoch's last partial batch "
     "(49 of 7,409 pairs); ours walks each epoch's permutation across epoch boundaries",
 }
@@ -182,7 +202,7 @@ def grpo_config(a, ours, max_new_tokens: int, out_dir: str = "/tmp/trl-out"):
         top_p=1.0,
         top_k=0,
         max_completion_length=max_new_tokens,
-        mask_truncated_completions=ours.mask_truncated,
+        mask_truncated_completions=getattr(ours, "mask_truncated", False),
         shuffle_dataset=True,
         log_completions=False,
     )
@@ -263,16 +283,21 @@ class Recorder:
         return 0.0 if self.start is None else time.time() - self.start - self.eval_seconds
 
     def evaluate(self, step: int, run_eval) -> list[float]:
-        """charts/train_seconds, then one eval/episodic_return row per held-out prompt and
+        """charts/train_seconds, then one eval/episodic_return row per held-out prompt (and one row
+        of each statistic run_eval gives beside it, {name: one value per prompt}) and
         eval/accuracy, eval/reward (as our scripts log them)."""
         import numpy as np
 
         self.log(step, {"charts/train_seconds": self.train_seconds()})
         t = time.time()
-        rewards = run_eval()
+        results = run_eval()
         self.eval_seconds += time.time() - t
-        for r in rewards:
-            self.log(step, {"eval/episodic_return": r})
+        if not isinstance(results, dict):
+            results = {"eval/episodic_return": results}
+        rewards = results["eval/episodic_return"]
+        for name, values in results.items():
+            for value in values:
+                self.log(step, {name: value})
         if rewards:
             self.log(
                 step,
@@ -321,6 +346,8 @@ def make_callback(
                     counters["rewards"]
                 )
                 counters["rewards"] = []
+            for name, values in counters.pop("stats", {}).items():  # the agent's trajectories
+                metrics[f"charts/{name}"] = sum(values) / len(values)
             rec.log(step, metrics)
             if eval_every and update < total_updates and step % eval_every < unit:
                 rec.evaluate(step, run_eval)
@@ -351,6 +378,54 @@ def task_reward(lm, tokenizer, task: dict, end_ids, weights, counters: dict):
     return reward
 
 
+def agent_rollout(
+    agent, tokenizer, tool, end_ids, max_new_tokens: int, temperature: float, counters
+):
+    """grpo_agent_lm.py's multi-turn rollout as TRL's rollout_func: one trajectory per prompt it is
+    given (TRL's sampler repeats each prompt num_generations times), sampled by our rollout from
+    the trainer's model; prompt_ids, completion_ids (the model's tokens and the calculator's, up to
+    the trajectory's last), the sampling log-probabilities (0 for the calculator's tokens) and
+    env_mask (1 for the model's tokens: TRL's loss reads only those), and for the reward each
+    trajectory's answer (None: it earns nothing)."""
+
+    def rollout_func(prompts, trainer):
+
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        policy = agent.Policy(model, tokenizer.pad_token_id, end_ids)
+        ids, mask = agent.encode_prompts(tokenizer, prompts, model.device)
+        tokens, c_mask, own, logp, info = agent.rollout(
+            policy, tokenizer, tool, ids, mask, max_new_tokens, temperature=temperature
+        )
+        keep = c_mask.bool()
+        counters["tokens"] = counters.get("tokens", 0) + int(c_mask.sum())
+        for name, values in agent.trajectory_stats(info, c_mask, own).items():
+            counters.setdefault("stats", {}).setdefault(name, []).extend(values)
+        return {
+            "prompt_ids": [row[m.bool()].tolist() for row, m in zip(ids, mask)],
+            "completion_ids": [row[k].tolist() for row, k in zip(tokens, keep)],
+            "logprobs": [row[k].tolist() for row, k in zip(logp, keep)],
+            "env_mask": [row[k].tolist() for row, k in zip(own, keep)],
+            "trajectory_answer": info["answer"],
+        }
+
+    return rollout_func
+
+
+def agent_reward(agent, task: dict, weights, counters: dict):
+    """grpo_agent_lm.py's reward as a TRL reward function: score() of each trajectory's answer
+    (the text after the tool's last result; None for a malformed call, a call past the limit or a
+    trajectory out of tokens: 0)."""
+
+    def reward(prompts, completions, answer, info, trajectory_answer, **kwargs):
+        targets = [(a, json.loads(i)) for a, i in zip(answer, info, strict=True)]
+        out = agent.score(list(trajectory_answer), targets, task, weights)["total"]
+        counters.setdefault("rewards", []).extend(out)
+        return out
+
+    reward.__name__ = "task_reward"
+    return reward
+
+
 def main(argv=None) -> int:
     p, a, ours = parse(argv)
     ours.env_id = a.env_id  # the task's name: checked against the task file below
@@ -359,6 +434,7 @@ def main(argv=None) -> int:
 
     torch.set_num_threads(1)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func: said in the docstring
     from datasets import Dataset
     from transformers import set_seed
     from transformers.utils import logging as hf_logging
@@ -373,7 +449,8 @@ def main(argv=None) -> int:
     import datasets
 
     datasets.disable_progress_bars()
-    lm = load_script("grpo_lm.py")  # the same greedy evaluation as ours
+    # the same greedy evaluation as ours (the agent's: its multi-turn rollouts with the tool)
+    lm = load_script("grpo_agent_lm.py" if a.same_as == "grpo_agent_lm.py" else "grpo_lm.py")
     # our script's checks of every flag, the model folder (loaded with trust_remote_code=False: a
     # model folder is data, its code never runs), the task and the preferences: one error line
     run = {"total_timesteps": a.total_timesteps, "seed": a.seed, "eval_every": a.eval_every}
@@ -389,7 +466,8 @@ def main(argv=None) -> int:
     model = policy.lm
     out_dir = tempfile.mkdtemp(prefix="trl-out-")
     counters: dict = {}
-    if a.same_as == "grpo_lm.py":
+    tool = lm.task_tool(task, ours.max_calls) if a.same_as == "grpo_agent_lm.py" else None
+    if a.same_as in ("grpo_lm.py", "grpo_agent_lm.py"):
         trainer_name, config = grpo_config(a, ours, max_new_tokens, out_dir)
         unit, steps_per_update = ours.num_prompts, ours.update_epochs * ours.num_minibatches
         targets = lm.problem_targets(task["train"])
@@ -417,11 +495,13 @@ def main(argv=None) -> int:
 
     policy = lm.Policy(model, policy.pad_id, policy.end_ids)
 
-    def run_eval() -> list[float]:
+    def run_eval() -> list[float] | dict:
         was_training = model.training
         model.eval()
         rewards = []
-        if heldout:
+        if heldout and tool is not None:  # the agent: the trajectories' statistics too
+            rewards = lm.evaluate(policy, tokenizer, tool, heldout, task, max_new_tokens)
+        elif heldout:
             results = lm.evaluate(policy, tokenizer, heldout, task, max_new_tokens)
             rewards = results["eval/episodic_return"]
         model.train(was_training)
@@ -455,7 +535,19 @@ def main(argv=None) -> int:
     callback = make_callback(
         rec, run_eval, unit, steps_per_update, total_updates, a.eval_every, counters
     )
-    if a.same_as == "grpo_lm.py":
+    if a.same_as == "grpo_agent_lm.py":
+        trainer = trl.GRPOTrainer(
+            model=model,
+            reward_funcs=agent_reward(lm, task, ours.reward_weights, counters),
+            args=config,
+            train_dataset=data,
+            processing_class=tokenizer,
+            callbacks=[callback],
+            rollout_func=agent_rollout(
+                lm, tokenizer, tool, policy.end_ids, max_new_tokens, ours.temperature, counters
+            ),
+        )
+    elif a.same_as == "grpo_lm.py":
         trainer_cls = getattr(trl, trainer_name)
         trainer = trainer_cls(
             model=model,

@@ -1,7 +1,9 @@
+import json
 import os
 import shutil
 import signal
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import gymnasium as gym
@@ -303,6 +305,19 @@ SMOKE = {
         "--eval-prompts",
         "20",
     ],
+    # 4 updates of 8 prompts x 4 trajectories of the committed base, 20 held-out prompts
+    "grpo_agent_lm.py": [
+        "--env-id",
+        "calc-v0",
+        "--total-timesteps",
+        "32",
+        "--num-prompts",
+        "8",
+        "--group-size",
+        "4",
+        "--eval-prompts",
+        "20",
+    ],
     # 4 updates of 16 prompts, one completion each, 20 held-out prompts
     "ppo_lm.py": [
         "--env-id",
@@ -339,6 +354,7 @@ ENV_TYPO = {
     **{s: ("3mm", "3m") for s in SMAC_LITE},
     **{s: ("simple_spred_v3", "simple_spread_v3") for s in MPE},
     "grpo_lm.py": ("additon-v0", "addition-v0"),
+    "grpo_agent_lm.py": ("calc-v1", "calc-v0"),
     "dpo_lm.py": ("additon-v0", "addition-v0"),
     "ppo_lm.py": ("additon-v0", "addition-v0"),
 }
@@ -362,6 +378,7 @@ DISCRETE = {
     "ppo_atari_multigpu.py",
     "sac_atari.py",
     "grpo_lm.py",
+    "grpo_agent_lm.py",
     "dpo_lm.py",
     "ppo_lm.py",
     *OFFLINE_DISCRETE,
@@ -369,7 +386,7 @@ DISCRETE = {
 # ppo_lstm.py takes both action spaces: its wrong env is one of another family (pixels)
 WRONG_ENV = {
     s: ("CartPole-v1", "task")
-    if s in ("grpo_lm.py", "dpo_lm.py", "ppo_lm.py")
+    if s in ("grpo_lm.py", "grpo_agent_lm.py", "dpo_lm.py", "ppo_lm.py")
     else ("ALE/Breakout-v5", "not an env")
     if s == "ppo_lstm.py"
     else ("Hopper-v4", "discrete")
@@ -419,6 +436,7 @@ LONG = {
     "bc_discrete.py": 3000,
     "cql_discrete.py": 3000,
     "grpo_lm.py": 800,
+    "grpo_agent_lm.py": 800,
     "dpo_lm.py": 3200,
     "ppo_lm.py": 1600,
 }
@@ -469,6 +487,7 @@ FAMILY = {
     **{s: "mpe" for s in MPE},
     **{s: "offline" for s in OFFLINE},
     "grpo_lm.py": "lm",
+    "grpo_agent_lm.py": "lm",
     "dpo_lm.py": "lm",
     "ppo_lm.py": "lm",
 }
@@ -581,6 +600,16 @@ def restore_pythonbreakpoint():
         os.environ.pop("PYTHONBREAKPOINT", None)
     else:
         os.environ["PYTHONBREAKPOINT"] = before
+
+
+def changed_json(source, tmp_path, change) -> str:
+    """A copy of the JSON file `source` in tmp_path (same name), changed by change(contents) in
+    place; returns its path."""
+    contents = json.loads(Path(source).read_text())
+    change(contents)
+    path = tmp_path / Path(source).name
+    path.write_text(json.dumps(contents))
+    return str(path)
 
 
 def one_error_line(script: str, flags: list[str], run_dir) -> str:

@@ -172,6 +172,23 @@ COPIES = {
     "ValueNorm": {"mappo_smac_lite.py", "ippo_smac_lite.py", "mappo_mpe.py", "ippo_mpe.py"},
     "actor_inputs": {"mappo_smac_lite.py", "ippo_smac_lite.py", "mappo_mpe.py", "ippo_mpe.py"},
     "critic_inputs": {"ippo_smac_lite.py", "ippo_mpe.py"},
+    # the agent script copies the single-turn family's rewards, policy, advantages and loss
+    "final_answer": {"grpo_lm.py", "grpo_agent_lm.py"},
+    "same_answer": {"grpo_lm.py", "grpo_agent_lm.py"},
+    "reward_exact": {"grpo_lm.py", "grpo_agent_lm.py"},
+    "reward_final_answer": {"grpo_lm.py", "grpo_agent_lm.py"},
+    "reward_format": {"grpo_lm.py", "grpo_agent_lm.py"},
+    "reward_reasoning_gym": {"grpo_lm.py", "grpo_agent_lm.py"},
+    "problem_targets": {"grpo_lm.py", "grpo_agent_lm.py"},
+    "score": {"grpo_lm.py", "grpo_agent_lm.py"},
+    "Policy": {"grpo_lm.py", "grpo_agent_lm.py"},
+    "encode_prompts": {"grpo_lm.py", "grpo_agent_lm.py"},
+    "load_policy": {"grpo_lm.py", "grpo_agent_lm.py"},
+    "add_lora": {"grpo_lm.py", "grpo_agent_lm.py"},
+    "reference_logprobs": {"grpo_lm.py", "grpo_agent_lm.py"},
+    "group_advantages": {"grpo_lm.py", "grpo_agent_lm.py"},
+    "k3_kl": {"grpo_lm.py", "grpo_agent_lm.py"},
+    "clipped_loss": {"grpo_lm.py", "grpo_agent_lm.py"},
 }
 BLOCK = re.compile(
     r"^([ \t]*)# ---- shared: (\S+) ----\n(.*?)^\1# ---- end shared: \2 ----\n", re.M | re.S

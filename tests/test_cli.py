@@ -73,7 +73,7 @@ def test_help_lists_every_flag(script):
         assert "the envs" not in out.stdout
 
 
-@pytest.mark.parametrize("script", ["grpo_lm.py", "ppo_lm.py", "dpo_lm.py"])
+@pytest.mark.parametrize("script", ["grpo_lm.py", "grpo_agent_lm.py", "ppo_lm.py", "dpo_lm.py"])
 def test_a_language_model_script_never_imports_gymnasium(script):
     import subprocess
     import sys

@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 import torch
-from conftest import SMOKE, one_error_line
+from conftest import SMOKE, changed_json, one_error_line
 
 from benchmark.runs import ALGOS, load_script, read_metrics, read_rows, run_script
 from canonrl.lm import load_task
@@ -113,14 +113,6 @@ def test_the_committed_pairs_are_the_base_models_and_right(dpo):
     assert prefs["model_sha256"] == sha256(BASE / "model.safetensors")
 
 
-def preference_file(tmp_path, change) -> str:
-    prefs = json.loads((BASE / "preferences.json").read_text())
-    change(prefs)
-    path = tmp_path / "prefs.json"
-    path.write_text(json.dumps(prefs))
-    return str(path)
-
-
 @pytest.mark.parametrize(
     "change,expected",
     [
@@ -133,7 +125,7 @@ def preference_file(tmp_path, change) -> str:
     ],
 )
 def test_a_wrong_preference_file_is_one_line(change, expected, tmp_path):
-    flags = ["--preferences", preference_file(tmp_path, change)]
+    flags = ["--preferences", changed_json(BASE / "preferences.json", tmp_path, change)]
     assert expected in one_error_line("dpo_lm.py", flags, tmp_path / "run")
 
 

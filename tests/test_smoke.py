@@ -61,7 +61,12 @@ def reloaded_lm(module, saved: dict, episodes: int) -> list[float]:
     policy.load_state_dict(saved["policy"])
     task = load_task(task_path(args))
     budget = args.max_new_tokens or task["max_new_tokens"]
-    results = module.evaluate(policy, tokenizer, task["heldout"][:episodes], task, budget)
+    pairs = task["heldout"][:episodes]
+    if hasattr(module, "task_tool"):  # grpo_agent_lm.py: its rollouts call the task's tool
+        tool = module.task_tool(task, args.max_calls)
+        results = module.evaluate(policy, tokenizer, tool, pairs, task, budget)
+    else:
+        results = module.evaluate(policy, tokenizer, pairs, task, budget)
     return results["eval/episodic_return"]
 
 
@@ -179,6 +184,7 @@ RELOAD = {
         loaded(m, "QNetwork", s, "q_network", "obs_shape", "n_actions"), *a
     ),
     "grpo_lm.py": lambda m, s, env, episodes, _: reloaded_lm(m, s, episodes),
+    "grpo_agent_lm.py": lambda m, s, env, episodes, _: reloaded_lm(m, s, episodes),
     "dpo_lm.py": lambda m, s, env, episodes, _: reloaded_lm(m, s, episodes),
     "ppo_lm.py": lambda m, s, env, episodes, _: reloaded_lm(m, s, episodes),
 }

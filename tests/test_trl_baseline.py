@@ -86,12 +86,16 @@ def test_no_bos_and_eos_ids():
 
 
 @pytest.mark.parametrize(
-    "script, steps, every, unit",
-    [("trl:grpo_lm.py", 32, 16, 16), ("trl:dpo_lm.py", 128, 64, 64)],
+    "script, env_id, steps, every, unit",
+    [
+        ("trl:grpo_lm.py", "addition-v0", 32, 16, 16),
+        ("trl:grpo_agent_lm.py", "calc-v0", 32, 16, 16),
+        ("trl:dpo_lm.py", "addition-v0", 128, 64, 64),
+    ],
 )
-def test_two_updates(tmp_path, script, steps, every, unit):
+def test_two_updates(tmp_path, script, env_id, steps, every, unit):
     run_dir = tmp_path / "run"
-    flags = ["--env-id", "addition-v0", "--total-timesteps", str(steps), "--seed", "1"]
+    flags = ["--env-id", env_id, "--total-timesteps", str(steps), "--seed", "1"]
     flags += ["--eval-every", str(every), "--eval-prompts", "12", "--no-cuda"]
     result = run_script(script, flags, run_dir, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -109,6 +113,8 @@ def test_two_updates(tmp_path, script, steps, every, unit):
     assert m["charts/tokens_per_s"][0].tolist() == [unit, 2 * unit]
     assert (m["charts/tokens_per_s"][1] > 0).all() and len(m["charts/update_seconds"][1]) == 2
     assert run_finished(run_dir)
+    if script == "trl:grpo_agent_lm.py":  # the trajectories' statistics, as ours logs them
+        assert m["eval/tool_call"][0].tolist().count(0) == 12 and "charts/tool_call" in m
 
 
 def test_the_trl_reward_is_our_score_of_the_text_before_the_first_end_token():
@@ -130,3 +136,46 @@ def test_the_trl_reward_is_our_score_of_the_text_before_the_first_end_token():
     rg["format"] = r"\d+"
     reward = task_reward(lm, tokenizer, rg, [eos], [1.0, 0.5], {})
     assert reward([""] * 3, [""] * 3, ids, ["975"] * 3, ["{}"] * 3) == [1.5, 0.5, 0.0]
+
+
+def test_the_agent_rollout_gives_trl_the_trajectories_with_the_tools_tokens_masked():
+    """trl:grpo_agent_lm.py's rollout_func: one trajectory per prompt TRL gives it (repeated
+    already), each completion the model's and the calculator's tokens up to the last, env_mask 0
+    exactly on the calculator's result, the sampling log-probabilities 0 there; the reward is our
+    score of the trajectory's answer."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from benchmark.runs import load_script
+    from benchmark.trl_baseline import agent_reward, agent_rollout
+    from canonrl.lm import load_task
+
+    agent = load_script("grpo_agent_lm.py")
+    policy, tokenizer = agent.load_policy("benchmark/policies/lm-calc-base")
+    task = load_task("benchmark/policies/lm-calc-base/task.json")
+    tool = agent.task_tool(task)
+    counters = {}
+    rollout = agent_rollout(agent, tokenizer, tool, policy.end_ids, 24, 1.0, counters)
+    trainer = SimpleNamespace(
+        model=policy.lm, accelerator=SimpleNamespace(unwrap_model=lambda m: m)
+    )
+    prompts = [x[0] for x in task["heldout"][:8] for _ in range(4)]
+    torch.manual_seed(0)
+    out = rollout(prompts, trainer)
+    assert len(out["completion_ids"]) == len(prompts) == len(out["trajectory_answer"])
+    called = 0
+    for ids, mask, logp in zip(out["completion_ids"], out["env_mask"], out["logprobs"]):
+        assert len(ids) == len(mask) == len(logp)
+        tool_part = tokenizer.decode([t for t, m in zip(ids, mask) if m == 0])
+        text = tokenizer.decode(ids)
+        if "</calc>" in text and "<r>" in text:
+            called += 1
+            assert tool_part.startswith("<r>") and tool_part.endswith("</r>"), text
+        assert all(lp == 0.0 for lp, m in zip(logp, mask) if m == 0)
+    assert called > 0
+    assert counters["tokens"] == sum(len(ids) for ids in out["completion_ids"])
+    reward = agent_reward(agent, task, None, counters)
+    answers = [x[1] for x in task["heldout"][:8] for _ in range(4)]
+    got = reward(prompts, [""] * 32, answers, ["null"] * 32, out["trajectory_answer"])
+    assert got == [float(a == b) for a, b in zip(out["trajectory_answer"], answers)]
