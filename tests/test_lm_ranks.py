@@ -151,4 +151,8 @@ def test_two_ranks_take_the_step_of_one_process(tmp_path, script):
     alone_rows, ranks_rows = metrics(one / "run"), metrics(two / "run")
     assert alone_rows.keys() == ranks_rows.keys()
     for key, values in alone_rows.items():
-        assert ranks_rows[key] == pytest.approx(values, rel=1e-4, abs=1e-6), key
+        # approx_kl, about half the mean squared log-ratio (a difference of near-equal
+        # log-probabilities), carries their float error magnified: 1.5e-4 relative on one x86 CPU
+        # where the gradients agree to 1e-4; a rank normalising by its own counts is off by percents
+        rel = 1e-3 if key[1] == "losses/approx_kl" else 1e-4
+        assert ranks_rows[key] == pytest.approx(values, rel=rel, abs=1e-6), key
