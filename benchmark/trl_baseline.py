@@ -389,7 +389,6 @@ def agent_rollout(
     trajectory's answer (None: it earns nothing)."""
 
     def rollout_func(prompts, trainer):
-
         model = trainer.accelerator.unwrap_model(trainer.model)
         policy = agent.Policy(model, tokenizer.pad_token_id, end_ids)
         ids, mask = agent.encode_prompts(tokenizer, prompts, model.device)

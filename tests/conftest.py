@@ -305,19 +305,6 @@ SMOKE = {
         "--eval-prompts",
         "20",
     ],
-    # 4 updates of 8 prompts x 4 trajectories of the committed base, 20 held-out prompts
-    "grpo_agent_lm.py": [
-        "--env-id",
-        "calc-v0",
-        "--total-timesteps",
-        "32",
-        "--num-prompts",
-        "8",
-        "--group-size",
-        "4",
-        "--eval-prompts",
-        "20",
-    ],
     # 4 updates of 16 prompts, one completion each, 20 held-out prompts
     "ppo_lm.py": [
         "--env-id",
@@ -345,6 +332,8 @@ SMOKE = {
 }
 # ppo_lstm.py: ppo.py's flags, on CartPole-v1 with its velocities hidden
 SMOKE["ppo_lstm.py"] = ["--env-id", "CartPoleNoVel-v1", *SMOKE["ppo.py"][2:]]
+# grpo_agent_lm.py: grpo_lm.py's flags (4 updates of 8 prompts x 4 trajectories), on calc-v0
+SMOKE["grpo_agent_lm.py"] = ["--env-id", "calc-v0", *SMOKE["grpo_lm.py"][2:]]
 # The multi-agent scripts. smac_lite: --env-id is a map; they log the team return and the win rate.
 # MPE: an mpe2 task; they log the per-agent mean return.
 SMAC_LITE = {"mappo_smac_lite.py", "ippo_smac_lite.py", "qmix_smac_lite.py", "vdn_smac_lite.py"}
