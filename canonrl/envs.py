@@ -1,5 +1,6 @@
 """The envs the scripts of algos/ register beside Gymnasium's: the memory envs (<Env>NoVel ids, the
-velocities hidden; RepeatFirst-v0) and the MinAtar games. A script calls register_memory_envs() or
+velocities hidden; RepeatFirst-v0), the task distributions of meta-RL (BernoulliBandit-k<K>-v0,
+RandomMDP-v0) and the MinAtar games. A script calls register_memory_envs(), register_meta_envs() or
 register_minatar() at its top level; registering twice is a no-op."""
 
 import gymnasium as gym
@@ -72,6 +73,80 @@ def register_memory_envs():
             gym.register(masked_id, lambda env_id=env_id, **kwargs: MaskVelocity(env_id, **kwargs))
     if "RepeatFirst-v0" not in gym.registry:
         gym.register("RepeatFirst-v0", RepeatFirst)
+
+
+class BernoulliBandit(gym.Env):
+    """A k-armed Bernoulli bandit as a one-state MDP whose episodes are one pull: arm i pays 1 with
+    probability p_i, 0 otherwise. reset(options={"new_task": True}) (and the first reset) draws a
+    new task, p_i ~ Uniform[0, 1] for each arm (Duan et al. 2016's bandits); a plain reset keeps it.
+    The observation is the one state, one-hot: [1.0]."""
+
+    observation_space = gym.spaces.Box(0.0, 1.0, (1,), np.float32)
+
+    def __init__(self, arms: int = 5):
+        self.action_space = gym.spaces.Discrete(arms)
+        self.probs = None
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        if self.probs is None or (options or {}).get("new_task"):
+            self.probs = self.np_random.uniform(size=self.action_space.n)
+        return np.ones(1, np.float32), {}
+
+    def step(self, action):
+        reward = float(self.np_random.uniform() < self.probs[int(action)])
+        return np.ones(1, np.float32), reward, True, False, {}
+
+
+class RandomMDP(gym.Env):
+    """A random tabular MDP of Duan et al. 2016: 10 states, 5 actions, episodes of 10 steps that
+    start in state 0. reset(options={"new_task": True}) (and the first reset) draws a new task: the
+    mean reward of each (state, action) ~ Normal(1, 1), each P(. | state, action) ~ Dirichlet(1,
+    ..., 1); a plain reset keeps it. A step's reward is its mean plus Normal(0, 1) noise. The
+    observation is the state, one-hot."""
+
+    states, actions, horizon = 10, 5, 10
+    observation_space = gym.spaces.Box(0.0, 1.0, (states,), np.float32)
+    action_space = gym.spaces.Discrete(actions)
+
+    def __init__(self):
+        self.means = None
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        if self.means is None or (options or {}).get("new_task"):
+            self.means = self.np_random.normal(1.0, 1.0, (self.states, self.actions))
+            self.transitions = self.np_random.dirichlet(
+                np.ones(self.states), (self.states, self.actions)
+            )
+        self.state, self.t = 0, 0
+        return self.one_hot(), {}
+
+    def step(self, action):
+        action = int(action)
+        reward = self.means[self.state, action] + self.np_random.normal()
+        self.state = int(self.np_random.choice(self.states, p=self.transitions[self.state, action]))
+        self.t += 1
+        return self.one_hot(), float(reward), self.t == self.horizon, False, {}
+
+    def one_hot(self):
+        obs = np.zeros(self.states, np.float32)
+        obs[self.state] = 1.0
+        return obs
+
+
+# the task distributions of meta-RL: a new task at reset(options={"new_task": True})
+META_ENVS = {
+    **{f"BernoulliBandit-k{k}-v0": lambda k=k: BernoulliBandit(k) for k in (5, 10, 50)},
+    "RandomMDP-v0": RandomMDP,
+}
+
+
+def register_meta_envs():
+    """Register BernoulliBandit-k5-v0, -k10-v0, -k50-v0 (5, 10 and 50 arms) and RandomMDP-v0."""
+    for env_id, make in META_ENVS.items():
+        if env_id not in gym.registry:
+            gym.register(env_id, make)
 
 
 MINATAR = {

@@ -88,6 +88,19 @@ class RunArgs(SharedArgs):
 
 
 @dataclass
+class TrialRunArgs(SharedArgs):
+    """The shared flags of a meta-RL script: its env is a distribution of tasks and each of its
+    episodes is a trial (a few episodes of one task, drawn afresh), evaluated on new tasks (no
+    video)."""
+
+    seed: int = 1
+    """seed of torch, numpy, random and the tasks"""
+    eval_episodes: int = 1000
+    """evaluation trials, each on a new task (the policy evaluate() runs), at the end and each
+    --eval-every"""
+
+
+@dataclass
 class LMRunArgs(SharedArgs):
     """The shared flags of a language-model script: its env is a task of prompts, evaluated on the
     task's held-out prompts (no episodes, no video)."""
@@ -141,6 +154,8 @@ def other_family(env_id: str) -> tuple[str, ...]:
         return "ppo_lstm.py", "ppo_continuous.py"
     if re.fullmatch(r"\w+NoVel-v\d+|RepeatFirst-v\d+", env_id):
         return "ppo_lstm.py", "ppo.py"
+    if re.fullmatch(r"BernoulliBandit-k\d+-v\d+|RandomMDP-v\d+", env_id):  # meta-RL's tasks
+        return ("rl2.py",)
     if re.fullmatch(r"(simple\w*|collect_treasure)_v\d+", env_id):
         return "mappo_mpe.py", "maddpg_mpe.py"
     # the names of SMAC's maps (3m, 2s3z, 5m_vs_6m, MMM2, ...): a pattern, so that a script of
@@ -865,7 +880,7 @@ class RunLogger:
         self.bar.update(self.bar.total - self.bar.n)
         self.close_files()
         results = by_name(results)
-        unit = "episodes"
+        unit = "trials" if isinstance(self.args, TrialRunArgs) else "episodes"
         digits = 2
         saved = "model.pt, checkpoint.pt" if self.args.save_model else "checkpoint.pt"
         if isinstance(self.args, LMRunArgs):  # a reward per held-out prompt

@@ -332,6 +332,20 @@ SMOKE = {
 }
 # ppo_lstm.py: ppo.py's flags, on CartPole-v1 with its velocities hidden
 SMOKE["ppo_lstm.py"] = ["--env-id", "CartPoleNoVel-v1", *SMOKE["ppo.py"][2:]]
+# rl2.py: 2 updates of 32 trials x 20 steps (trials of 10 pulls of a 5-armed bandit), 20 trials
+# evaluated
+SMOKE["rl2.py"] = [
+    "--env-id",
+    "BernoulliBandit-k5-v0",
+    "--total-timesteps",
+    "1280",
+    "--num-envs",
+    "32",
+    "--num-steps",
+    "20",
+    "--eval-episodes",
+    "20",
+]
 # grpo_agent_lm.py: grpo_lm.py's flags (4 updates of 8 prompts x 4 trajectories), on calc-v0
 SMOKE["grpo_agent_lm.py"] = ["--env-id", "calc-v0", *SMOKE["grpo_lm.py"][2:]]
 # The multi-agent scripts. smac_lite: --env-id is a map; they log the team return and the win rate.
@@ -346,6 +360,7 @@ ENV_TYPO = {
     "grpo_agent_lm.py": ("calc-v1", "calc-v0"),
     "dpo_lm.py": ("additon-v0", "addition-v0"),
     "ppo_lm.py": ("additon-v0", "addition-v0"),
+    "rl2.py": ("BernoulliBandit-k6-v0", "BernoulliBandit-k5-v0"),
 }
 # An env of the action space the script does not handle, and a word its error line must contain.
 DISCRETE = {
@@ -370,12 +385,13 @@ DISCRETE = {
     "grpo_agent_lm.py",
     "dpo_lm.py",
     "ppo_lm.py",
+    "rl2.py",
     *OFFLINE_DISCRETE,
 }
 # ppo_lstm.py takes both action spaces: its wrong env is one of another family (pixels)
 WRONG_ENV = {
     s: ("CartPole-v1", "task")
-    if s in ("grpo_lm.py", "grpo_agent_lm.py", "dpo_lm.py", "ppo_lm.py")
+    if s in ("grpo_lm.py", "grpo_agent_lm.py", "dpo_lm.py", "ppo_lm.py", "rl2.py")
     else ("ALE/Breakout-v5", "not an env")
     if s == "ppo_lstm.py"
     else ("Hopper-v4", "discrete")
@@ -428,6 +444,7 @@ LONG = {
     "grpo_agent_lm.py": 800,
     "dpo_lm.py": 3200,
     "ppo_lm.py": 1600,
+    "rl2.py": 20_480,
 }
 
 
@@ -479,6 +496,7 @@ FAMILY = {
     "grpo_agent_lm.py": "lm",
     "dpo_lm.py": "lm",
     "ppo_lm.py": "lm",
+    "rl2.py": "meta",
 }
 REPRESENTATIVE = {
     "classic": "ppo.py",
@@ -488,6 +506,7 @@ REPRESENTATIVE = {
     "mpe": "maddpg_mpe.py",
     "offline": "td3_bc_continuous.py",
     "lm": "grpo_lm.py",
+    "meta": "rl2.py",
 }
 
 
@@ -599,6 +618,20 @@ def changed_json(source, tmp_path, change) -> str:
     path = tmp_path / Path(source).name
     path.write_text(json.dumps(contents))
     return str(path)
+
+
+def record_ppo_loss(module, monkeypatch) -> list:
+    """Wrap module.ppo_loss so that each call appends (the new log-probabilities, the rollout's)
+    to the list returned."""
+    calls = []
+    ppo_loss = module.ppo_loss
+
+    def recording_loss(logprob, entropy, value, old_logprobs, *rest, **kwargs):
+        calls.append((logprob.detach().clone(), old_logprobs.clone()))
+        return ppo_loss(logprob, entropy, value, old_logprobs, *rest, **kwargs)
+
+    monkeypatch.setattr(module, "ppo_loss", recording_loss)
+    return calls
 
 
 def one_error_line(script: str, flags: list[str], run_dir) -> str:

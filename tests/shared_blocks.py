@@ -25,6 +25,7 @@ FAMILIES = {
     "ppo": {
         "ppo.py",
         "ppo_lstm.py",
+        "rl2.py",
         "ppo_continuous.py",
         "ppo_atari.py",
         "ppo_atari_envpool.py",
@@ -38,6 +39,7 @@ FAMILIES = {
         "a2c.py",
         "ppo.py",
         "ppo_lstm.py",
+        "rl2.py",
         "ppo_continuous.py",
         "ppo_atari.py",
         "ppo_atari_envpool.py",
@@ -92,6 +94,7 @@ FAMILIES = {
 # in every script of its group (an algorithm's network or loss a reader meets whole, not plumbing).
 # Where the scripts differ on purpose, the script says why next to the definition.
 COPIES = {
+    "RunningMeanStd": {"ppo_lstm.py", "ppo_continuous.py", "rl2.py"},
     "layer_init": {
         "a2c.py",
         "pqn.py",

@@ -34,6 +34,7 @@ SHARED_FLAGS = [
 ]
 REPRESENTATIVES = sorted(REPRESENTATIVE.values())
 NO_LM_FLAGS = {"--capture-video", "--eval-episodes"}  # absent from the language-model scripts
+ABSENT = {"lm": NO_LM_FLAGS, "meta": {"--capture-video"}}  # meta-RL's tasks have nothing to film
 # gymnasium ids (env_spaces, and canonrl's checks that call it); smac_lite maps; mpe2 and LM tasks
 ENV_CHECKS = {
     "env_spaces",
@@ -64,12 +65,13 @@ def test_help_lists_every_flag(script):
     script's."""
     out = run_script(script, ["--help"], fork=True)
     assert out.returncode == 0, out.stderr
-    shared = [f for f in SHARED_FLAGS if FAMILY[script] != "lm" or f not in NO_LM_FLAGS]
+    absent = ABSENT.get(FAMILY[script], set())
+    shared = [f for f in SHARED_FLAGS if f not in absent]
     flags = shared + [f"--{name.replace('_', '-')}" for name in args_fields(script)]
     missing = [f for f in flags if f not in out.stdout]
     assert not missing, f"{script} lacks {missing}"
+    assert not [f for f in absent if f in out.stdout], out.stdout
     if FAMILY[script] == "lm":  # no envs, so no episodes and no video
-        assert not [f for f in NO_LM_FLAGS if f in out.stdout], out.stdout
         assert "the envs" not in out.stdout
 
 

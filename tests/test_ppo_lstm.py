@@ -7,6 +7,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from conftest import record_ppo_loss
 
 from benchmark.runs import load_script
 
@@ -22,14 +23,7 @@ def test_update_starts_from_the_rollouts_states(env_id, num_minibatches, tmp_pat
     it and starts mid-episode after the first (PendulumNoVel-v1's continuous actions: mid-episode
     only): the first minibatch's new log-probabilities (whole sequences of some envs, from the
     stored initial states) must equal the rollout's."""
-    calls = []
-    ppo_loss = lstm.ppo_loss
-
-    def recording_loss(logprob, entropy, value, old_logprobs, *rest, **kwargs):
-        calls.append((logprob.detach().clone(), old_logprobs.clone()))
-        return ppo_loss(logprob, entropy, value, old_logprobs, *rest, **kwargs)
-
-    monkeypatch.setattr(lstm, "ppo_loss", recording_loss)
+    calls = record_ppo_loss(lstm, monkeypatch)
     args = lstm.Args(
         env_id=env_id,
         total_timesteps=4 * 24 * 3,

@@ -10,9 +10,10 @@ import subprocess
 import sys
 
 import shared_blocks
+from conftest import FAMILY
 from shared_blocks import copy_differences, differences, fix, scripts
 
-from canonrl.run import LMRunArgs, RunArgs
+from canonrl.run import LMRunArgs, RunArgs, TrialRunArgs
 
 # what canonrl.run holds, never defined again in a script
 RUN_CONTRACT = {
@@ -47,7 +48,13 @@ def test_every_script_imports_the_run_contract_and_defines_none_of_it():
             if isinstance(n, ast.ImportFrom) and n.module == "canonrl.run"
             for a in n.names
         }
-        base = "LMRunArgs" if p.name.endswith("_lm.py") else "RunArgs"
+        base = (
+            "LMRunArgs"
+            if p.name.endswith("_lm.py")
+            else "TrialRunArgs"
+            if FAMILY.get(p.name) == "meta"
+            else "RunArgs"
+        )
         # a script that runs under torchrun takes its RunLogger from canonrl.distributed's Ranks
         ranks = any(
             isinstance(n, ast.ImportFrom)
@@ -115,6 +122,8 @@ def test_the_base_holds_the_shared_flags_and_no_script_redefines_one():
         "capture_video",
         "eval_episodes",
     }
+    # meta-RL: an episode is a trial on a new task, of an env with nothing to film
+    assert {f.name for f in dataclasses.fields(TrialRunArgs)} == shared - {"capture_video"}
     for p in scripts():
         tree = ast.parse(p.read_text())
         args = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Args")

@@ -87,6 +87,13 @@ RELOAD = {
     "impala.py": lambda m, s, *a: m.evaluate(
         loaded(m, "Agent", s, "agent", "obs_shape", "n_actions"), *a
     ),
+    "rl2.py": lambda m, s, env, episodes, seed: m.evaluate(
+        loaded(m, "Agent", s, "agent", "n_inputs", "n_actions", "gru_size"),
+        env,
+        s["args"]["episodes_per_trial"],
+        episodes,
+        seed,
+    ),
     "dqn.py": lambda m, s, *a: m.evaluate(
         loaded(m, "QNetwork", s, "q_network", "obs_dim", "n_actions"), *a
     ),
