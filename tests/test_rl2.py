@@ -89,7 +89,7 @@ def test_the_state_is_zeroed_where_a_trial_starts_and_the_stretches_equal_steps(
 def test_the_update_recomputes_the_rollouts_log_probabilities(tmp_path, monkeypatch):
     """Within a rollout that spans trial and episode ends, the update's first minibatch recomputes
     the rollout's log-probabilities exactly (the state is zeroed at trial starts only, from the
-    stored initial state of each sequence), and evaluate() gives each trial its own new task."""
+    stored initial state of each sequence)."""
     calls = record_ppo_loss(rl2, monkeypatch)
     args = rl2.Args(
         env_id="RandomMDP-v0",
@@ -110,7 +110,7 @@ def test_the_update_recomputes_the_rollouts_log_probabilities(tmp_path, monkeypa
     assert not torch.allclose(*calls[3], atol=1e-5)
 
 
-def test_evaluate_runs_each_trial_on_its_own_task():
+def test_evaluate_gives_one_seeded_total_per_trial():
     torch.manual_seed(0)
     agent = rl2.Agent(n_inputs=1 + 5 + 2, n_actions=5, gru_size=8)
     returns = rl2.evaluate(agent, "BernoulliBandit-k5-v0", 10, trials=6, seed=3)
