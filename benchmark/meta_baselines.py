@@ -13,7 +13,8 @@ Duan et al. tuned theirs); and where n is small enough, the Bayes-optimal policy
 (dynamic programming over the arms' posterior counts): the most any algorithm can expect, above the
 paper's Gittins index policy. MDPs: random, and posterior sampling (PSRL, Osband et al. 2013: a
 task drawn from the posterior, Dirichlet(1 + counts) transitions and Normal rewards with a
-Normal(1, 1) prior on the means, before each episode, then its optimal finite-horizon policy).
+Normal(1, 1) prior on the means, before each episode, then its optimal finite-horizon policy) and
+greedy (the same with the posterior's mean in place of a draw, as the paper's greedy).
 A trial's return is its total reward; each figure is the mean over `trials` trials with its
 standard error.
 """
@@ -121,8 +122,9 @@ def finite_horizon_policy(means, transitions):
 
 
 def mdp_trials(policy: str, n: int, trials: int, seed: int):
-    """Total rewards of `trials` trials (n episodes of one random MDP each) of random actions or
-    PSRL."""
+    """Total rewards of `trials` trials (n episodes of one random MDP each) of random actions,
+    PSRL, or greedy (the optimal policy of the posterior's mean MDP, planned before each
+    episode)."""
     rng = np.random.default_rng(seed)
     totals = np.zeros(trials)
     for i in range(trials):
@@ -137,6 +139,10 @@ def mdp_trials(policy: str, n: int, trials: int, seed: int):
                 sampled = rng.normal(var * (1.0 + reward_sum), np.sqrt(var))
                 p = np.apply_along_axis(rng.dirichlet, 2, 1.0 + counts)
                 plan = finite_horizon_policy(sampled, p)
+            elif policy == "greedy":
+                mean_reward = (1.0 + reward_sum) / (1.0 + visits)
+                p = (1.0 + counts) / (1.0 + counts).sum(2, keepdims=True)
+                plan = finite_horizon_policy(mean_reward, p)
             s = 0
             for t in range(HORIZON):
                 a = int(rng.integers(ACTIONS)) if policy == "random" else int(plan[t, s])
@@ -167,7 +173,7 @@ def baselines(trials: int, mdp_count: int, seed: int) -> dict:
         print(f"bandit n={n}, k={k}: {row}", flush=True)
     for n in PAPER_MDPS:
         row = {}
-        for policy in ("random", "psrl"):
+        for policy in ("random", "greedy", "psrl"):
             x = mdp_trials(policy, n, mdp_count, seed)
             row[policy] = (float(x.mean()), float(x.std() / np.sqrt(len(x))))
         rows[n] = row

@@ -189,6 +189,18 @@ def test_the_finite_horizon_planner_is_optimal_by_enumeration():
         assert all(value(s, t, a) <= best + 1e-9 for a in range(meta_baselines.ACTIONS))
 
 
+def test_the_mdp_baselines_learn_within_a_trial():
+    """Greedy (the posterior mean's plan) and PSRL gain on random play, and each gains from its
+    first episode to its last: they learn the task within the trial, as rl2.py must."""
+    n, trials = 10, 150
+    rnd = meta_baselines.mdp_trials("random", n, trials, seed=3)
+    for policy in ("greedy", "psrl"):
+        x = meta_baselines.mdp_trials(policy, n, trials, seed=3)
+        assert x.mean() > rnd.mean() + 20, policy
+        first = meta_baselines.mdp_trials(policy, 1, trials, seed=3)  # the first episode alone
+        assert x.mean() / n > first.mean() + 1, policy
+
+
 def test_the_report_sets_our_runs_beside_the_papers_table_with_verdicts():
     rows = {
         (10, 5): {
@@ -199,7 +211,7 @@ def test_the_report_sets_our_runs_beside_the_papers_table_with_verdicts():
             "ucb1_c": 0.05,
             "bayes_optimal": (6.66, 0.0),
         },
-        10: {"random": (100.4, 0.5), "psrl": (133.2, 0.6)},
+        10: {"random": (100.4, 0.5), "greedy": (152.2, 0.6), "psrl": (133.2, 0.6)},
     }
     lines = meta_baselines.report_lines(rows, 100, 100)
     bandit = next(line for line in lines if line.startswith("| bandit n=10, k=5 |"))
@@ -208,4 +220,4 @@ def test_the_report_sets_our_runs_beside_the_papers_table_with_verdicts():
     )
     assert bandit.count("PASS") + bandit.count("FAIL") == 2, bandit
     mdp = next(line for line in lines if line.startswith("| MDP n=10 |"))
-    assert "156.2" in mdp and "PSRL 133.20" in mdp
+    assert "156.2" in mdp and "PSRL 133.20" in mdp and "| 152.20 ± 0.60 |" in mdp
