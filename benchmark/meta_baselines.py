@@ -14,7 +14,8 @@ Duan et al. tuned theirs); and where n is small enough, the Bayes-optimal policy
 paper's Gittins index policy. MDPs: random, and posterior sampling (PSRL, Osband et al. 2013: a
 task drawn from the posterior, Dirichlet(1 + counts) transitions and Normal rewards with a
 Normal(1, 1) prior on the means, before each episode, then its optimal finite-horizon policy) and
-greedy (the same with the posterior's mean in place of a draw, as the paper's greedy).
+greedy (the same with the posterior's mean in place of a draw; the paper's greedy is named so,
+with a prior it does not give).
 A trial's return is its total reward; each figure is the mean over `trials` trials with its
 standard error.
 """
