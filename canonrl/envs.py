@@ -149,6 +149,15 @@ def register_meta_envs():
             gym.register(env_id, make)
 
 
+def register_minigrid():
+    """Register MiniGrid's ids (MiniGrid-DoorKey-8x8-v0, ...) where minigrid is installed (pip
+    install -e ".[minigrid]"); without it, nothing (the script's check says what to install)."""
+    try:
+        import minigrid  # noqa: F401  (its import registers the ids)
+    except ImportError:
+        pass
+
+
 MINATAR = {
     f"MinAtar/{game.title().replace('_', '')}-v1": game
     for game in ("asterix", "breakout", "freeway", "seaquest", "space_invaders")

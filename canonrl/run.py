@@ -156,6 +156,8 @@ def other_family(env_id: str) -> tuple[str, ...]:
         return "ppo_lstm.py", "ppo.py"
     if re.fullmatch(r"BernoulliBandit-k\d+-v\d+|RandomMDP-v\d+", env_id):  # meta-RL's tasks
         return ("rl2.py",)
+    if env_id.startswith(("MiniGrid-", "BabyAI-")):  # sparse rewards: exploration
+        return ("ppo_rnd.py",)
     if re.fullmatch(r"(simple\w*|collect_treasure)_v\d+", env_id):
         return "mappo_mpe.py", "maddpg_mpe.py"
     # the names of SMAC's maps (3m, 2s3z, 5m_vs_6m, MMM2, ...): a pattern, so that a script of

@@ -346,6 +346,9 @@ SMOKE["rl2.py"] = [
     "--eval-episodes",
     "20",
 ]
+# ppo_rnd.py: pqn.py's flags (4 updates of 4 envs x 32 steps) on MiniGrid's smallest empty room
+# (100-step episodes), 2 games evaluated
+SMOKE["ppo_rnd.py"] = ["--env-id", "MiniGrid-Empty-5x5-v0", *SMOKE["pqn.py"][2:]]
 # grpo_agent_lm.py: grpo_lm.py's flags (4 updates of 8 prompts x 4 trajectories), on calc-v0
 SMOKE["grpo_agent_lm.py"] = ["--env-id", "calc-v0", *SMOKE["grpo_lm.py"][2:]]
 # The multi-agent scripts. smac_lite: --env-id is a map; they log the team return and the win rate.
@@ -361,6 +364,7 @@ ENV_TYPO = {
     "dpo_lm.py": ("additon-v0", "addition-v0"),
     "ppo_lm.py": ("additon-v0", "addition-v0"),
     "rl2.py": ("BernoulliBandit-k6-v0", "BernoulliBandit-k5-v0"),
+    "ppo_rnd.py": ("MiniGrid-DoorKey-8x9-v0", "MiniGrid-DoorKey-8x8-v0"),
 }
 # An env of the action space the script does not handle, and a word its error line must contain.
 DISCRETE = {
@@ -386,6 +390,7 @@ DISCRETE = {
     "dpo_lm.py",
     "ppo_lm.py",
     "rl2.py",
+    "ppo_rnd.py",
     *OFFLINE_DISCRETE,
 }
 # ppo_lstm.py takes both action spaces: its wrong env is one of another family (pixels)
@@ -445,6 +450,7 @@ LONG = {
     "dpo_lm.py": 3200,
     "ppo_lm.py": 1600,
     "rl2.py": 20_480,
+    "ppo_rnd.py": 10_240,
 }
 
 
@@ -497,6 +503,7 @@ FAMILY = {
     "dpo_lm.py": "lm",
     "ppo_lm.py": "lm",
     "rl2.py": "meta",
+    "ppo_rnd.py": "exploration",
 }
 REPRESENTATIVE = {
     "classic": "ppo.py",
@@ -507,6 +514,7 @@ REPRESENTATIVE = {
     "offline": "td3_bc_continuous.py",
     "lm": "grpo_lm.py",
     "meta": "rl2.py",
+    "exploration": "ppo_rnd.py",
 }
 
 

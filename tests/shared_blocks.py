@@ -24,6 +24,7 @@ ALGOS = Path(__file__).resolve().parents[1] / "algos"
 FAMILIES = {
     "ppo": {
         "ppo.py",
+        "ppo_rnd.py",
         "ppo_lstm.py",
         "rl2.py",
         "ppo_continuous.py",
@@ -37,6 +38,7 @@ FAMILIES = {
     },
     "gae": {
         "a2c.py",
+        "ppo_rnd.py",
         "ppo.py",
         "ppo_lstm.py",
         "rl2.py",
@@ -86,6 +88,7 @@ FAMILIES = {
         "ppo_atari.py",
         "ppo_atari_multigpu.py",
         "ppo_continuous.py",
+        "ppo_rnd.py",
     },
     # the scripts that scale rewards by the dataset's spread of episode returns
     "offline_reward": {"iql_continuous.py", "cql_continuous.py"},
@@ -94,9 +97,10 @@ FAMILIES = {
 # in every script of its group (an algorithm's network or loss a reader meets whole, not plumbing).
 # Where the scripts differ on purpose, the script says why next to the definition.
 COPIES = {
-    "RunningMeanStd": {"ppo_lstm.py", "ppo_continuous.py", "rl2.py"},
+    "RunningMeanStd": {"ppo_lstm.py", "ppo_continuous.py", "rl2.py", "ppo_rnd.py"},
     "layer_init": {
         "a2c.py",
+        "ppo_rnd.py",
         "pqn.py",
         "impala.py",
         "ppo.py",

@@ -84,6 +84,9 @@ RELOAD = {
         rms(s["obs_rms"]),
         *a,
     ),
+    "ppo_rnd.py": lambda m, s, *a: m.evaluate(
+        loaded(m, "Agent", s, "agent", "view_shape", "n_actions"), *a, layout=s["layout"]
+    ),
     "impala.py": lambda m, s, *a: m.evaluate(
         loaded(m, "Agent", s, "agent", "obs_shape", "n_actions"), *a
     ),
