@@ -94,6 +94,16 @@ def load_suites(path: Path = SUITES) -> dict[str, Suite]:
                         f"which the suite does not run on {r['env_id']} at "
                         f"{r['total_timesteps']} steps with score {r['score']!r}"
                     )
+        # a run's folder is <script>__<env>__<seed>: two runs of one script on one env at one
+        # budget with other flags would write into the same folders, the second replacing the
+        # first (at another budget the longer run goes on from the shorter, the contract's resume)
+        keys = [(r["script"], r["env_id"], r["total_timesteps"]) for r in runs]
+        if twice := sorted({k for k in keys if keys.count(k) > 1}):
+            raise ValueError(
+                f"{path}: suite {name!r} runs {twice[0][0]} on {twice[0][1]} at {twice[0][2]} "
+                "steps twice (other flags): their run folders would be the same; put one of "
+                "them in a suite of its own"
+            )
         if unknown := set(s.get("datasets", [])) - set(STANDARD):
             raise ValueError(
                 f"{path}: suite {name!r} names datasets that "

@@ -1402,3 +1402,21 @@ def test_a_peer_takes_our_switches_as_tyro_spells_them(tmp_path):
         parse_baseline_args("", sb3_baseline.SAME, "SB3", [*argv, "--gamma"])
     with pytest.raises(SystemExit):
         parse_baseline_args("", sb3_baseline.SAME, "SB3", [*argv, "--no-such-flag", "1"])
+
+
+def test_a_suite_that_runs_one_script_twice_into_the_same_folders_is_refused(tmp_path):
+    """Run folders are <script>__<env>__<seed>: two runs of one script on one env at one budget
+    with other flags (e.g. another dataset) would replace each other's runs."""
+    run = '[[s.run]]\nscript = "ppo.py"\nenv_id = "CartPole-v1"\ntotal_timesteps = 512\n'
+    path = tmp_path / "suites.toml"
+    path.write_text(
+        "[s]\nseeds = 1\n\n"
+        + run
+        + 'score = "final_eval"\nflags = ["--gamma", "0.9"]\n\n'
+        + run
+        + 'score = "final_eval"\nflags = ["--gamma", "0.99"]\n'
+    )
+    with pytest.raises(ValueError, match="twice"):
+        bench.load_suites(path)
+    path.write_text(path.read_text().replace("512\nscore", "1024\nscore", 1))
+    assert len(bench.load_suites(path)["s"].runs) == 2  # another budget: the resume goes on
