@@ -35,7 +35,12 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmark.runs import load_script, parse_baseline_args, print_baseline_end  # noqa: E402
+from benchmark.runs import (  # noqa: E402
+    baseline_run_args,
+    load_script,
+    parse_baseline_args,
+    print_baseline_end,
+)
 
 D3RLPY = [
     "d3rlpy==2.8.1",
@@ -320,15 +325,7 @@ def main(argv=None) -> int:
                 "d3rlpy_algo": type(config).__name__,
                 "d3rlpy_config": dataclasses.asdict(config),
                 "difference": DIFFERENCES.get(a.same_as, ""),
-                "args": {
-                    **vars(ours),
-                    "env_id": a.env_id,
-                    "total_timesteps": a.total_timesteps,
-                    "seed": a.seed,
-                    "eval_every": a.eval_every,
-                    "eval_episodes": a.eval_episodes,
-                    "run_dir": str(a.run_dir),
-                },
+                "args": baseline_run_args(a, ours),
             },
             indent=2,
             default=str,

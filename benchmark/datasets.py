@@ -137,6 +137,20 @@ STANDARD = {
         seed=0,
         dataset_id="canonrl/minatar/breakout/medium-tiny-v0",
     ),
+    # expert demonstrations for algos/gail.py and its BC peers: the first 1, 4 or 16 episodes of the
+    # same expert's rollouts (episode e from reset(seed=e) in each)
+    **{
+        f"{env}-expert-{n}ep-v0": dict(
+            kind="expert",
+            policy=policy,
+            expert=str(policy),
+            steps=n * length,
+            seed=0,
+            dataset_id=f"canonrl/{env}/expert-{n}ep-v0",
+        )
+        for env, policy, length in (("cartpole", EXPERT_DQN, 500), ("pendulum", EXPERT_SAC, 200))
+        for n in (1, 4, 16)
+    },
     "hopper-medium-v0": dict(
         kind="medium",
         policy=MEDIUM_SAC_HOPPER,

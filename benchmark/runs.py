@@ -54,8 +54,9 @@ def script_command(script: str, flags: list[str], run_dir: Path | str | None) ->
     """The command line of algos/<script>; "sb3:<script>" is SB3 with that script's hyperparameters
     (benchmark/sb3_baseline.py), "d3rlpy:<script>" d3rlpy with an offline script's
     (benchmark/d3rlpy_baseline.py), "trl:<script>" TRL with an LM script's
-    (benchmark/trl_baseline.py)."""
-    if script.startswith(("sb3:", "d3rlpy:", "trl:")):
+    (benchmark/trl_baseline.py), "imitation:<script>" the imitation library with gail.py's
+    (benchmark/imitation_baseline.py)."""
+    if script.startswith(("sb3:", "d3rlpy:", "trl:", "imitation:")):
         peer, ours = script.split(":")
         script_path(ours)
         cmd = [
@@ -670,6 +671,22 @@ def parse_baseline_args(doc: str, same: dict, peer: str, argv=None, offline: boo
     if a.run_dir.exists():
         p.error(f"--run-dir {a.run_dir} exists; give a new directory")
     return p, a, ours
+
+
+def baseline_run_args(a, ours, **extra) -> dict:
+    """The "args" a peer's run records in its config.json: our script's Args with the run's flags
+    (env, budget, seed, evaluation schedule, run directory) and `extra` over them, so that
+    run_finished and a resumed suite read it as they read ours."""
+    return {
+        **vars(ours),
+        "env_id": a.env_id,
+        "total_timesteps": a.total_timesteps,
+        "seed": a.seed,
+        "eval_every": a.eval_every,
+        "eval_episodes": a.eval_episodes,
+        **extra,
+        "run_dir": str(a.run_dir),
+    }
 
 
 def print_baseline_end(returns: list[float], run_dir: Path, what: str):

@@ -28,7 +28,12 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmark.runs import load_script, parse_baseline_args, print_baseline_end  # noqa: E402
+from benchmark.runs import (  # noqa: E402
+    baseline_run_args,
+    load_script,
+    parse_baseline_args,
+    print_baseline_end,
+)
 
 # ---- our script's Args -> (SB3 algorithm, n_envs, SB3 kwargs) ------------------------------------
 # kwargs are JSON: {"linear": x} is a schedule from x to 0 over training (rl-zoo's lin_x);
@@ -403,17 +408,9 @@ def main(argv=None) -> int:
                 "sb3_algo": algo,
                 "sb3_kwargs": kwargs,
                 "n_envs": n_envs,
-                "args": {
-                    **vars(ours),
-                    "env_id": a.env_id,
-                    "total_timesteps": a.total_timesteps,
-                    "seed": a.seed,
-                    "eval_every": a.eval_every,
-                    "eval_episodes": a.eval_episodes,
-                    "num_envs": n_envs,
-                    "num_steps": kwargs.get("n_steps", 1),
-                    "run_dir": str(a.run_dir),
-                },
+                "args": baseline_run_args(
+                    a, ours, num_envs=n_envs, num_steps=kwargs.get("n_steps", 1)
+                ),
             },
             indent=2,
             default=str,

@@ -349,6 +349,14 @@ SMOKE["rl2.py"] = [
 # ppo_rnd.py: pqn.py's flags (4 updates of 4 envs x 32 steps) on MiniGrid's smallest empty room
 # (100-step episodes), 2 games evaluated
 SMOKE["ppo_rnd.py"] = ["--env-id", "MiniGrid-Empty-5x5-v0", *SMOKE["pqn.py"][2:]]
+# gail.py: ppo.py's flags, learning from the small offline CartPole dataset
+SMOKE["gail.py"] = [
+    "--env-id",
+    "CartPole-v1",
+    "--dataset",
+    str(OFFLINE_DISCRETE_DATASET),
+    *SMOKE["ppo.py"][2:],
+]
 # grpo_agent_lm.py: grpo_lm.py's flags (4 updates of 8 prompts x 4 trajectories), on calc-v0
 SMOKE["grpo_agent_lm.py"] = ["--env-id", "calc-v0", *SMOKE["grpo_lm.py"][2:]]
 # The multi-agent scripts. smac_lite: --env-id is a map; they log the team return and the win rate.
@@ -391,14 +399,15 @@ DISCRETE = {
     "ppo_lm.py",
     "rl2.py",
     "ppo_rnd.py",
+    "gail.py",
     *OFFLINE_DISCRETE,
 }
-# ppo_lstm.py takes both action spaces: its wrong env is one of another family (pixels)
+# ppo_lstm.py and gail.py take both action spaces: their wrong env is one of another family (pixels)
 WRONG_ENV = {
     s: ("CartPole-v1", "task")
     if s in ("grpo_lm.py", "grpo_agent_lm.py", "dpo_lm.py", "ppo_lm.py", "rl2.py")
     else ("ALE/Breakout-v5", "not an env")
-    if s == "ppo_lstm.py"
+    if s in ("ppo_lstm.py", "gail.py")
     else ("Hopper-v4", "discrete")
     if s in DISCRETE
     else ("CartPole-v1", "map")
@@ -504,6 +513,8 @@ FAMILY = {
     "ppo_lm.py": "lm",
     "rl2.py": "meta",
     "ppo_rnd.py": "exploration",
+    # imitation from demonstrations: learns from a dataset, as the offline scripts do
+    "gail.py": "offline",
 }
 REPRESENTATIVE = {
     "classic": "ppo.py",

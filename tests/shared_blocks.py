@@ -23,6 +23,7 @@ ALGOS = Path(__file__).resolve().parents[1] / "algos"
 # that family.
 FAMILIES = {
     "ppo": {
+        "gail.py",
         "ppo.py",
         "ppo_rnd.py",
         "ppo_lstm.py",
@@ -37,6 +38,7 @@ FAMILIES = {
         "ippo_mpe.py",
     },
     "gae": {
+        "gail.py",
         "a2c.py",
         "ppo_rnd.py",
         "ppo.py",
@@ -81,6 +83,7 @@ FAMILIES = {
     "offline_discrete": {"bc_discrete.py", "cql_discrete.py"},
     # the on-policy scripts on gymnasium vector envs (ppo_atari_envpool.py's envpool differs)
     "bootstrap": {
+        "gail.py",
         "a2c.py",
         "pqn.py",
         "impala.py",
@@ -97,8 +100,9 @@ FAMILIES = {
 # in every script of its group (an algorithm's network or loss a reader meets whole, not plumbing).
 # Where the scripts differ on purpose, the script says why next to the definition.
 COPIES = {
-    "RunningMeanStd": {"ppo_lstm.py", "ppo_continuous.py", "rl2.py", "ppo_rnd.py"},
+    "RunningMeanStd": {"ppo_lstm.py", "ppo_continuous.py", "rl2.py", "ppo_rnd.py", "gail.py"},
     "layer_init": {
+        "gail.py",
         "a2c.py",
         "ppo_rnd.py",
         "pqn.py",
@@ -159,7 +163,7 @@ COPIES = {
     ],
     # ppo_lstm.py's differs on purpose: it also clips continuous actions to their bounds
     "make_env": [
-        {"a2c.py", "c51.py", "dqn.py", "ppo.py", "qrdqn.py"},
+        {"a2c.py", "c51.py", "dqn.py", "gail.py", "ppo.py", "qrdqn.py"},
         {"ppo_atari.py", "ppo_atari_multigpu.py"},
         {"impala.py", "pqn.py"},
     ],

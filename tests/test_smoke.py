@@ -87,6 +87,11 @@ RELOAD = {
     "ppo_rnd.py": lambda m, s, *a: m.evaluate(
         loaded(m, "Agent", s, "agent", "view_shape", "n_actions"), *a, layout=s["layout"]
     ),
+    "gail.py": lambda m, s, *a: m.evaluate(
+        loaded(m, "Agent", s, "agent", "obs_dim", "action_dim", "continuous"),
+        rms(s["obs_rms"]),
+        *a,
+    ),
     "impala.py": lambda m, s, *a: m.evaluate(
         loaded(m, "Agent", s, "agent", "obs_shape", "n_actions"), *a
     ),
