@@ -416,7 +416,9 @@ def main(argv=None) -> int:
             default=str,
         )
     )
-    f = open(a.run_dir / "metrics.csv", "w", newline="")
+    # line-buffered: each row reaches the file as it is written, so a reader watching the run
+    # (a time-limited speed run, a progress check) sees the episodes as they end
+    f = open(a.run_dir / "metrics.csv", "w", newline="", buffering=1)
     writer = csv.writer(f)
     writer.writerow(["global_step", "wall_time", "name", "value"])
     device = "cuda" if a.cuda and torch.cuda.is_available() else "cpu"
