@@ -483,7 +483,7 @@ def main(args: Args):
             },
         )
         logger.progress(global_step)
-        if logger.stop_requested:  # Ctrl-C: the actors stop before the run saves and exits
+        if logger.stops_after(global_step):  # Ctrl-C, --stop-at: the actors stop before the exit
             actors.close()
         logger.end_iteration(stateful, iteration, global_step, run_eval)
     actors.close()

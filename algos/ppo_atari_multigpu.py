@@ -432,7 +432,7 @@ def main(args: Args):
         # a Ctrl-C that reached any rank (before this all-reduce; a later one: next iteration) stops
         # every rank now
         ranks.agree_to_stop(logger)
-        stop = logger.stop_requested
+        stop = logger.stops_after(global_step)  # Ctrl-C or --stop-at
         logger.log(
             global_step,
             {
@@ -450,8 +450,8 @@ def main(args: Args):
         if iteration % max(1, args.checkpoint_every // global_batch) == 0 or stop:
             ranks.check_same_weights(agent)
             logger.save_checkpoint(stateful, iteration, global_step)
-        if stop:  # Ctrl-C: the iteration it came in is finished and saved
-            logger.exit_interrupted()
+        if stop:  # the iteration it came in is finished and saved
+            logger.exit_stopped(global_step)
     envs.close()
     # the barrier: no rank tears the group down while another is still in the last all-reduce
     # (gloo aborts it then). No collective after it: the other ranks end while rank 0 evaluates

@@ -521,7 +521,7 @@ def main(args: Args):
         if (
             (iteration + 1) % log_every == 0
             or iteration + 1 == num_iterations
-            or logger.stop_requested
+            or logger.stops_after(global_step)
         ):
             log_episodes(ended, first_step)
             first_step = global_step

@@ -118,11 +118,14 @@ class Reference:
         return self.threshold is not None
 
     def command_flags(self, seed: int) -> list[str]:
+        """The run's command line; a gate with stop_at ends at that step (--stop-at)."""
+        stop = ["--stop-at", str(self.stop_at)] if self.stop_at else []
         return [
             "--env-id",
             self.env_id,
             "--total-timesteps",
-            str(self.stop_at or self.total_timesteps),
+            str(self.total_timesteps),
+            *stop,
             "--seed",
             str(seed),
             *self.flags,
@@ -202,12 +205,11 @@ def _check_curves(e: Reference, n_seeds: int):
 
 
 def _cut_short(gate: Reference, ev: Reference) -> float:
-    """A gate that stops at an evaluation of its evidence (stop_at): valid only for a script whose
-    schedules do not read the budget, so that the first stop_at steps of the evidence runs are what
-    a run of stop_at steps does (the gate's source must say so; tests/test_learning.py checks it on
-    a short run). Every evidence seed must already be at or above the final threshold at stop_at;
-    the curve threshold is the lowest evidence curve score over the evaluations up to stop_at, minus
-    auc_margin."""
+    """A gate that stops at an evaluation of its evidence (stop_at): it runs the evidence's budget
+    with --stop-at, so its schedules are the evidence runs' and its steps are their first stop_at
+    steps (tests/test_learning.py checks it on a short run). Every evidence seed must already be at
+    or above the final threshold at stop_at; the curve threshold is the lowest evidence curve score
+    over the evaluations up to stop_at, minus auc_margin."""
     if not ev.eval_curves or gate.stop_at not in ev.eval_steps:
         raise ValueError(
             f"{gate.id}: stop_at {gate.stop_at} must be one of the eval_steps of evidence {ev.id}"
@@ -243,6 +245,7 @@ WATCH_FLAGS = {
     "--eval-every": True,
     "--eval-episodes": True,
     "--checkpoint-every": True,
+    "--stop-at": True,
     "--save-model": False,
     "--capture-video": False,
     "--track": False,

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from canonrl.run import RunLogger
+from canonrl.run import RunLogger, stop_at_reached
 
 
 class Ranks:
@@ -153,10 +153,12 @@ class Ranks:
                 "rank resumed from another checkpoint, or the ranks' hardware computes differently"
             )
 
-    def logger(self, *args, **kwargs):
+    def logger(self, args, run_dir, total: int, step: int, ckpt, script: str):
         """The run's RunLogger (these arguments) on rank 0, which alone writes the run directory;
         a QuietLogger on the others."""
-        return RunLogger(*args, **kwargs) if self.rank == 0 else QuietLogger()
+        if self.rank == 0:
+            return RunLogger(args, run_dir, total, step, ckpt, script)
+        return QuietLogger(args, total)
 
     def agree_to_stop(self, logger):
         """A Ctrl-C that reached any rank (torchrun passes it to every one, not quite at once)
@@ -171,7 +173,9 @@ class QuietLogger:
     (rank 0 does so for the run). A Ctrl-C that reaches one of them stops the run as on rank 0
     (Ranks.agree_to_stop)."""
 
-    def __init__(self):
+    def __init__(self, args, total: int):
+        self.args = args
+        self.total = total
         self.stop_requested = False
         self.last_return = float("nan")
         self.eval_seconds = 0.0
@@ -189,12 +193,15 @@ class QuietLogger:
     def evaluate(self, step: int, run_episodes):
         return []
 
+    def stops_after(self, step: int) -> bool:
+        return self.stop_requested or stop_at_reached(self.args, step, self.total)
+
     def end_iteration(self, stateful, iteration, step, run_eval=None):
-        if self.stop_requested:
-            self.exit_interrupted()
+        if self.stops_after(step):
+            self.exit_stopped(step)
 
     def finish(self, stateful, iteration, step, run_eval=None, model=None, save_also=None):
         return {}
 
-    def exit_interrupted(self):
-        sys.exit(130)
+    def exit_stopped(self, step: int):
+        sys.exit(130 if self.stop_requested else 0)

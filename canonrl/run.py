@@ -73,6 +73,10 @@ class SharedArgs:
     """continue the run in this directory (its flags; --total-timesteps may extend it)"""
     checkpoint_every: int = 50_000
     """save <run_dir>/checkpoint.pt every this many steps (and at the end and on Ctrl-C)"""
+    stop_at: int | None = None
+    """end the run after the iteration that reaches this step, saved as on Ctrl-C (exit status 0;
+    --resume goes on): the schedules still follow --total-timesteps, so the steps it ran are the
+    first steps of the whole run"""
 
 
 @dataclass
@@ -291,6 +295,7 @@ RULES = {
     "exploration_fraction": "0 < x <= 1",
     "eval_epsilon": "0 <= x <= 1",
     "exploration_steps": "x >= 1",
+    "stop_at": "x >= 1",
     "n_atoms": "x >= 2",
     "n_quantiles": "x >= 1",
     "num_prompts": "x >= 1",
@@ -346,6 +351,16 @@ def start_run(args, check_args, script: str):
     if args.resume:
         args, ckpt = resume_run(args, Path(script).name)
     check_args(args)
+    if args.stop_at is not None and args.stop_at >= args.total_timesteps:
+        fail(
+            f"--stop-at {args.stop_at} must be below --total-timesteps {args.total_timesteps} "
+            "(the run ends there anyway)"
+        )
+    if ckpt is not None and args.stop_at is not None and args.stop_at <= ckpt["global_step"]:
+        fail(
+            f"--stop-at {args.stop_at} is not beyond the {ckpt['global_step']} steps already "
+            "done; give a later step or none"
+        )
     if args.track:
         check_wandb()
     # SDL warns on every render without it
@@ -380,7 +395,8 @@ def start_run(args, check_args, script: str):
 def resume_run(args, script: str):
     """--resume DIR: the run's saved flags and its checkpoint, which is data: its SHA-256 must match
     checkpoint.sha256, and it is read with weights_only=True. A flag given now that differs from
-    the saved one is ignored, except --total-timesteps, which extends the run."""
+    the saved one is ignored, except --total-timesteps, which extends the run, and --stop-at,
+    which is this sitting's (the saved one is not kept)."""
     path = Path(args.resume) / "checkpoint.pt"
     if not path.is_file():
         fail(f"no checkpoint at {path}; pass the run directory of an earlier {script} run")
@@ -396,7 +412,7 @@ def resume_run(args, script: str):
         )
     changed = []
     for name, value in asdict(args).items():
-        if name in ("resume", "run_dir") or value == getattr(saved, name):
+        if name in ("resume", "run_dir", "stop_at") or value == getattr(saved, name):
             continue
         if name in given_flags() or value != getattr(type(args)(), name):
             changed.append(name)
@@ -422,6 +438,7 @@ def resume_run(args, script: str):
         )
     saved.resume = str(path.parent)
     saved.run_dir = str(path.parent)
+    saved.stop_at = args.stop_at
     check_metrics(path.parent / "metrics.csv")
     return saved, ckpt
 
@@ -617,6 +634,7 @@ NOT_HYPERPARAMETERS = {
     "run_dir",
     "resume",
     "checkpoint_every",
+    "stop_at",
     "dataset",
 }
 
@@ -656,13 +674,18 @@ def same_value(token: str, value) -> bool:
     return token == str(value)
 
 
+def stop_at_reached(args, step: int, total: int) -> bool:
+    """Whether `step` is at or past --stop-at and short of `total`, the steps the run would do."""
+    return args.stop_at is not None and args.stop_at <= step < total
+
+
 class RunLogger:
     """What a run shows and leaves behind: config.json, metrics.csv (global_step, wall_time, name,
     value; append-only), TensorBoard events, a wandb run with --track, the progress bar,
     checkpoint.pt. Resuming drops the rows logged after the checkpoint (those steps are redone): no
     step is logged twice. The training clock stops during evaluations. Ctrl-C sets stop_requested:
-    the script finishes its iteration, saves it and calls exit_interrupted(). `script` is the
-    script's path (__file__)."""
+    the script finishes its iteration, saves it and exits (status 130); --stop-at does the same at
+    its step (status 0). `script` is the script's path (__file__)."""
 
     def __init__(self, args, run_dir: Path, total: int, step: int, ckpt: dict | None, script: str):
         self.script = Path(script).resolve()
@@ -813,19 +836,25 @@ class RunLogger:
             {"train/episodic_return": episodic_return, "train/episodic_length": episodic_length},
         )
 
+    def stops_after(self, step: int) -> bool:
+        """Whether the run ends after the iteration that reached `step`: Ctrl-C asked for it, or
+        --stop-at is reached before the end of the budget."""
+        return self.stop_requested or stop_at_reached(self.args, step, self.total)
+
     def end_iteration(self, stateful: dict, iteration: int, step: int, run_eval=None):
         """After each iteration (`iteration` of them done, `step` steps): an evaluation when `step`
         passes a multiple of --eval-every (the last is finish()'s; none without run_eval), a
-        checkpoint when it passes a multiple of --checkpoint-every and on Ctrl-C, then the exit
-        Ctrl-C asked for."""
+        checkpoint when it passes a multiple of --checkpoint-every, then, on Ctrl-C or at
+        --stop-at, a checkpoint and the exit."""
         every, last, self.last_step = self.args.eval_every, self.last_step, step
         if every and run_eval is not None and step < self.total and step // every > last // every:
             self.evaluate(step, run_eval)
         every = self.args.checkpoint_every
-        if step // every > last // every or self.stop_requested:
+        stop = self.stops_after(step)
+        if step // every > last // every or stop:
             self.save_checkpoint(stateful, iteration, step)
-        if self.stop_requested:  # the iteration it came in is finished and saved
-            self.exit_interrupted()
+        if stop:  # the iteration it came in is finished and saved
+            self.exit_stopped(step)
 
     def finish(self, stateful, iteration, step, run_eval=None, model=None, save_also=None):
         """The end of a run: the final evaluation (with --capture-video, its episode 0 filmed into
@@ -871,10 +900,19 @@ class RunLogger:
         if self.wandb is not None:
             self.wandb.finish()
 
-    def exit_interrupted(self):
+    def exit_stopped(self, step: int):
+        """The exit after a saved iteration: Ctrl-C's (status 130) or --stop-at's (status 0)."""
         self.close_files()
-        print(f"interrupted: metrics kept, resume with --resume {self.run_dir}", file=sys.stderr)
-        sys.exit(130)
+        if self.stop_requested:
+            print(
+                f"interrupted: metrics kept, resume with --resume {self.run_dir}", file=sys.stderr
+            )
+            sys.exit(130)
+        print(
+            f"stopped at step {step:,} (--stop-at {self.args.stop_at:,}): metrics kept, go on to "
+            f"--total-timesteps {self.args.total_timesteps:,} with --resume {self.run_dir}"
+        )
+        sys.exit(0)
 
     def close(self, results):
         """Close the files; the last lines say the evaluation, where the run is and how it compares

@@ -485,7 +485,9 @@ def test_a_gate_that_stops_early_takes_its_thresholds_from_the_evidence_curves(t
     (tmp_path / "r.toml").write_text(evidence + gate + "threshold = 0.3\nstop_at = 200\n")
     g = next(r for r in load_references(tmp_path / "r.toml") if r.id == "gate")
     assert g.auc_threshold == pytest.approx(min((0.2 + 0.4) / 2, (0.1 + 0.7) / 2) - 0.1)
-    assert g.command_flags(1)[:4] == ["--env-id", "3m", "--total-timesteps", "200"]
+    assert g.command_flags(1)[:6] == [
+        "--env-id", "3m", "--total-timesteps", "300", "--stop-at", "200"
+    ]  # fmt: skip
     # seed 1 is at 0.4 at 200
     for bad, why in (
         ("threshold = 0.5\nstop_at = 200\n", "below the threshold"),

@@ -338,7 +338,7 @@ def test_every_training_loop_ends_its_iterations_through_the_logger(script):
     """Ctrl-C, resume with a new budget, the --eval-every and --checkpoint-every schedules run end
     to end on one script per family (tests/test_smoke.py); they stand for the rest because each
     training loop of main() ends its iteration with logger.end_iteration (ppo_atari_multigpu.py:
-    save_checkpoint and exit_interrupted, after its ranks agree) and the run with logger.finish
+    save_checkpoint and exit_stopped, after its ranks agree) and the run with logger.finish
     or logger.close."""
     tree = ast.parse((ALGOS / script).read_text())
     main = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "main")

@@ -2,9 +2,10 @@
 must end at or above the gate's threshold AND learn as fast as the recorded evidence: the mean of
 its evaluations along the way (area under the evaluation curve, score auc_eval) must not fall below
 the lowest recorded seed's by more than the gate's auc_margin. Thresholds, margins and seeds live in
-references.toml with the runs that justify them. A gate with `stop_at` runs only to that evaluation
-of its evidence runs (where every evidence seed already passed). An offline gate reads a dataset of
-benchmark/datasets.py by path (--dataset runs/datasets/<name>), made first if missing."""
+references.toml with the runs that justify them. A gate with `stop_at` runs the evidence's budget
+with --stop-at: only to that evaluation of its evidence runs (where every evidence seed already
+passed). An offline gate reads a dataset of benchmark/datasets.py by path (--dataset
+runs/datasets/<name>), made first if missing."""
 
 from pathlib import Path
 
@@ -65,16 +66,16 @@ CUT_SHORT = sorted({g.script for g in load_references() if g.is_gate and g.stop_
 
 @pytest.mark.parametrize("script", CUT_SHORT)
 def test_a_gate_cut_short_runs_as_the_first_steps_of_its_evidence(script, tmp_path):
-    """A gate with stop_at compares a run of stop_at steps with the first stop_at steps of longer
-    evidence runs: right only where no schedule reads the budget. Here, on a small budget: a run of
-    half of it logs, up to its end, the same evaluations and losses as the whole run."""
+    """A gate with stop_at compares a run stopped there (--stop-at) with the first stop_at steps of
+    the evidence runs. Here, on a small budget: a run stopped at half of it logs, up to there, the
+    same evaluations and losses as the whole run."""
     flags = list(SMOKE[script])
     at = flags.index("--total-timesteps") + 1
     budget, rows = 2 * int(flags[at]), {}
-    for name, steps in (("whole", budget), ("half", budget // 2)):
-        flags[at] = str(steps)
+    flags[at] = str(budget)
+    for name, stop in (("whole", []), ("half", ["--stop-at", str(budget // 2)])):
         out = run_script(
-            script, flags + ["--eval-every", str(budget // 4)], tmp_path / name, fork=True
+            script, flags + ["--eval-every", str(budget // 4), *stop], tmp_path / name, fork=True
         )
         assert out.returncode == 0, out.stderr[-2000:]
         rows[name] = {
@@ -89,5 +90,5 @@ def test_a_gate_cut_short_runs_as_the_first_steps_of_its_evidence(script, tmp_pa
     common = {k for k in rows["half"] if k in rows["whole"]}
     assert {k for k in rows["whole"] if k[0] <= end and k[1].startswith("eval/")} <= common
     assert all(rows["half"][k] == rows["whole"][k] for k in common), (
-        f"{script}: a schedule reads the budget"
+        f"{script}: the stopped run is not the first steps of the whole one"
     )

@@ -433,15 +433,23 @@ def test_a_non_finite_loss_stops_the_run_before_it_is_written(tmp_path, capsys, 
     )
 
 
-def test_end_iteration_evaluates_and_checkpoints_where_a_multiple_is_passed(tmp_path, keep_sigint):
-    """--eval-every and --checkpoint-every count steps: an iteration that passes a multiple of one
-    evaluates (not the last: finish() does) or saves; Ctrl-C saves the iteration, then exits 130."""
+def recording_logger(tmp_path, **flags):
+    """ppo.py's RunLogger for a 576-step run with these flags, recording the steps at which it
+    evaluates and saves (into the dict it returns beside it) instead of doing either."""
     ppo = load_script("ppo.py")
-    args = ppo.Args(eval_every=100, checkpoint_every=250, total_timesteps=576)
-    logger = ppo.RunLogger(args, tmp_path / "run", 576, 0, None, ALGOS / "ppo.py")
+    logger = ppo.RunLogger(
+        ppo.Args(**flags, total_timesteps=576), tmp_path / "run", 576, 0, None, ALGOS / "ppo.py"
+    )
     done = {"eval": [], "checkpoint": []}
     logger.evaluate = lambda step, run_eval: done["eval"].append(step)
     logger.save_checkpoint = lambda stateful, iteration, step: done["checkpoint"].append(step)
+    return logger, done
+
+
+def test_end_iteration_evaluates_and_checkpoints_where_a_multiple_is_passed(tmp_path, keep_sigint):
+    """--eval-every and --checkpoint-every count steps: an iteration that passes a multiple of one
+    evaluates (not the last: finish() does) or saves; Ctrl-C saves the iteration, then exits 130."""
+    logger, done = recording_logger(tmp_path, eval_every=100, checkpoint_every=250)
     for iteration in range(1, 10):  # 64 steps an iteration
         logger.end_iteration({}, iteration, 64 * iteration, lambda: [0.0])
     assert done == {"eval": [128, 256, 320, 448, 512], "checkpoint": [256, 512]}
@@ -451,6 +459,21 @@ def test_end_iteration_evaluates_and_checkpoints_where_a_multiple_is_passed(tmp_
     with pytest.raises(SystemExit) as exit_:
         logger.end_iteration({}, 11, 704, lambda: [0.0])
     assert exit_.value.code == 130 and done["checkpoint"][-1] == 704
+
+
+def test_stop_at_evaluates_saves_and_exits_0_after_its_iteration(tmp_path, capsys, keep_sigint):
+    """--stop-at: the iteration that reaches it evaluates (where --eval-every asks), saves and ends
+    the run with status 0 and how to go on; before it, and at the budget's end, nothing stops."""
+    logger, done = recording_logger(tmp_path, eval_every=128, stop_at=256)
+    assert not logger.stops_after(192) and logger.stops_after(256) and not logger.stops_after(576)
+    for iteration in range(1, 4):  # 64 steps an iteration
+        logger.end_iteration({}, iteration, 64 * iteration, lambda: [0.0])
+    with pytest.raises(SystemExit) as exit_:
+        logger.end_iteration({}, 4, 256, lambda: [0.0])
+    assert exit_.value.code == 0 and done == {"eval": [128, 256], "checkpoint": [256]}
+    assert "--stop-at 256): metrics kept, go on to --total-timesteps 576 with --resume" in (
+        capsys.readouterr().out
+    )
 
 
 def test_a_run_says_its_duration_when_it_is_over_an_hour(tmp_path, capsys, keep_sigint):
@@ -477,6 +500,25 @@ def test_non_finite_flags(flags, expected, tmp_path):
     out = run_script("ppo.py", PPO + flags, tmp_path / "run", fork=True)
     assert out.returncode == 2 and out.stderr.strip().splitlines() == [f"error: {expected}"]
     assert not (tmp_path / "run").exists()
+
+
+def test_a_stop_at_the_budget_or_within_the_steps_done(tmp_path):
+    """--stop-at at or past --total-timesteps, or (on --resume) not past the steps already done,
+    is a one-line error before anything is written."""
+    at = PPO.index("--total-timesteps") + 1
+    out = run_script("ppo.py", PPO + ["--stop-at", PPO[at]], tmp_path / "run", fork=True)
+    assert out.returncode == 2 and out.stderr.strip().splitlines() == [
+        f"error: --stop-at {PPO[at]} must be below --total-timesteps {PPO[at]} "
+        "(the run ends there anyway)"
+    ]
+    assert not (tmp_path / "run").exists()
+    assert run_script("ppo.py", PPO, tmp_path / "run", fork=True).returncode == 0
+    before = {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir() if p.is_file()}
+    resume = ["--resume", str(tmp_path / "run"), "--total-timesteps", str(2 * int(PPO[at]))]
+    out = run_script("ppo.py", resume + ["--stop-at", "64"], fork=True)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and lines[-1].startswith("error: --stop-at 64 is not beyond the ")
+    assert {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir() if p.is_file()} == before
 
 
 def test_a_run_dir_that_cannot_be_written(tmp_path):

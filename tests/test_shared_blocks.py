@@ -117,6 +117,7 @@ def test_the_base_holds_the_shared_flags_and_no_script_redefines_one():
         "run_dir",
         "resume",
         "checkpoint_every",
+        "stop_at",
     }
     assert {f.name for f in dataclasses.fields(LMRunArgs)} == shared - {
         "capture_video",
