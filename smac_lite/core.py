@@ -284,6 +284,10 @@ class BatchedSMAC:
         # weapon range while it is within ACQUIRE_RANGE. A map entry with pursue=False makes them
         # drop it and acquire the closest ally instead.
         self.pursue = bool(spec.get("pursue", True))
+        # A unit that cannot move (a spine crawler) cannot follow a target: like SC2's static
+        # defence it turns to one in range when its target leaves it. None when every enemy moves.
+        mobile_e = torch.tensor([s["speed"] > 0 for s in stats[A:]], device=dev)
+        self._enemy_mobile = None if bool(mobile_e.all()) else mobile_e
         # Ground collisions (maps with collide=True): pairs closer than the sum of their radii are
         # pushed apart.
         self.collide = bool(spec.get("collide", False))
@@ -491,11 +495,11 @@ class BatchedSMAC:
         Agents without a live order (stop, or their target died) fire at the closest enemy they can
         hit in range. Enemies follow SC2-like auto-targeting under their one attack-move order: keep
         the current target while it lives and is within ACQUIRE_RANGE (within weapon range only,
-        on a map with pursue=False); otherwise acquire the closest ally within ACQUIRE_RANGE that
-        they can hit, preferring allies that can shoot back; with none, walk on to the attack-move
-        point (the allies' start). Enemy medivacs heal their most damaged teammate. Updates
-        self.enemy_target; returns the closest enemy of every agent (N, A) and whether each enemy
-        may fire (N, E): not while heading for the point."""
+        on a map with pursue=False or for a unit that cannot move); otherwise acquire the closest
+        ally within ACQUIRE_RANGE that they can hit, preferring allies that can shoot back; with
+        none, walk on to the attack-move point (the allies' start). Enemy medivacs heal their most
+        damaged teammate. Updates self.enemy_target; returns the closest enemy of every agent
+        (N, A) and whether each enemy may fire (N, E): not while heading for the point."""
         A = self.n_agents
         x = self.x
         y = self.y
@@ -520,7 +524,10 @@ class BatchedSMAC:
         if self.pursue:  # or within ACQUIRE_RANGE of it
             # (N, E)
             d2_cur = dist2.transpose(1, 2).gather(2, cur.clamp(max=A - 1).unsqueeze(2)).squeeze(2)
-            keep = keep | (d2_cur <= ACQUIRE_RANGE**2)
+            follow = d2_cur <= ACQUIRE_RANGE**2
+            if self._enemy_mobile is not None:
+                follow = follow & self._enemy_mobile
+            keep = keep | follow
         keep = keep & (cur < A) & (self.point_alive.gather(1, cur) > 0)
         target = torch.where(keep, cur, acquired)
         if heal_tgt_e is not None:

@@ -231,7 +231,8 @@ def unit_stats(name):
 # zerglings in one spot die to one colossus volley); off elsewhere, where it changes little and
 # would cost speed. pursue (default True, as SC2's attack-moving units): an enemy keeps chasing its
 # target when the target steps out of its weapon range (while it is within sight range 9); with
-# pursue=False it turns to the closest ally instead (see smac_lite/README.md, Rules).
+# pursue=False it turns to the closest ally instead (see smac_lite/README.md, Rules). A unit that
+# cannot move (speed 0) never pursues.
 _T = "T"
 _P = "P"
 _Z = "Z"

@@ -528,6 +528,30 @@ def test_perfect_win_returns_20_and_focus_fire_beats_random():
     assert won_ff.float().mean() >= won_rand.float().mean() + 0.3
 
 
+def test_a_unit_that_cannot_move_turns_to_an_ally_in_range():
+    """SC2's static defence cannot follow a target: a spine crawler whose target steps out of its
+    weapon range (still within sight) shoots an ally in range, under the default rules too."""
+    env = duel([("marine", 2)], [("spine_crawler", 1)], 6.0)
+    env.x[0, 1] = 2.0  # the second ally starts far away
+    env.step(act(env, 1, 1))
+    assert env.hp[0, 0].item() < 45 and env.hp[0, 1].item() == 45
+    hp0, x_enemy = env.hp[0, 0].item(), env.x[0, 2].item()
+    env.x[0, 0] = x_enemy - 8.8  # out of weapon range (7 + both radii), within sight (9)
+    env.x[0, 1] = x_enemy - 6.0  # in range
+    for _ in range(6):  # past the crawler's cooldown (1.85 game s)
+        env.step(act(env, 1, 1))
+    assert env.hp[0, 1].item() < 45 and env.hp[0, 0].item() == hp0
+
+
+def test_2s_vs_1sc_plays_the_same_under_either_rule():
+    """2s_vs_1sc's only enemy cannot move, so pursuit changes nothing there: the same battles end
+    the same under the default rules and pursue=False."""
+    for policy in ("random", "pull_back", "take_turns"):  # before the rule, each played otherwise
+        a = play_battles("2s_vs_1sc", policy, 256, seed=5)
+        b = play_battles(dict(MAPS["2s_vs_1sc"], pursue=False), policy, 256, seed=5)
+        assert all(torch.equal(x, y) for x, y in zip(a, b)), policy
+
+
 def test_pulling_back_wins_5m_vs_6m_under_the_default_rules_only():
     """The rule that decides 5m_vs_6m (benchmark/smac_lite_rules.py): a damaged marine that steps
     back drags its attackers out of the fight only if they follow it, as SC2's do (the default).
