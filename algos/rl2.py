@@ -8,6 +8,7 @@ total reward. The paper used TRPO; PPO here (as lucaslingle/pytorch_rl2 does).
 
 Run:    python algos/rl2.py --env-id BernoulliBandit-k5-v0 --episodes-per-trial 10 --seed 1
 Quick:  python algos/rl2.py --total-timesteps 20480
+100 pulls: suite meta-100 in benchmark/suites.toml gives the flags (the defaults are for 10)
 Results: benchmark/references.toml; benchmark/meta_baselines.py computes the paper's baselines
 """
 
