@@ -60,6 +60,18 @@ def act(env, *a):
     return torch.tensor([list(a)])
 
 
+def engage_then_step_out(env, out, inside):
+    """Ally 0 draws the enemy's fire while ally 1 stands out of sight; then ally 0 is moved `out`
+    from the enemy and ally 1 `inside`. Returns ally 0's hp and the enemy's x at that moment."""
+    env.x[0, 1] = 2.0  # the second ally starts far away
+    env.step(act(env, 1, 1))
+    assert env.hp[0, 0].item() < 45 and env.hp[0, 1].item() == 45
+    hp0, x_enemy = env.hp[0, 0].item(), env.x[0, 2].item()
+    env.x[0, 0] = x_enemy - out
+    env.x[0, 1] = x_enemy - inside
+    return hp0, x_enemy
+
+
 # ---------------------------------------------------------------------------------------------- uni
 def test_damage_armour_and_bonus():
     env = duel([("marine", 1)], [("marauder", 1)], 5.0)
@@ -339,12 +351,8 @@ def test_enemy_follows_a_target_that_leaves_weapon_range_unless_the_map_says_not
     ally is in range: by default (SC2's pursuit) the enemy follows the one it engaged; on a map with
     pursue=False it turns to the ally in range."""
     env = duel([("marine", 2)], [("marine", 1)], 5.0, pursue=pursue)
-    env.x[0, 1] = 5.0  # the second ally starts far away
-    env.step(act(env, 1, 1))
-    assert env.hp[0, 0].item() < 45 and env.hp[0, 1].item() == 45
-    hp0, x_enemy = env.hp[0, 0].item(), env.x[0, 2].item()
-    env.x[0, 0] = x_enemy - 7.5  # out of weapon range (5 + both radii), within sight (9)
-    env.x[0, 1] = x_enemy - 5.0  # in range
+    # ally 0 out of weapon range (5 + both radii), within sight (9); ally 1 in range
+    hp0, x_enemy = engage_then_step_out(env, 7.5, 5.0)
     env.step(act(env, 1, 1))
     # one step (1.125 map units) is not enough to close 7.5 to 5.75: nobody is hit, the enemy walks
     if pursue:
@@ -532,12 +540,8 @@ def test_a_unit_that_cannot_move_turns_to_an_ally_in_range():
     """SC2's static defence cannot follow a target: a spine crawler whose target steps out of its
     weapon range (still within sight) shoots an ally in range, under the default rules too."""
     env = duel([("marine", 2)], [("spine_crawler", 1)], 6.0)
-    env.x[0, 1] = 2.0  # the second ally starts far away
-    env.step(act(env, 1, 1))
-    assert env.hp[0, 0].item() < 45 and env.hp[0, 1].item() == 45
-    hp0, x_enemy = env.hp[0, 0].item(), env.x[0, 2].item()
-    env.x[0, 0] = x_enemy - 8.8  # out of weapon range (7 + both radii), within sight (9)
-    env.x[0, 1] = x_enemy - 6.0  # in range
+    # ally 0 out of weapon range (7 + both radii), within sight (9); ally 1 in range
+    hp0, _ = engage_then_step_out(env, 8.8, 6.0)
     for _ in range(6):  # past the crawler's cooldown (1.85 game s)
         env.step(act(env, 1, 1))
     assert env.hp[0, 1].item() < 45 and env.hp[0, 0].item() == hp0
